@@ -1,0 +1,3 @@
+from specli.cli.app import main
+
+main()

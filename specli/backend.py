@@ -1,0 +1,254 @@
+"""The only module that imports llama_cpp: GGUF models on llama-cpp-python's low-level ctypes API.
+
+`Model` is one GGUF with one context and one sequence. It remembers which tokens its KV cache
+holds (`tokens`), decodes new ones at the next positions, returns zero-copy numpy views of only
+the logits rows asked for, and rewinds. Each model accumulates the wall time spent inside
+llama_decode, so the engine can split draft from target time without llama_perf_context (which
+bills two interleaved contexts' work to whichever reads logits first).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import llama_cpp as ll
+import numpy as np
+
+from specli.config import ModelParams
+from specli.errors import BackendError, ContextOverflowError, ModelFileError
+
+_KV_TYPES = {
+    "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+    "iq4_nl": 20, "bf16": 30,
+}
+_FLASH_ATTN = {
+    "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+QUANT_TYPES = {"f32": ll.LLAMA_FTYPE_ALL_F32, "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
+               "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0}
+
+_log_lock = threading.Lock()
+_log_verbose = False
+
+
+@ll.llama_log_callback
+def _log_callback(level, text, user_data):  # llama.cpp's log: silent unless -v
+    if _log_verbose:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+def set_verbose(verbose: bool) -> None:
+    global _log_verbose
+    with _log_lock:
+        _log_verbose = verbose
+
+
+ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
+ll.llama_backend_init()
+
+
+def kv_type(name: str | None) -> int | None:
+    if name is None:
+        return None
+    try:
+        return _KV_TYPES[name.lower()]
+    except KeyError:
+        raise ModelFileError(
+            f"unknown KV cache type {name!r}", hint="one of: " + ", ".join(_KV_TYPES)
+        ) from None
+
+
+def _check_gguf(path: str) -> None:
+    if not os.path.isfile(path):
+        raise ModelFileError(f"model file not found: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ModelFileError(f"not a GGUF file: {path}",
+                                 hint="specli reads llama.cpp GGUF models")
+
+
+class Model:
+    """One GGUF model, one context, one sequence (seq 0)."""
+
+    def __init__(self, params: ModelParams):
+        _check_gguf(params.path)
+        self.params = params
+        set_verbose(params.verbose)
+        t0 = time.perf_counter()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
+        if not self._model:
+            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
+                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cp.n_seq_max = 1
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads_batch or params.n_threads
+        cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        if params.type_k:
+            cp.type_k = kv_type(params.type_k)
+        if params.type_v:
+            cp.type_v = kv_type(params.type_v)
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            self._model = None
+            raise BackendError(f"llama.cpp could not create a context for {params.path}",
+                               hint="try a smaller -c or another KV cache type; rerun with -v")
+        self.load_ms = 1e3 * (time.perf_counter() - t0)
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx = ll.llama_n_ctx(self._ctx)
+        self.n_batch = params.n_batch
+        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
+        self.t_decode_s = 0.0  # wall time inside llama_decode
+        self.n_decode_calls = 0
+        self.n_decode_tokens = 0
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    # -- vocabulary -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 16
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (ll.llama_token * n_max)()
+            n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
+                                  parse_special)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return self._piece_buf.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self._vocab, token))
+
+    def special_text(self, which: str) -> str:
+        tok = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[which](self._vocab)
+        return self.token_bytes(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""
+
+    def chat_template(self) -> str | None:
+        t = ll.llama_model_chat_template(self._model, None)
+        return t.decode("utf-8") if t else None
+
+    # -- the KV cache -----------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
+        """Decode `tokens` at the next positions; return a (rows, n_vocab) view of their logits.
+
+        logits: "last" (one row), "all" (a row per token), "none", or an int n for the last n.
+        The view is only valid until the next decode on this model.
+        """
+        n = len(tokens)
+        if n == 0:
+            raise BackendError("internal: decode of zero tokens")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context full: {len(self.tokens) + n} tokens do not fit -c {self.n_ctx}",
+                hint="raise -c/--ctx-size",
+            )
+        n_out = {"last": 1, "all": n, "none": 0}.get(logits, logits)
+        n_out = min(int(n_out), n)
+        start = 0
+        while start < n:  # chunks of n_batch; only the final chunk can ask for outputs
+            end = min(start + self.n_batch, n)
+            self._fill(tokens, start, end, n - n_out)
+            t0 = time.perf_counter()
+            rc = ll.llama_decode(self._ctx, self._batch)
+            self.t_decode_s += time.perf_counter() - t0
+            self.n_decode_calls += 1
+            self.n_decode_tokens += end - start
+            if rc != 0:
+                self._truncate(len(self.tokens))
+                raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
+            self.tokens.extend(tokens[start:end])
+            start = end
+        if n_out == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = ll.llama_get_logits(self._ctx)
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+
+    def _fill(self, tokens: Sequence[int], start: int, end: int, first_out: int) -> None:
+        b = self._batch
+        pos0 = len(self.tokens)
+        for j, i in enumerate(range(start, end)):
+            b.token[j] = tokens[i]
+            b.pos[j] = pos0 + j
+            b.n_seq_id[j] = 1
+            b.seq_id[j][0] = 0
+            b.logits[j] = 1 if i >= first_out else 0
+        b.n_tokens = end - start
+
+    def rewind(self, n_keep: int) -> None:
+        """Drop every cached token from position n_keep on."""
+        if n_keep < len(self.tokens):
+            self._truncate(n_keep)
+
+    def _truncate(self, n_keep: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+            # partial removal refused (recurrent models): start over rather than lie
+            ll.llama_memory_clear(self._mem, True)
+            self.tokens.clear()
+            raise BackendError("this model's cache cannot be rolled back partially",
+                               hint="speculative decoding needs a transformer KV cache")
+        del self.tokens[n_keep:]
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.
+
+        Returns how many tokens were reused."""
+        n = 0
+        limit = min(len(self.tokens), len(tokens))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        self.rewind(n)
+        if n < len(tokens):
+            self.decode(tokens[n:], logits="none")
+        return n
+
+    def close(self) -> None:
+        if getattr(self, "_ctx", None):
+            ll.llama_batch_free(self._batch)
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        self.close()
+
+
+def quantize(src: str, dst: str, ftype: str) -> None:
+    """Requantize a GGUF (e.g. Q4_1 -> F16) with llama.cpp; written to dst atomically."""
+    params = ll.llama_model_quantize_default_params()
+    params.ftype = QUANT_TYPES[ftype]
+    params.allow_requantize = True
+    params.nthread = os.cpu_count() or 1
+    tmp = f"{dst}.tmp{os.getpid()}"
+    rc = ll.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
+    if rc != 0:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise BackendError(f"llama_model_quantize failed ({rc}) on {src}")
+    os.replace(tmp, dst)

@@ -1,0 +1,1 @@
+"""The command line: a thin Typer layer over the engine (one module per command)."""

@@ -1,0 +1,52 @@
+"""The Typer app and its one error boundary."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from specli import __version__
+from specli.cli import run as run_cmd
+from specli.cli.console import err
+from specli.errors import SpecliError
+
+app = typer.Typer(
+    name="specli",
+    help="Speculative decoding of local GGUF models, on llama.cpp.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("run")(run_cmd.run)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"specli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Speculative decoding of local GGUF models, on llama.cpp."""
+
+
+def main() -> None:
+    """Console entry point: every SpecliError becomes one line on stderr and its exit code."""
+    try:
+        app(standalone_mode=True)
+    except SpecliError as e:
+        if os.environ.get("SPECLI_DEBUG") == "1":
+            raise
+        err.print(f"error: {e.message}", markup=False)
+        if e.hint:
+            err.print(f"hint: {e.hint}", markup=False)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
+        sys.exit(130)

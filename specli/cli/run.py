@@ -1,0 +1,184 @@
+"""`specli run`: generate with a draft model, print llama.cpp-style statistics."""
+
+from __future__ import annotations
+
+import json
+import sys
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specli.cli import options as o
+from specli.cli.console import err
+from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.errors import SpecliError, UsageError
+
+DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
+
+
+def run(
+    model: o.Model = None,
+    model_draft: o.ModelDraft = None,
+    prompt: Annotated[str | None, typer.Option(
+        "-p", "--prompt", help="Prompt text. Default: a built-in chat prompt.",
+        rich_help_panel="Input", show_default=False)] = None,
+    file: Annotated[Path | None, typer.Option(
+        "-f", "--file", help="Read the prompt from a file (one trailing newline is dropped).",
+        rich_help_panel="Input", show_default=False)] = None,
+    chat: Annotated[bool, typer.Option(
+        "--chat", help="Wrap the prompt in the target's chat template (sandboxed).",
+        rich_help_panel="Input")] = False,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Tokens to generate; -1 until end of generation or full "
+        "context.", rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
+    spec_type: o.SpecTypeOpt = None,
+    draft: o.DraftMax = o.DEFAULTS["draft_max"],
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.0,
+    no_spec: o.NoSpec = False,
+    baseline: Annotated[bool, typer.Option(
+        "--baseline", help="Also decode with the target alone in this process; print the "
+        "speedup.", rich_help_panel=o.OUTPUT)] = False,
+    temp: o.Temp = 0.8,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = -1,
+    ctx_size: o.CtxSize = o.DEFAULTS["ctx"],
+    ctx_size_draft: o.CtxSizeDraft = None,
+    n_gpu_layers: o.GpuLayers = 0,
+    n_gpu_layers_draft: o.GpuLayersDraft = 0,
+    threads: o.Threads = o.DEFAULTS["threads"],
+    threads_draft: o.ThreadsDraft = None,
+    threads_batch: o.ThreadsBatch = None,
+    threads_batch_draft: o.ThreadsBatchDraft = None,
+    cache_type_k: o.CacheTypeK = None,
+    cache_type_v: o.CacheTypeV = None,
+    cache_type_k_draft: o.CacheTypeKDraft = None,
+    cache_type_v_draft: o.CacheTypeVDraft = None,
+    flash_attn: o.FlashAttnOpt = o.FlashAttn.auto,
+    json_out: o.Json = False,
+    verbose: o.Verbose = False,
+) -> None:
+    """Generate text with speculative decoding: a draft model proposes, the target verifies.
+
+    The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
+    JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
+    """
+    _check_ranges(draft, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
+    text, chat = _prompt(prompt, file, chat)
+
+    if model is None:
+        if model_draft is not None:
+            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
+        from specli.defaults import default_pair
+
+        with _status("preparing the embedded SmolLM2 pair", json_out):
+            model, model_draft = default_pair()
+    if spec_type is not None and model_draft is None:
+        raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
+    if no_spec:
+        model_draft = None
+
+    target_params = ModelParams(
+        path=model, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
+        n_threads_batch=threads_batch, type_k=cache_type_k, type_v=cache_type_v,
+        flash_attn=flash_attn.value, verbose=verbose)
+    draft_params = None
+    if model_draft is not None:
+        td = threads_draft or threads
+        draft_params = ModelParams(
+            path=model_draft, n_ctx=ctx_size_draft or ctx_size, n_gpu_layers=n_gpu_layers_draft,
+            n_threads=td, n_threads_batch=threads_batch_draft or td,
+            type_k=cache_type_k_draft, type_v=cache_type_v_draft, flash_attn=flash_attn.value,
+            verbose=verbose)
+    sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                              seed=None if seed < 0 else seed)
+
+    from specli.engine import Engine
+    from specli.stats import format_llama
+
+    with _status("loading models", json_out):
+        engine = Engine.load(target_params, draft_params,
+                             DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min))
+    try:
+        ids = engine.tokenize(text, chat=chat)
+        pieces: list[str] = []
+        stats = None
+        for chunk in engine.stream(ids, n_predict, sampling):
+            pieces.append(chunk.text)
+            if not json_out and chunk.text:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            stats = chunk.stats or stats
+        out_text = "".join(pieces)
+        baseline_match = None
+        if baseline:
+            with _status("measuring the baseline (target alone)", json_out):
+                plain = engine.complete(ids, n_predict, replace(sampling, seed=stats.seed),
+                                        speculative=False)
+            stats.baseline_decode_tps = plain.stats.decode_tps
+            baseline_match = plain.text == out_text
+    finally:
+        engine.close()
+
+    if json_out:
+        doc = {"text": out_text, "model": model, "model_draft": model_draft,
+               "baseline_identical": baseline_match, "stats": stats.to_dict()}
+        sys.stdout.write(json.dumps(doc) + "\n")
+        return
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    sys.stderr.write("\n" + format_llama(stats))
+    if baseline_match is not None and sampling.greedy:
+        sys.stderr.write(f"baseline output identical = {'yes' if baseline_match else 'no'}\n")
+
+
+def _check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp: float,
+                  ctx: int, threads: int) -> None:
+    if draft < 1:
+        raise UsageError(f"--draft must be at least 1 (got {draft})",
+                         hint="use --no-spec to decode without a draft")
+    if draft_min < 0 or draft_min > draft:
+        raise UsageError(f"--draft-min must be between 0 and --draft ({draft}), got {draft_min}")
+    if not 0.0 <= p_min <= 1.0:
+        raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
+    if n_predict < -1:
+        raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
+    if temp < 0:
+        raise UsageError(f"--temp must be 0 or more, got {temp}")
+    if ctx < 16:
+        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
+    if threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+
+
+def _prompt(prompt: str | None, file: Path | None, chat: bool) -> tuple[str, bool]:
+    if prompt is not None and file is not None:
+        raise UsageError("give -p/--prompt or -f/--file, not both")
+    if file is not None:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SpecliError(f"prompt file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecliError(f"cannot read prompt file {file}: {e}") from None
+        text = text[:-1] if text.endswith("\n") else text  # as llama.cpp's -f does
+        if not text.strip():
+            raise UsageError(f"prompt file is empty: {file}")
+        return text, chat
+    if prompt is None:
+        return DEFAULT_PROMPT, True
+    if not prompt:
+        raise UsageError("empty prompt", hint="give -p TEXT or -f FILE")
+    return prompt, chat
+
+
+def _status(message: str, quiet: bool):
+    """A spinner on stderr while something slow happens, only on a terminal."""
+    if quiet or not err.is_terminal:
+        return nullcontext()
+    return err.status(message)

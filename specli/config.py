@@ -1,0 +1,52 @@
+"""Parameters as frozen dataclasses; every default lives here and nowhere else."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_DRAFT_MAX = 8
+DEFAULT_CTX = 4096
+DEFAULT_N_PREDICT = 256
+DEFAULT_THREADS = min(os.cpu_count() or 1, 8)  # llama.cpp: the physical cores
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Target (and draft) sampling. temp <= 0 means greedy. Defaults are llama.cpp's."""
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    seed: int | None = None  # None: a fresh random seed, reported in the stats
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+
+@dataclass(frozen=True)
+class DraftParams:
+    """How much to draft per step (llama.cpp's --draft-max/--draft-min/--draft-p-min)."""
+
+    n_max: int = DEFAULT_DRAFT_MAX
+    n_min: int = 0
+    p_min: float = 0.0
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """One GGUF model and the context that runs it."""
+
+    path: str
+    n_ctx: int = DEFAULT_CTX
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_gpu_layers: int = 0
+    n_threads: int = DEFAULT_THREADS
+    n_threads_batch: int | None = None  # None: same as n_threads
+    type_k: str | None = None  # KV cache types, llama.cpp names (f16, q8_0, ...); None: default
+    type_v: str | None = None
+    flash_attn: str = "auto"  # on | off | auto: llama.cpp's C default is auto
+    verbose: bool = False

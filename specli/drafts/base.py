@@ -1,0 +1,41 @@
+"""The DraftSource protocol: a Protocol, not a class tree."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from specli.config import SamplingParams
+from specli.verify import Dist
+
+
+@dataclass
+class Proposal:
+    """Up to k drafted tokens; `q` holds the draft's distribution per token when it sampled them
+    (a model draft at temperature > 0), None for a deterministic proposal (greedy or n-gram)."""
+
+    tokens: list[int] = field(default_factory=list)
+    q: list[Dist] | None = None
+
+
+EMPTY = Proposal()
+
+
+class DraftSource(Protocol):
+    name: str
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A new generation starts from `prompt` (its last token is not yet verified)."""
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        """Propose up to k tokens to follow `context` (all committed tokens)."""
+
+    def rewind(self, n_keep: int) -> None:
+        """Forget any state past the first n_keep tokens of the context."""
+
+    def observe(self, n_accepted: int) -> None:
+        """How many of the last proposal's tokens the target accepted."""

@@ -1,0 +1,70 @@
+"""A second, smaller GGUF model with its own context as the draft (llama.cpp's draft-simple)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specli.backend import Model
+from specli.config import SamplingParams
+from specli.drafts.base import Proposal
+from specli.verify import sampling_dist
+
+# llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
+_DRAFT_TOP_K = 10
+
+
+class ModelDraft:
+    """Keeps its KV cache in step with the target's committed tokens without re-decoding any.
+
+    After a step its cache holds the context up to the last accepted draft token; the tokens it
+    lacks (the bonus token, plus the final drafted token after a full acceptance) are fed at the
+    start of the next `propose`, in one batch.
+    """
+
+    name = "draft"
+
+    def __init__(self, model: Model, p_min: float = 0.0):
+        self.model = model
+        self.p_min = p_min
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.model.sync(prompt[:-1])
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        m = self.model
+        n_have = len(m.tokens)
+        if n_have >= len(context):  # nothing new: re-decode the last token for its logits
+            m.rewind(len(context) - 1)
+            n_have = len(context) - 1
+        logits = m.decode(context[n_have:], logits="last")[0]
+        out = Proposal(q=None if sp.greedy else [])
+        while True:
+            if sp.greedy:
+                token = int(np.argmax(logits))
+                if self.p_min > 0.0 and _top_p(logits) < self.p_min:
+                    break
+            else:
+                q = sampling_dist(logits, sp)
+                if q.probs[0] < self.p_min:
+                    break
+                token = q.sample(rng)
+                out.q.append(q)
+            out.tokens.append(token)
+            if len(out.tokens) >= k or m.is_eog(token):
+                return out  # the last drafted token is not decoded: it may be rejected
+            logits = m.decode([token], logits="last")[0]
+        return out
+
+    def rewind(self, n_keep: int) -> None:
+        self.model.rewind(n_keep)
+
+    def observe(self, n_accepted: int) -> None:
+        pass
+
+
+def _top_p(logits: np.ndarray) -> float:
+    top = logits[np.argpartition(logits, -_DRAFT_TOP_K)[-_DRAFT_TOP_K:]]
+    return float(1.0 / np.exp(top - top.max()).sum())

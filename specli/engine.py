@@ -1,0 +1,214 @@
+"""THE engine: speculative decoding over a target Model and an optional DraftSource.
+
+Three layers, after mlx-lm: `steps()` yields raw (token, from_draft) events, `stream()` yields
+text chunks with finish reasons, `complete()` returns the text and its Stats. Nothing here
+prints; the CLI and the server format what the loop records in Stats.
+"""
+
+from __future__ import annotations
+
+import codecs
+import secrets
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specli import pairing
+from specli.backend import Model
+from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.drafts.base import EMPTY, DraftSource, Proposal
+from specli.drafts.model import ModelDraft
+from specli.errors import ContextOverflowError, UsageError
+from specli.stats import ModelPerf, Stats
+from specli.verify import verify
+
+
+@dataclass
+class Chunk:
+    """A piece of generated text; the last chunk of a stream carries finish_reason and stats."""
+
+    text: str
+    finish_reason: str | None = None
+    stats: Stats | None = None
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+
+class Engine:
+    def __init__(self, target: Model, draft: DraftSource | None = None,
+                 draft_params: DraftParams | None = None):
+        self.target = target
+        self.draft = draft
+        self.draft_params = draft_params or DraftParams()
+
+    @classmethod
+    def load(cls, target: ModelParams, draft: ModelParams | None = None,
+             draft_params: DraftParams | None = None) -> Engine:
+        """Check the pair from GGUF metadata first (refuse before loading weights), then load."""
+        draft_params = draft_params or DraftParams()
+        if draft is not None:
+            pairing.ensure_compatible(target.path, draft.path)
+        t = Model(target)
+        try:
+            d = ModelDraft(Model(draft), p_min=draft_params.p_min) if draft is not None else None
+        except BaseException:
+            t.close()
+            raise
+        return cls(t, d, draft_params)
+
+    def close(self) -> None:
+        self.target.close()
+        if isinstance(self.draft, ModelDraft):
+            self.draft.model.close()
+
+    # -- prompt -----------------------------------------------------------------------------
+    def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
+        if chat:
+            from specli.chat import render_chat
+
+            text = render_chat(self.target.chat_template(), prompt,
+                               bos=self.target.special_text("bos"),
+                               eos=self.target.special_text("eos"))
+            bos = self.target.special_text("bos")
+            return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+        return self.target.tokenize(prompt)
+
+    # -- layer 1: the loop ------------------------------------------------------------------
+    def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
+              speculative: bool = True) -> Iterator[tuple[int, bool]]:
+        """Yield (token, from_draft) for each emitted token; fills `stats` as it goes.
+
+        n_predict < 0 means until an end-of-generation token or a full context.
+        """
+        tgt = self.target
+        draft = self.draft if speculative else None
+        if not prompt:
+            raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
+        if len(prompt) >= tgt.n_ctx:
+            raise ContextOverflowError(
+                f"prompt is {len(prompt)} tokens, the context holds {tgt.n_ctx}",
+                hint="raise -c/--ctx-size or shorten the prompt")
+        stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
+        rng = np.random.default_rng(stats.seed)
+        stats.n_draft = self.draft_params.n_max if draft else 0
+        stats.n_prompt = len(prompt)
+        stats.target = ModelPerf(load_ms=tgt.load_ms)
+        dm = draft.model if isinstance(draft, ModelDraft) else None
+        if dm is not None:
+            stats.draft = ModelPerf(load_ms=dm.load_ms)
+
+        t0, tt0, td0 = time.perf_counter(), tgt.t_decode_s, _t(dm)
+        nt0, nd0 = tgt.n_decode_tokens, _n(dm)
+        tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
+        if draft:
+            draft.begin(prompt)
+        stats.t_encode_s = time.perf_counter() - t0
+        stats.target.prompt_ms, stats.target.prompt_n = 1e3 * (tgt.t_decode_s - tt0), \
+            tgt.n_decode_tokens - nt0
+        if dm is not None:
+            stats.draft.prompt_ms, stats.draft.prompt_n = 1e3 * (dm.t_decode_s - td0), \
+                dm.n_decode_tokens - nd0
+
+        context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
+        n_past = len(prompt) - 1
+        n_left = n_predict if n_predict >= 0 else tgt.n_ctx
+        t0, tt0, td0 = time.perf_counter(), tgt.t_decode_s, _t(dm)
+        ct0, cd0, nt0, nd0 = tgt.n_decode_calls, _c(dm), tgt.n_decode_tokens, _n(dm)
+        stats.finish_reason = "length"
+        try:
+            while n_left > 0 and n_past < tgt.n_ctx:
+                # 1. propose: at most what the budget and the context can still take
+                k = min(self.draft_params.n_max, n_left - 1, tgt.n_ctx - n_past - 1)
+                proposal = draft.propose(context, k, sp, rng) if draft and k > 0 else EMPTY
+                if len(proposal.tokens) < self.draft_params.n_min:
+                    proposal = Proposal()
+                # 2-4. verify in one target batch, accept, rewind both caches
+                n_acc, token = self._verify(proposal, context[-1], n_past, sp, rng)
+                drafted = len(proposal.tokens)
+                if drafted:
+                    stats.record_step(drafted, n_acc)
+                else:
+                    stats.n_steps += 1
+                # 5. observe
+                if draft:
+                    draft.observe(n_acc)
+                n_past += 1 + n_acc
+                for i, t in enumerate([*proposal.tokens[:n_acc], token]):
+                    if tgt.is_eog(t):
+                        stats.finish_reason = "stop"
+                        return
+                    context.append(t)
+                    stats.n_predict += 1
+                    n_left -= 1
+                    yield t, i < n_acc
+        finally:
+            stats.t_decode_s = time.perf_counter() - t0
+            stats.t_target_decode_s = tgt.t_decode_s - tt0
+            stats.target.eval_ms = 1e3 * stats.t_target_decode_s
+            stats.target.eval_runs = tgt.n_decode_calls - ct0
+            stats.target.eval_n = tgt.n_decode_tokens - nt0
+            if dm is not None:
+                stats.t_draft_decode_s = dm.t_decode_s - td0
+                stats.draft.eval_ms = 1e3 * stats.t_draft_decode_s
+                stats.draft.eval_runs = dm.n_decode_calls - cd0
+                stats.draft.eval_n = dm.n_decode_tokens - nd0
+
+    def _verify(self, proposal: Proposal, id_last: int, n_past: int, sp: SamplingParams,
+                rng: np.random.Generator) -> tuple[int, int]:
+        """One target decode of [id_last, *draft]; on any exit both caches end at a committed
+        length (the accepted prefix on success, the previous one on an exception)."""
+        n_keep = n_past
+        try:
+            rows = self.target.decode([id_last, *proposal.tokens], logits="all")
+            n_acc, token = verify(proposal.tokens, proposal.q, rows.__getitem__, sp, rng)
+            for j in range(n_acc):  # an accepted end-of-generation is the step's last token
+                if self.target.is_eog(proposal.tokens[j]):
+                    n_acc, token = j, proposal.tokens[j]
+                    break
+            n_keep = n_past + 1 + n_acc
+            return n_acc, token
+        finally:
+            self._rewind(n_keep)
+
+    def _rewind(self, n_keep: int) -> None:
+        self.target.rewind(n_keep)
+        if self.draft:
+            self.draft.rewind(n_keep)
+
+    # -- layer 2: text ----------------------------------------------------------------------
+    def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
+               speculative: bool = True) -> Iterator[Chunk]:
+        stats = Stats()
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        for token, _ in self.steps(prompt, n_predict, sp, stats, speculative):
+            text = utf8.decode(self.target.token_bytes(token))
+            if text:
+                yield Chunk(text)
+        yield Chunk(utf8.decode(b"", final=True), stats.finish_reason, stats)
+
+    # -- layer 3: the whole answer ----------------------------------------------------------
+    def complete(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
+                 speculative: bool = True) -> Completion:
+        stats = Stats()
+        tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative)]
+        text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
+        return Completion(text, tokens, stats)
+
+
+def _t(m: Model | None) -> float:
+    return m.t_decode_s if m is not None else 0.0
+
+
+def _c(m: Model | None) -> int:
+    return m.n_decode_calls if m is not None else 0
+
+
+def _n(m: Model | None) -> int:
+    return m.n_decode_tokens if m is not None else 0

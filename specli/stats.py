@@ -1,0 +1,153 @@
+"""Run statistics as data; `format_llama` prints them the way llama.cpp does, `to_dict` for JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class ModelPerf:
+    """Wall-clock buckets for one model.
+
+    llama_perf_context would bill one context's time to another when two are interleaved."""
+
+    load_ms: float = 0.0
+    prompt_ms: float = 0.0  # prefill decodes
+    prompt_n: int = 0  # tokens prefilled
+    eval_ms: float = 0.0  # decodes during generation
+    eval_runs: int = 0  # llama_decode calls during generation
+    eval_n: int = 0  # tokens in those calls
+
+    def perf_lines(self) -> list[str]:
+        name = "llama_perf_context_print"
+        return [
+            f"{name}:        load time = {self.load_ms:10.2f} ms",
+            f"{name}: prompt eval time = {self.prompt_ms:10.2f} ms / {self.prompt_n:5d} tokens "
+            f"({_div(self.prompt_ms, self.prompt_n):8.2f} ms per token, "
+            f"{_div(1e3 * self.prompt_n, self.prompt_ms):8.2f} tokens per second)",
+            f"{name}:        eval time = {self.eval_ms:10.2f} ms / {self.eval_runs:5d} runs   "
+            f"({_div(self.eval_ms, self.eval_runs):8.2f} ms per token, "
+            f"{_div(1e3 * self.eval_runs, self.eval_ms):8.2f} tokens per second)",
+            f"{name}:       total time = {self.prompt_ms + self.eval_ms:10.2f} ms / "
+            f"{self.prompt_n + self.eval_n:5d} tokens",
+        ]
+
+
+def _div(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+@dataclass
+class Stats:
+    """Everything one generation measured. Field names are the stable JSON keys (docs/stats.md)."""
+
+    n_draft: int = 0  # configured maximum draft length (k)
+    n_prompt: int = 0
+    t_encode_s: float = 0.0
+    n_predict: int = 0
+    t_decode_s: float = 0.0
+    n_steps: int = 0  # verification batches (target decodes during generation)
+    n_drafted: int = 0
+    n_accept: int = 0
+    drafted_per_pos: list[int] = field(default_factory=list)
+    accepted_per_pos: list[int] = field(default_factory=list)
+    t_draft_decode_s: float = 0.0  # inside the draft's llama_decode during generation
+    t_target_decode_s: float = 0.0  # inside the target's llama_decode during generation
+    draft: ModelPerf | None = None
+    target: ModelPerf = field(default_factory=ModelPerf)
+    seed: int | None = None
+    finish_reason: str = ""
+    baseline_decode_tps: float | None = None
+
+    # -- derived figures -------------------------------------------------------------------
+    @property
+    def encode_tps(self) -> float:
+        return _div(self.n_prompt, self.t_encode_s)
+
+    @property
+    def decode_tps(self) -> float:
+        return _div(self.n_predict, self.t_decode_s)
+
+    @property
+    def accept_rate(self) -> float:
+        return _div(self.n_accept, self.n_drafted)
+
+    @property
+    def mean_accept_len(self) -> float:
+        """vLLM's mean acceptance length: tokens emitted per verification step."""
+        return 1.0 + _div(self.n_accept, self.n_steps)
+
+    @property
+    def accept_rate_per_pos(self) -> list[float]:
+        return [_div(a, d) for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)]
+
+    @property
+    def overhead_s(self) -> float:
+        """Decode wall time spent outside llama_decode (sampling, bookkeeping, Python)."""
+        return max(0.0, self.t_decode_s - self.t_draft_decode_s - self.t_target_decode_s)
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.baseline_decode_tps:
+            return None
+        return self.decode_tps / self.baseline_decode_tps
+
+    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+        """Count one verification step that checked n_drafted tokens and accepted n_accepted."""
+        self.n_steps += 1
+        self.n_drafted += n_drafted
+        self.n_accept += n_accepted
+        if n_drafted > len(self.drafted_per_pos):
+            grow = n_drafted - len(self.drafted_per_pos)
+            self.drafted_per_pos.extend([0] * grow)
+            self.accepted_per_pos.extend([0] * grow)
+        for i in range(n_drafted):
+            self.drafted_per_pos[i] += 1
+        for i in range(n_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            encode_tps=self.encode_tps,
+            decode_tps=self.decode_tps,
+            accept_rate=self.accept_rate,
+            mean_accept_len=self.mean_accept_len,
+            accept_rate_per_pos=self.accept_rate_per_pos,
+            overhead_s=self.overhead_s,
+            speedup=self.speedup,
+        )
+        return d
+
+
+def format_llama(s: Stats) -> str:
+    """The statistics block of llama-speculative-simple, then what llama.cpp does not print."""
+    lines = [
+        f"encoded {s.n_prompt:4d} tokens in {s.t_encode_s:8.3f} seconds, "
+        f"speed: {s.encode_tps:8.3f} t/s",
+        f"decoded {s.n_predict:4d} tokens in {s.t_decode_s:8.3f} seconds, "
+        f"speed: {s.decode_tps:8.3f} t/s",
+        "",
+        f"n_draft   = {s.n_draft}",
+        f"n_predict = {s.n_predict}",
+        f"n_drafted = {s.n_drafted}",
+        f"n_accept  = {s.n_accept}",
+        f"accept    = {100.0 * s.accept_rate:.3f}%",
+        "",
+    ]
+    if s.draft is not None:
+        lines += ["draft:", "", *s.draft.perf_lines(), ""]
+    lines += ["target:", "", *s.target.perf_lines(), ""]
+    per_pos = ", ".join(f"{r:.3f}" for r in s.accept_rate_per_pos) or "-"
+    lines += [
+        f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",
+        f"acceptance per position = {per_pos}",
+        f"overhead  = {1e3 * _div(s.overhead_s, s.n_steps):.3f} ms/step "
+        f"({100.0 * _div(s.overhead_s, s.t_decode_s):.1f}% of decode time outside llama_decode)",
+    ]
+    if s.speedup is not None:
+        lines += [
+            f"baseline  = {s.baseline_decode_tps:8.3f} t/s (target alone)",
+            f"speedup   = {s.speedup:.3f}x",
+        ]
+    return "\n".join(lines) + "\n"

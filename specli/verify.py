@@ -1,0 +1,97 @@
+"""Acceptance rules over numpy arrays: greedy token match and speculative rejection sampling.
+
+Pure functions: no llama.cpp, no I/O. `Dist` is a sparse probability distribution (the support
+left after top-k/top-p/min-p), so nothing here allocates a vocabulary-sized array per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from specli.config import SamplingParams
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Token ids and their probabilities, probabilities summing to 1, highest first."""
+
+    ids: np.ndarray
+    probs: np.ndarray
+
+    def prob(self, token: int) -> float:
+        hit = np.flatnonzero(self.ids == token)
+        return float(self.probs[hit[0]]) if hit.size else 0.0
+
+    def sample(self, rng: np.random.Generator) -> int:
+        cdf = np.cumsum(self.probs)
+        i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(self.ids[min(i, self.ids.size - 1)])
+
+
+def sampling_dist(logits: np.ndarray, sp: SamplingParams) -> Dist:
+    """llama.cpp's default chain on one logits row: top-k, top-p, min-p, then temperature."""
+    n = logits.shape[0]
+    k = sp.top_k if 0 < sp.top_k < n else n
+    ids = np.argpartition(logits, n - k)[n - k :] if k < n else np.arange(n)
+    ids = ids[np.argsort(-logits[ids], kind="stable")]
+    z = logits[ids].astype(np.float64)
+    p = np.exp(z - z[0])
+    p /= p.sum()
+    if sp.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
+        keep = int(np.searchsorted(np.cumsum(p), sp.top_p)) + 1
+        ids, z, p = ids[:keep], z[:keep], p[:keep]
+    if sp.min_p > 0.0:  # drop tokens below min_p times the top probability
+        keep = int(np.count_nonzero(p >= sp.min_p * p[0]))
+        ids, z = ids[: max(keep, 1)], z[: max(keep, 1)]
+    p = np.exp((z - z[0]) / sp.temp)
+    return Dist(ids, p / p.sum())
+
+
+def residual(p: Dist, q: Dist | None, drafted: int) -> Dist:
+    """norm(max(0, p - q)); q None means a one-hot proposal of `drafted`."""
+    r = p.probs.copy()
+    if q is None:
+        r[p.ids == drafted] = 0.0
+    else:
+        common, ip, iq = np.intersect1d(p.ids, q.ids, assume_unique=True, return_indices=True)
+        r[ip] = np.maximum(0.0, r[ip] - q.probs[iq])
+    total = r.sum()
+    if total <= 0.0:  # p == q: any p-sample is right, and drafted was rejected with prob 0
+        return p
+    return Dist(p.ids, r / total)
+
+
+def verify(
+    drafted: Sequence[int],
+    q: Sequence[Dist] | None,
+    target_row: Callable[[int], np.ndarray],
+    sp: SamplingParams,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """Return (accepted count, next token) for one verification batch.
+
+    Greedy: accept while the target's argmax equals the drafted token; the next token is the
+    argmax at the first mismatch (or the bonus row). Sampling (Leviathan et al. / Chen et al.):
+    accept x with probability min(1, p(x)/q(x)); on rejection sample norm(max(0, p - q)); a
+    deterministic proposal has q = one-hot. `target_row(i)` gives logits row i lazily.
+    """
+    for i, x in enumerate(drafted):
+        row = target_row(i)
+        if sp.greedy:
+            best = int(np.argmax(row))
+            if best != x:
+                return i, best
+            continue
+        p = sampling_dist(row, sp)
+        qi = q[i] if q is not None else None
+        px, qx = p.prob(x), (qi.prob(x) if qi is not None else 1.0)
+        if qx > 0.0 and rng.random() * qx < px:  # u < p/q without dividing
+            continue
+        return i, residual(p, qi, x).sample(rng)
+    bonus = target_row(len(drafted))
+    if sp.greedy:
+        return len(drafted), int(np.argmax(bonus))
+    return len(drafted), sampling_dist(bonus, sp).sample(rng)
