@@ -111,7 +111,7 @@ class Model:
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
-        self.n_batch = params.n_batch
+        self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
         self.t_decode_s = 0.0  # wall time inside llama_decode
@@ -212,6 +212,10 @@ class Model:
             raise BackendError("this model's cache cannot be rolled back partially",
                                hint="speculative decoding needs a transformer KV cache")
         del self.tokens[n_keep:]
+
+    def kv_pos_max(self) -> int:
+        """The highest position llama.cpp holds for the sequence (-1 when empty)."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, 0))
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.

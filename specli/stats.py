@@ -79,7 +79,8 @@ class Stats:
 
     @property
     def accept_rate_per_pos(self) -> list[float]:
-        return [_div(a, d) for a, d in zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)]
+        pairs = zip(self.accepted_per_pos, self.drafted_per_pos, strict=True)
+        return [_div(a, d) for a, d in pairs]
 
     @property
     def overhead_s(self) -> float:

@@ -43,9 +43,8 @@ def main() -> None:
     except SpecliError as e:
         if os.environ.get("SPECLI_DEBUG") == "1":
             raise
-        err.print(f"error: {e.message}", markup=False)
-        if e.hint:
-            err.print(f"hint: {e.hint}", markup=False)
+        hint = f" (hint: {e.hint})" if e.hint else ""
+        err.print(f"error: {e.message}{hint}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)

