@@ -1,0 +1,39 @@
+"""The architecture's import rules (design.md), checked by reading the imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).parents[1] / "specli"
+CORE = ["engine.py", "verify.py", "stats.py", "config.py", "pairing.py", "errors.py",
+        "backend.py", "chat.py", "defaults.py", "drafts"]
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def core_files():
+    for entry in CORE:
+        p = PKG / entry
+        yield from (sorted(p.glob("*.py")) if p.is_dir() else [p])
+
+
+def test_only_backend_imports_llama_cpp():
+    users = {p.name for p in PKG.rglob("*.py") if any(
+        n == "llama_cpp" or n.startswith("llama_cpp.") for n in imports(p))}
+    assert users == {"backend.py"}
+
+
+def test_the_core_never_imports_the_faces():
+    for p in core_files():
+        bad = {n for n in imports(p) if n.split(".")[0] in {"typer", "rich", "fastapi"}
+               or n.startswith(("specli.cli", "specli.server"))}
+        assert not bad, f"{p.name} imports {bad}"

@@ -1,0 +1,90 @@
+"""Sampling fidelity on real models: speculative sampling draws from the target's own distribution.
+
+The target's exact distribution is computed from its logits with the same transforms (temp,
+top-k, top-p, min-p), and 2,000 seeded speculative runs are compared with it by chi-square.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from scipy import stats as sst
+
+from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.engine import Engine
+from specli.verify import sampling_dist
+
+SP = SamplingParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05)
+N_SEEDS = 2000
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def engine(f32, q4_1):
+    e = Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=4))
+    yield e
+    e.close()
+
+
+def exact_sequences(e: Engine, prompt: list[int], depth: int) -> dict[tuple[int, ...], float]:
+    """Enumerate the target's distribution over the next `depth` tokens (its sampling support)."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def walk(prefix: tuple[int, ...], prob: float) -> None:
+        if len(prefix) == depth:
+            out[prefix] = prob
+            return
+        ctx = [*prompt, *prefix]
+        e.target.sync(ctx[:-1])
+        d = sampling_dist(e.target.decode([ctx[-1]])[0], SP)
+        for t, p in zip(d.ids.tolist(), d.probs.tolist(), strict=True):
+            walk((*prefix, t), prob * p)
+
+    walk((), 1.0)
+    return out
+
+
+def chi_square(observed: Counter, expected_p: dict, n: int) -> float:
+    """Goodness of fit, pooling outcomes expected fewer than 5 times into one bin."""
+    obs, exp, pool_o, pool_e = [], [], 0.0, 0.0
+    for key, p in expected_p.items():
+        if n * p >= 5:
+            obs.append(observed.get(key, 0))
+            exp.append(n * p)
+        else:
+            pool_o += observed.get(key, 0)
+            pool_e += n * p
+    pool_o += sum(c for k, c in observed.items() if k not in expected_p)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp.append(pool_e)
+    exp = np.array(exp) * (sum(obs) / sum(exp))
+    return float(sst.chisquare(obs, exp).pvalue)
+
+
+def sample_runs(e: Engine, prompt: list[int], n_tokens: int) -> tuple[list, float]:
+    runs, drafted, accepted = [], 0, 0
+    for seed in range(N_SEEDS):
+        out = e.complete(prompt, n_tokens, SamplingParams(**{**SP.__dict__, "seed": seed}))
+        runs.append(tuple(out.tokens))
+        drafted, accepted = drafted + out.stats.n_drafted, accepted + out.stats.n_accept
+    return runs, accepted / max(drafted, 1)
+
+
+def test_first_token_follows_the_target_distribution(engine):
+    prompt = engine.tokenize("My favourite fruit is")
+    exact = exact_sequences(engine, prompt, 1)
+    runs, rate = sample_runs(engine, prompt, 3)
+    assert 0.05 < rate < 0.99, "the draft must be rejected sometimes for this to test anything"
+    assert chi_square(Counter(r[:1] for r in runs), exact, N_SEEDS) > 0.01
+
+
+def test_first_three_tokens_follow_the_target_distribution(engine):
+    prompt = engine.tokenize("The three primary colours are red,")
+    exact = exact_sequences(engine, prompt, 3)
+    runs, _ = sample_runs(engine, prompt, 3)
+    assert all(len(r) == 3 for r in runs)
+    assert chi_square(Counter(runs), exact, N_SEEDS) > 0.01
