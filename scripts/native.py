@@ -44,18 +44,27 @@ _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
 def speculative_simple(bin_dir: Path, target: str, draft: str, prompt_file: str, n: int, k: int,
                        threads: int = 2, steps: bool = False, extra: tuple[str, ...] = ()
                        ) -> NativeRun:
-    """llama-speculative-simple, greedy, the given k; steps=True adds -v to log every step
-    (which slows it: do not time such a run)."""
-    cmd = [str(bin_dir / "llama-speculative-simple"), "-m", target, "-md", draft,
-           "-f", prompt_file, "-n", str(n), "--spec-type", "draft-simple",
+    """llama-speculative-simple, greedy; steps=True adds -v to log every step (slower: do not
+    time such a run)."""
+    return _run(bin_dir / "llama-speculative-simple", target, draft, prompt_file, n, k, threads,
+                ("--spec-type", "draft-simple", *extra, *(("-v",) if steps else ())))
+
+
+def speculative(bin_dir: Path, target: str, draft: str, prompt_file: str, n: int, k: int,
+                threads: int = 2, extra: tuple[str, ...] = ()) -> NativeRun:
+    """llama-speculative (one draft sequence), greedy."""
+    return _run(bin_dir / "llama-speculative", target, draft, prompt_file, n, k, threads, extra)
+
+
+def _run(program: Path, target: str, draft: str, prompt_file: str, n: int, k: int,
+         threads: int, extra: tuple[str, ...]) -> NativeRun:
+    cmd = [str(program), "-m", target, "-md", draft, "-f", prompt_file, "-n", str(n),
            "--spec-draft-n-max", str(k), "--temp", "0", "-t", str(threads), "-td", str(threads),
            "-c", "4096", "--seed", "1", *extra]
-    if steps:
-        cmd.append("-v")
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace",
                        timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"native run failed ({r.returncode}): {r.stderr[-2000:]}")
+        raise RuntimeError(f"{program.name} failed ({r.returncode}): {r.stderr[-2000:]}")
     out = NativeRun(text=r.stdout)
 
     def grab(name: str) -> str:

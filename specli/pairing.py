@@ -6,8 +6,12 @@ rules from common/speculative.cpp, so a pair specli accepts is one llama.cpp acc
 
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 from dataclasses import dataclass
+
+from gguf import GGUFValueType
 
 from specli.errors import IncompatiblePairError, ModelFileError
 
@@ -40,46 +44,97 @@ class Verdict:
     message: str = "compatible"
 
 
+_WANTED = {
+    "general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+}
+
+
 def read_tokenizer(path: str) -> TokenizerInfo:
     """Read the tokenizer metadata of a GGUF file; ModelFileError if it is not a readable GGUF."""
-    from gguf import GGUFReader
-
     if not os.path.isfile(path):
         raise ModelFileError(f"model file not found: {path}")
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ModelFileError(f"cannot read {path}: {e.strerror}") from e
-    if magic != b"GGUF":
-        raise ModelFileError(f"not a GGUF file: {path}", hint="specli reads llama.cpp GGUF models")
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as e:  # the gguf package raises assorted errors on damaged files
-        raise ModelFileError(f"damaged or truncated GGUF file: {path} ({e})") from e
-
-    def scalar(key: str):
-        field = reader.fields.get(key)
-        if field is None or not field.data:
-            return None
-        v = field.contents()
-        return v
-
-    tokens_field = reader.fields.get("tokenizer.ggml.tokens")
-    tokens = tuple(tokens_field.contents()) if tokens_field is not None else ()
-    add_bos = scalar("tokenizer.ggml.add_bos_token")
-    add_eos = scalar("tokenizer.ggml.add_eos_token")
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            kv = _read_kv(mm, path, _WANTED)
+    except (OSError, ValueError) as e:  # mmap of an empty file raises ValueError
+        raise ModelFileError(f"cannot read {path}: {e}") from e
+    add_bos = kv.get("tokenizer.ggml.add_bos_token")
+    add_eos = kv.get("tokenizer.ggml.add_eos_token")
     return TokenizerInfo(
         path=path,
-        architecture=scalar("general.architecture"),
-        model=scalar("tokenizer.ggml.model"),
-        pre=scalar("tokenizer.ggml.pre"),
-        tokens=tokens,
-        bos_id=scalar("tokenizer.ggml.bos_token_id"),
-        eos_id=scalar("tokenizer.ggml.eos_token_id"),
+        architecture=kv.get("general.architecture"),
+        model=kv.get("tokenizer.ggml.model"),
+        pre=kv.get("tokenizer.ggml.pre"),
+        tokens=tuple(kv.get("tokenizer.ggml.tokens", ())),
+        bos_id=kv.get("tokenizer.ggml.bos_token_id"),
+        eos_id=kv.get("tokenizer.ggml.eos_token_id"),
         add_bos=None if add_bos is None else bool(add_bos),
         add_eos=None if add_eos is None else bool(add_eos),
     )
+
+
+# The header walk reads only the key/value section, not the tensor index or data: gguf's
+# GGUFReader parses every field into numpy views, which takes seconds on a 262k-token vocab.
+_SCALARS = {
+    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
+}
+
+
+def _read_kv(buf, path: str, wanted: set[str]) -> dict:
+    if buf[:4] != b"GGUF":
+        raise ModelFileError(f"not a GGUF file: {path}", hint="specli reads llama.cpp GGUF models")
+    try:
+        (version,) = struct.unpack_from("<I", buf, 4)
+        bo = "<" if version & 0xFFFF else ">"  # a big-endian file reads as a huge version
+        (version,) = struct.unpack_from(bo + "I", buf, 4)
+        if version < 2:
+            raise ModelFileError(f"GGUF version {version} is too old: {path}")
+        _, n_kv = struct.unpack_from(bo + "QQ", buf, 8)
+        pos, out = 24, {}
+
+        def string(pos: int) -> tuple[str, int]:
+            (n,) = struct.unpack_from(bo + "Q", buf, pos)
+            end = pos + 8 + n
+            if end > len(buf):
+                raise struct.error("string past the end of the file")
+            return bytes(buf[pos + 8:end]).decode("utf-8", "surrogateescape"), end
+
+        def value(vtype: int, pos: int, keep: bool):
+            if vtype == GGUFValueType.STRING:
+                return string(pos)
+            if vtype == GGUFValueType.ARRAY:
+                etype, n = struct.unpack_from(bo + "IQ", buf, pos)
+                pos += 12
+                if etype in _SCALARS:  # fixed-size elements: skip (or read) in one go
+                    size = struct.calcsize(_SCALARS[etype]) * n
+                    if pos + size > len(buf):
+                        raise struct.error("array past the end of the file")
+                    items = (list(struct.unpack_from(f"{bo}{n}{_SCALARS[etype]}", buf, pos))
+                             if keep else None)
+                    return items, pos + size
+                items = [] if keep else None
+                for _ in range(n):
+                    v, pos = value(etype, pos, keep)
+                    if keep:
+                        items.append(v)
+                return items, pos
+            fmt = bo + _SCALARS[GGUFValueType(vtype)]
+            return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+
+        for _ in range(n_kv):
+            key, pos = string(pos)
+            (vtype,) = struct.unpack_from(bo + "I", buf, pos)
+            v, pos = value(vtype, pos + 4, key in wanted)
+            if key in wanted:
+                out[key] = v
+        return out
+    except (struct.error, ValueError, KeyError, RecursionError) as e:
+        raise ModelFileError(f"damaged or truncated GGUF file: {path} ({e})") from e
 
 
 def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:

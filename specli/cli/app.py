@@ -39,7 +39,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def main() -> None:
     """Console entry point: every SpecliError becomes one line on stderr and its exit code."""
     try:
-        app(standalone_mode=True)
+        app(prog_name="specli", standalone_mode=True)
     except SpecliError as e:
         if os.environ.get("SPECLI_DEBUG") == "1":
             raise

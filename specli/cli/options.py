@@ -70,8 +70,9 @@ GpuLayers = Annotated[int, typer.Option(
 GpuLayersDraft = Annotated[int, typer.Option(
     "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft",
     help="Draft layers to offload to the GPU.", rich_help_panel=RESOURCES)]
-Threads = Annotated[int, typer.Option("-t", "--threads", help="Threads for generation.",
-                                      rich_help_panel=RESOURCES)]
+Threads = Annotated[int, typer.Option(
+    "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
+    rich_help_panel=RESOURCES, show_default=False)]
 ThreadsDraft = Annotated[int | None, typer.Option(
     "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
     rich_help_panel=RESOURCES, show_default=False)]

@@ -1,0 +1,162 @@
+"""Benchmark `specli run`'s engine against the target alone and native llama.cpp, in one run.
+
+    python scripts/build_native.sh            # once: native binaries from the same llama.cpp
+    python scripts/bench_run.py [--write docs/performance.md] [-ngl 99 -ngld 99]
+
+Greedy, same pair, same prompts, same k, same threads. Every configuration runs --repeat
+times, interleaved, and the median decode speed is reported: speeds are ratios measured on one
+machine in one run, never absolute promises. specli runs in this process (the engine `run`
+uses); native programs run as subprocesses and report their own decode speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import native  # noqa: E402
+
+from specli import defaults  # noqa: E402
+from specli.backend import Model  # noqa: E402
+from specli.chat import render_chat  # noqa: E402
+from specli.config import DraftParams, ModelParams, SamplingParams  # noqa: E402
+from specli.drafts import ModelDraft  # noqa: E402
+from specli.engine import Engine  # noqa: E402
+
+PROMPTS = {
+    "code": "Write a binary search in Python",
+    "prose": "Explain how a hash map works.",
+    "structured": "Write a SQL query that finds the top 3 customers by total order value.",
+}
+BEGIN, END = "<!-- bench_run:begin -->", "<!-- bench_run:end -->"
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = ""
+    try:
+        gpu = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"{cpu}, {os.cpu_count()} cores" + (f", GPU: {gpu}" if gpu else "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2 F32 derived)")
+    ap.add_argument("-md", "--model-draft", help="draft GGUF (default: SmolLM2 Q4_1)")
+    ap.add_argument("-n", type=int, default=256)
+    ap.add_argument("--k", default="4,8,16")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-ngl", type=int, default=0)
+    ap.add_argument("-ngld", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--write", help="replace the results block of this markdown file")
+    args = ap.parse_args()
+
+    draft_path = args.model_draft or defaults.smollm2_q4_1()
+    target_path = args.model or defaults.derived("f32", draft_path)
+    ks = [int(k) for k in args.k.split(",")]
+    bin_dir = native.native_bin_dir()
+    if bin_dir is None:
+        print("no native build (scripts/build_native.sh): native columns skipped", file=sys.stderr)
+
+    tgt = Model(ModelParams(target_path, n_threads=args.threads, n_gpu_layers=args.ngl))
+    dft = ModelDraft(Model(ModelParams(draft_path, n_threads=args.threads,
+                                       n_gpu_layers=args.ngld)))
+    greedy = SamplingParams(temp=0.0)
+    tmp = Path(tempfile.mkdtemp())
+    prompts = {}
+    for name, text in PROMPTS.items():
+        rendered = render_chat(tgt.chat_template(), text)
+        (tmp / f"{name}.txt").write_text(rendered + "\n")  # native -f drops one newline
+        prompts[name] = tgt.tokenize(rendered)
+
+    tps: dict[str, list[float]] = {}
+    extra: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        tps.setdefault(key, []).append(value)
+
+    gpu = ("-ngl", str(args.ngl), "-ngld", str(args.ngld))
+    for rep in range(args.repeat):
+        for name, ids in prompts.items():
+            print(f"[{rep + 1}/{args.repeat}] {name}", file=sys.stderr)
+            plain = Engine(tgt).complete(ids, args.n, greedy, speculative=False)
+            add("target alone (specli)", plain.stats.decode_tps)
+            for k in ks:
+                out = Engine(tgt, dft, DraftParams(n_max=k)).complete(ids, args.n, greedy)
+                s = out.stats
+                assert out.tokens == plain.tokens or args.model, "greedy output drifted"
+                add(f"specli k={k}", s.decode_tps)
+                extra.setdefault(f"specli k={k}", []).extend(
+                    [s.accept_rate, 1e3 * s.overhead_s / max(s.n_steps, 1),
+                     100 * s.overhead_s / s.t_decode_s])
+                if bin_dir is None:
+                    continue
+                f = str(tmp / f"{name}.txt")
+                r = native.speculative_simple(bin_dir, target_path, draft_path, f, args.n, k,
+                                              args.threads, extra=gpu)
+                add(f"native speculative-simple k={k}", r.decode_tps)
+                extra.setdefault(f"native speculative-simple k={k}", []).append(r.accept_rate)
+                r = native.speculative(bin_dir, target_path, draft_path, f, args.n, k,
+                                       args.threads, extra=gpu)
+                add(f"native speculative k={k}", r.decode_tps)
+                extra.setdefault(f"native speculative k={k}", []).append(r.accept_rate)
+
+    base = statistics.median(tps["target alone (specli)"])
+    lines = [
+        f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl} -ngld {args.ngld}.",
+        f"Target `{Path(target_path).name}`, draft `{Path(draft_path).name}`, greedy, "
+        f"-n {args.n}, prompts: {', '.join(PROMPTS)} (chat template), median of "
+        f"{args.repeat} interleaved rounds.",
+        "",
+        "| configuration | decode t/s | vs target alone | accept "
+        "| overhead ms/step (% of decode) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for key, values in tps.items():
+        med = statistics.median(values)
+        e = extra.get(key, [])
+        acc = f"{100 * statistics.mean(e[0::3] if key.startswith('specli') else e):.1f}%" \
+            if e else "-"
+        ovh = (f"{statistics.mean(e[1::3]):.2f} ({statistics.mean(e[2::3]):.1f}%)"
+               if key.startswith("specli") else "-")
+        lines.append(f"| {key} | {med:.1f} | {med / base:.2f}x | {acc} | {ovh} |")
+    if bin_dir is not None:
+        lines += ["", "| k | specli / native speculative-simple | specli / native speculative |",
+                  "|---:|---:|---:|"]
+        for k in ks:
+            ours = statistics.median(tps[f"specli k={k}"])
+            simple = statistics.median(tps[f"native speculative-simple k={k}"])
+            spec = statistics.median(tps[f"native speculative k={k}"])
+            lines.append(f"| {k} | {ours / simple:.2f}x | {ours / spec:.2f}x |")
+    table = "\n".join(lines)
+    print(table)
+    if args.write:
+        path = Path(args.write)
+        doc = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
+        head, rest = doc.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+if __name__ == "__main__":
+    main()
