@@ -8,6 +8,7 @@ from specli.stats import Stats, format_llama  # noqa: E402
 
 __all__ = [
     "DraftParams",
+    "Engine",
     "ModelParams",
     "SamplingParams",
     "SpecliError",
@@ -15,3 +16,12 @@ __all__ = [
     "__version__",
     "format_llama",
 ]
+
+
+def __getattr__(name: str):
+    # the engine loads llama.cpp; import it only when asked for
+    if name == "Engine":
+        from specli.engine import Engine
+
+        return Engine
+    raise AttributeError(name)

@@ -127,8 +127,7 @@ class Engine:
                 # 1. propose: at most what the budget and the context can still take
                 k = min(self.draft_params.n_max, n_left - 1, tgt.n_ctx - n_past - 1)
                 proposal = draft.propose(context, k, sp, rng) if draft and k > 0 else EMPTY
-                if len(proposal.tokens) < self.draft_params.n_min:
-                    proposal = Proposal()
+                proposal = self._usable(proposal)
                 # 2-4. verify in one target batch, accept, rewind both caches
                 n_acc, token = self._verify(proposal, context[-1], n_past, sp, rng)
                 drafted = len(proposal.tokens)
@@ -159,6 +158,17 @@ class Engine:
                 stats.draft.eval_ms = 1e3 * stats.t_draft_decode_s
                 stats.draft.eval_runs = dm.n_decode_calls - cd0
                 stats.draft.eval_n = dm.n_decode_tokens - nd0
+
+    def _usable(self, proposal: Proposal) -> Proposal:
+        """Drop what the target cannot verify: ids past its vocabulary (a draft vocabulary may
+        be up to 128 tokens larger), and drafts shorter than --draft-min."""
+        n_vocab = self.target.n_vocab
+        cut = next((i for i, t in enumerate(proposal.tokens) if t >= n_vocab), None)
+        if cut is not None:
+            proposal = Proposal(proposal.tokens[:cut], proposal.q[:cut] if proposal.q else None)
+        if len(proposal.tokens) < max(self.draft_params.n_min, 1):
+            return EMPTY
+        return proposal
 
     def _verify(self, proposal: Proposal, id_last: int, n_past: int, sp: SamplingParams,
                 rng: np.random.Generator) -> tuple[int, int]:

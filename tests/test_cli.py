@@ -113,3 +113,22 @@ def test_incompatible_pair_exits_1_naming_the_rule(f32, gemma):
 def test_version_and_module_entry_point():
     r = specli("--version")
     assert r.returncode == 0 and r.stdout.startswith("specli ")
+
+
+def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
+    import subprocess
+
+    cmd = (f"{sys.executable} -m specli run -m {f32} -md {q4_1} -p 'Count to 100' --chat "
+           f"-n 200 --temp 0 | head -c 5")
+    r = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True, text=True)
+    assert len(r.stdout) == 5 and "Traceback" not in r.stderr
+    assert r.returncode == 141  # as a process killed by SIGPIPE
+
+
+def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1):
+    args = ("-m", f32, "-md", q4_1, "-p", PROMPTS[7], "--chat", "-c", "1024", "-n", "320",
+            "--temp", "0")
+    spec = specli("run", *args, "-cd", "256")
+    plain = specli("run", *args, "--no-spec")
+    assert spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout

@@ -49,3 +49,4 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted", markup=False)
         sys.exit(130)
+

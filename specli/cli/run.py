@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import nullcontext
 from dataclasses import replace
@@ -105,15 +106,21 @@ def run(
         engine = Engine.load(target_params, draft_params,
                              DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min))
     try:
+        if chat and engine.target.chat_template() is None and not json_out:
+            err.print("note: the target has no chat template; using ChatML", markup=False)
         ids = engine.tokenize(text, chat=chat)
         pieces: list[str] = []
         stats = None
-        for chunk in engine.stream(ids, n_predict, sampling):
-            pieces.append(chunk.text)
-            if not json_out and chunk.text:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-            stats = chunk.stats or stats
+        try:
+            for chunk in engine.stream(ids, n_predict, sampling):
+                pieces.append(chunk.text)
+                if not json_out and chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+                stats = chunk.stats or stats
+        except BrokenPipeError:  # the reader went away (specli run | head): stop like SIGPIPE
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise typer.Exit(141) from None
         out_text = "".join(pieces)
         baseline_match = None
         if baseline:

@@ -35,6 +35,9 @@ class ModelDraft:
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         m = self.model
+        k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
+        if k <= 0:
+            return Proposal()
         n_have = len(m.tokens)
         if n_have >= len(context):  # nothing new: re-decode the last token for its logits
             m.rewind(len(context) - 1)
