@@ -169,6 +169,9 @@ class Model:
             )
         n_out = {"last": 1, "all": n, "none": 0}.get(logits, logits)
         n_out = min(int(n_out), n)
+        if n_out > (n - 1) % self.n_batch + 1:  # llama.cpp keeps only the last chunk's rows
+            raise BackendError(f"internal: {n_out} logits rows asked of a {n}-token decode "
+                               f"larger than n_batch {self.n_batch}")
         start = 0
         while start < n:  # chunks of n_batch; only the final chunk can ask for outputs
             end = min(start + self.n_batch, n)
@@ -232,7 +235,9 @@ class Model:
 
     def close(self) -> None:
         if getattr(self, "_ctx", None):
-            ll.llama_batch_free(self._batch)
+            if getattr(self, "_batch", None) is not None:
+                ll.llama_batch_free(self._batch)
+                self._batch = None
             ll.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):

@@ -11,7 +11,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from specli.errors import ModelPackageMissing
+from specli.errors import ModelPackageMissing, SpecliError
 
 DRAFT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_FILE = "SmolLM2-135M-Instruct.F32.gguf"
@@ -44,8 +44,12 @@ def derived(ftype: str, src: str | None = None) -> str:
     if not out.is_file():
         from specli.backend import quantize
 
-        out.parent.mkdir(parents=True, exist_ok=True)
-        quantize(src, str(out), ftype)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            quantize(src, str(out), ftype)
+        except OSError as e:
+            raise SpecliError(f"cannot write {out}: {e.strerror or e}",
+                              hint="set SPECLI_CACHE_DIR to a writable folder") from e
     return str(out)
 
 

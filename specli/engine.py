@@ -18,7 +18,7 @@ import numpy as np
 from specli import pairing
 from specli.backend import Model
 from specli.config import DraftParams, ModelParams, SamplingParams
-from specli.drafts.base import EMPTY, DraftSource, Proposal
+from specli.drafts.base import DraftSource, Proposal
 from specli.drafts.model import ModelDraft
 from specli.errors import ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
@@ -57,7 +57,8 @@ class Engine:
             pairing.ensure_compatible(target.path, draft.path)
         t = Model(target)
         try:
-            d = ModelDraft(Model(draft), p_min=draft_params.p_min) if draft is not None else None
+            d = (ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab)
+                 if draft is not None else None)
         except BaseException:
             t.close()
             raise
@@ -124,20 +125,14 @@ class Engine:
         stats.finish_reason = "length"
         try:
             while n_left > 0 and n_past < tgt.n_ctx:
-                # 1. propose: at most what the budget and the context can still take
-                k = min(self.draft_params.n_max, n_left - 1, tgt.n_ctx - n_past - 1)
-                proposal = draft.propose(context, k, sp, rng) if draft and k > 0 else EMPTY
-                proposal = self._usable(proposal)
-                # 2-4. verify in one target batch, accept, rewind both caches
-                n_acc, token = self._verify(proposal, context[-1], n_past, sp, rng)
-                drafted = len(proposal.tokens)
-                if drafted:
-                    stats.record_step(drafted, n_acc)
-                else:
-                    stats.n_steps += 1
-                # 5. observe
+                # draft at most what the budget, the context and one target batch can take
+                k = min(self.draft_params.n_max, n_left - 1, tgt.n_ctx - n_past - 1,
+                        tgt.n_batch - 1) if draft else 0
+                proposal, n_acc, token = self._step(draft, context, n_past, k, sp, rng)
+                if proposal.tokens:
+                    stats.record_step(len(proposal.tokens), n_acc)
                 if draft:
-                    draft.observe(n_acc)
+                    draft.observe(n_acc)  # 5. observe: where adaptive draft lengths live
                 n_past += 1 + n_acc
                 for i, t in enumerate([*proposal.tokens[:n_acc], token]):
                     if tgt.is_eog(t):
@@ -159,38 +154,33 @@ class Engine:
                 stats.draft.eval_runs = dm.n_decode_calls - cd0
                 stats.draft.eval_n = dm.n_decode_tokens - nd0
 
-    def _usable(self, proposal: Proposal) -> Proposal:
-        """Drop what the target cannot verify: ids past its vocabulary (a draft vocabulary may
-        be up to 128 tokens larger), and drafts shorter than --draft-min."""
-        n_vocab = self.target.n_vocab
-        cut = next((i for i, t in enumerate(proposal.tokens) if t >= n_vocab), None)
-        if cut is not None:
-            proposal = Proposal(proposal.tokens[:cut], proposal.q[:cut] if proposal.q else None)
-        if len(proposal.tokens) < max(self.draft_params.n_min, 1):
-            return EMPTY
-        return proposal
-
-    def _verify(self, proposal: Proposal, id_last: int, n_past: int, sp: SamplingParams,
-                rng: np.random.Generator) -> tuple[int, int]:
-        """One target decode of [id_last, *draft]; on any exit both caches end at a committed
-        length (the accepted prefix on success, the previous one on an exception)."""
+    def _step(self, draft: DraftSource | None, context: list[int], n_past: int, k: int,
+              sp: SamplingParams, rng: np.random.Generator) -> tuple[Proposal, int, int]:
+        """One speculative step: (proposal, accepted count, next token). Whatever happens,
+        both caches end at a committed length: the accepted prefix on success, the previous
+        one on an exception (a failed decode, a closed stream)."""
+        n_min = max(self.draft_params.n_min, 1)
         n_keep = n_past
         try:
-            rows = self.target.decode([id_last, *proposal.tokens], logits="all")
+            # 1. propose; a draft shorter than --draft-min is not worth a verification
+            proposal = draft.propose(context, k, sp, rng) if draft and k >= n_min else Proposal()
+            if len(proposal.tokens) < n_min:
+                proposal = Proposal()
+            # 2. verify: one target decode of [last token, *draft], a logits row per token
+            rows = self.target.decode([context[-1], *proposal.tokens], logits="all")
+            # 3. accept (an accepted end-of-generation token ends the step as the target's)
             n_acc, token = verify(proposal.tokens, proposal.q, rows.__getitem__, sp, rng)
-            for j in range(n_acc):  # an accepted end-of-generation is the step's last token
+            for j in range(n_acc):
                 if self.target.is_eog(proposal.tokens[j]):
                     n_acc, token = j, proposal.tokens[j]
                     break
             n_keep = n_past + 1 + n_acc
-            return n_acc, token
+            return proposal, n_acc, token
         finally:
-            self._rewind(n_keep)
-
-    def _rewind(self, n_keep: int) -> None:
-        self.target.rewind(n_keep)
-        if self.draft:
-            self.draft.rewind(n_keep)
+            # 4. rewind both caches past the first rejection
+            self.target.rewind(n_keep)
+            if draft:
+                draft.rewind(n_keep)
 
     # -- layer 2: text ----------------------------------------------------------------------
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,

@@ -22,6 +22,8 @@ VOCAB_CHECK_START_TOKEN_ID = 5
 
 @dataclass(frozen=True)
 class TokenizerInfo:
+    """Tokenizer metadata with llama.cpp's defaults filled in where a key is absent."""
+
     path: str
     architecture: str | None
     model: str | None  # tokenizer.ggml.model: gpt2, llama, ...
@@ -60,19 +62,51 @@ def read_tokenizer(path: str) -> TokenizerInfo:
             kv = _read_kv(mm, path, _WANTED)
     except (OSError, ValueError) as e:  # mmap of an empty file raises ValueError
         raise ModelFileError(f"cannot read {path}: {e}") from e
-    add_bos = kv.get("tokenizer.ggml.add_bos_token")
-    add_eos = kv.get("tokenizer.ggml.add_eos_token")
+    model, pre = kv.get("tokenizer.ggml.model"), kv.get("tokenizer.ggml.pre")
+    bos, eos, add_bos, add_eos = _defaults(model, pre)
+    add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", add_bos))
+    if pre == "gemma4":  # llama.cpp forces BOS on for Gemma 4 whatever the file says
+        add_bos = True
     return TokenizerInfo(
         path=path,
         architecture=kv.get("general.architecture"),
-        model=kv.get("tokenizer.ggml.model"),
-        pre=kv.get("tokenizer.ggml.pre"),
+        model=model,
+        pre=pre,
         tokens=tuple(kv.get("tokenizer.ggml.tokens", ())),
-        bos_id=kv.get("tokenizer.ggml.bos_token_id"),
-        eos_id=kv.get("tokenizer.ggml.eos_token_id"),
-        add_bos=None if add_bos is None else bool(add_bos),
-        add_eos=None if add_eos is None else bool(add_eos),
+        bos_id=kv.get("tokenizer.ggml.bos_token_id", bos),
+        eos_id=kv.get("tokenizer.ggml.eos_token_id", eos),
+        add_bos=add_bos,
+        add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
     )
+
+
+# llama.cpp's vocabulary types and the defaults llama-vocab.cpp uses when a key is absent
+_VOCAB_TYPE = {"llama": "spm", "bert": "wpm", "gpt2": "bpe", "hybriddna": "bpe",
+               "whitespace": "bpe", "gemma4": "bpe", "t5": "ugm", "rwkv": "rwkv",
+               "plamo2": "plamo2", "none": "none", "no_vocab": "none"}
+_BPE_ADD_BOS_PRE = {"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                    "midm-2.0", "lfm2", "jina-v5-nano", "tekken", "chameleon"}
+
+
+def vocab_type(model: str | None) -> str | None:
+    return _VOCAB_TYPE.get(model or "", model)
+
+
+def _defaults(model: str | None, pre: str | None) -> tuple[int | None, int | None, bool, bool]:
+    """(bos id, eos id, add BOS, add EOS) before the file's own keys override them."""
+    t = vocab_type(model)
+    if t == "spm":
+        return 1, 2, True, False
+    if t == "wpm":
+        return 101, None, True, False
+    if t == "bpe":
+        bos = None if pre in ("chatglm-bpe", "glm4", "glm5") else 11
+        return bos, 11, pre in _BPE_ADD_BOS_PRE, False
+    if t == "ugm":
+        return None, 1, False, True
+    if t == "plamo2":
+        return 1, 2, False, False
+    return None, None, False, False
 
 
 # The header walk reads only the key/value section, not the tensor index or data: gguf's
@@ -139,7 +173,7 @@ def _read_kv(buf, path: str, wanted: set[str]) -> dict:
 
 def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:
     """llama.cpp's compatibility rules, in its order; the first failure is the verdict."""
-    if target.model != draft.model:
+    if vocab_type(target.model) != vocab_type(draft.model):
         return Verdict(False, "vocab-type", f"vocab types differ: target {target.model}, "
                        f"draft {draft.model}")
     if target.add_bos != draft.add_bos or (target.add_bos and target.bos_id != draft.bos_id):

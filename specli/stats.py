@@ -46,7 +46,7 @@ class Stats:
     t_encode_s: float = 0.0
     n_predict: int = 0
     t_decode_s: float = 0.0
-    n_steps: int = 0  # verification batches (target decodes during generation)
+    n_steps: int = 0  # verification steps that checked a draft
     n_drafted: int = 0
     n_accept: int = 0
     drafted_per_pos: list[int] = field(default_factory=list)
@@ -74,7 +74,7 @@ class Stats:
 
     @property
     def mean_accept_len(self) -> float:
-        """vLLM's mean acceptance length: tokens emitted per verification step."""
+        """vLLM's mean acceptance length: tokens emitted per verified draft."""
         return 1.0 + _div(self.n_accept, self.n_steps)
 
     @property

@@ -125,8 +125,12 @@ def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
     assert r.returncode == 141  # as a process killed by SIGPIPE
 
 
-def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1):
-    args = ("-m", f32, "-md", q4_1, "-p", PROMPTS[7], "--chat", "-c", "1024", "-n", "320",
+@pytest.mark.parametrize("prompt,n", [
+    (PROMPTS[7], "320"),  # the draft's context fills up during generation
+    (" ".join(["Repeat after me: the quick brown fox jumps over the lazy dog."] * 25), "16"),
+])
+def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
+    args = ("-m", f32, "-md", q4_1, "-p", prompt, "--chat", "-c", "1024", "-n", n,
             "--temp", "0")
     spec = specli("run", *args, "-cd", "256")
     plain = specli("run", *args, "--no-spec")

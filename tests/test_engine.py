@@ -30,8 +30,7 @@ def assert_consistent(e: Engine) -> None:
     assert e.target.kv_pos_max() == len(e.target.tokens) - 1
     d = e.draft.model
     assert d.kv_pos_max() == len(d.tokens) - 1
-    assert d.tokens == e.target.tokens[: len(d.tokens)] or len(d.tokens) == len(
-        e.target.tokens) + 1
+    assert d.tokens == e.target.tokens[: len(d.tokens)]
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -60,7 +59,7 @@ def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q)
     target, draft = request.getfixturevalue(target_q), request.getfixturevalue(draft_q)
     e = Engine.load(ModelParams(target), ModelParams(draft), DraftParams(n_max=K))
     try:
-        for prompt in PROMPTS[:5]:
+        for prompt in PROMPTS:
             ids = e.tokenize(prompt, chat=True)
             plain = e.complete(ids, 64, GREEDY, speculative=False)
             fast = e.complete(ids, 64, GREEDY)
@@ -139,6 +138,50 @@ def test_an_exception_mid_step_leaves_both_caches_committed(spec, monkeypatch):
     assert_consistent(spec)
     monkeypatch.setattr(engine_mod, "verify", real_verify)
     assert spec.complete(ids, 48, GREEDY).tokens == reference
+
+
+def test_a_draft_failure_mid_proposal_leaves_both_caches_committed(spec, monkeypatch):
+    ids = spec.tokenize(PROMPTS[3], chat=True)
+    reference = spec.complete(ids, 40, GREEDY, speculative=False).tokens
+    real_propose, calls = ModelDraft.propose, {"n": 0}
+
+    def failing_propose(self, context, k, sp, rng):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the draft has decoded part of a proposal when it fails
+            m = self.model
+            m.decode(context[len(m.tokens):] or [1])
+            m.decode([1])
+            raise RuntimeError("draft decode failed")
+        return real_propose(self, context, k, sp, rng)
+
+    monkeypatch.setattr(ModelDraft, "propose", failing_propose)
+    emitted = list(ids)
+    with pytest.raises(RuntimeError):
+        for token, _ in spec.steps(ids, 40, GREEDY, Stats()):
+            emitted.append(token)
+    assert spec.target.tokens == emitted[:-1]
+    assert_consistent(spec)
+    monkeypatch.setattr(ModelDraft, "propose", real_propose)
+    assert spec.complete(ids, 40, GREEDY).tokens == reference
+
+
+def test_draft_p_min_stops_drafting_and_draft_min_drops_short_drafts(f32, q4_1):
+    ids_text = PROMPTS[7]
+    outs = {}
+    for name, dp in {"plain": DraftParams(n_max=K), "p_min": DraftParams(n_max=K, p_min=0.9),
+                     "n_min": DraftParams(n_max=K, n_min=K, p_min=0.9)}.items():
+        e = Engine.load(ModelParams(f32), ModelParams(q4_1), dp)
+        try:
+            outs[name] = e.complete(e.tokenize(ids_text, chat=True), 96, GREEDY)
+        finally:
+            e.close()
+    plain, p_min, n_min = outs["plain"].stats, outs["p_min"].stats, outs["n_min"].stats
+    assert outs["p_min"].tokens == outs["plain"].tokens == outs["n_min"].tokens
+    # a confident-only draft proposes fewer tokens per step and is accepted more often
+    assert p_min.n_drafted / p_min.n_steps < plain.n_drafted / plain.n_steps
+    assert p_min.accept_rate >= plain.accept_rate
+    # with --draft-min = k, every verified draft is exactly k long
+    assert n_min.n_drafted == K * n_min.n_steps and n_min.n_steps < p_min.n_steps
 
 
 def test_closing_a_stream_early_leaves_caches_consistent(spec):

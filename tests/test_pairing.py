@@ -47,3 +47,35 @@ def test_unreadable_files(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"GGUF" + b"\0" * 10)
     with pytest.raises(ModelFileError):
         read_tokenizer(str(tmp_path / "x.gguf"))
+
+
+def write_gguf(path, **kv) -> str:
+    """A header-only GGUF written by the gguf package itself."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(kv.pop("model"))
+    if "pre" in kv:
+        w.add_tokenizer_pre(kv.pop("pre"))
+    w.add_token_list(kv.pop("tokens", [f"t{i}" for i in range(50)]))
+    for key, value in kv.items():
+        getattr(w, f"add_{key}")(value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+def test_absent_keys_take_llama_cpp_defaults(tmp_path):
+    spm = read_tokenizer(write_gguf(tmp_path / "a.gguf", model="llama"))
+    assert (spm.bos_id, spm.eos_id, spm.add_bos, spm.add_eos) == (1, 2, True, False)
+    bpe = read_tokenizer(write_gguf(tmp_path / "b.gguf", model="gpt2", pre="llama-bpe",
+                                    eos_token_id=7))
+    assert (bpe.bos_id, bpe.eos_id, bpe.add_bos, bpe.add_eos) == (11, 7, True, False)
+    # a BPE file saying nothing about BOS and one saying add_bos=false pair like in llama.cpp
+    plain = read_tokenizer(write_gguf(tmp_path / "c.gguf", model="gpt2", pre="qwen2"))
+    explicit = read_tokenizer(write_gguf(tmp_path / "d.gguf", model="gpt2", pre="qwen2",
+                                         add_bos_token=False))
+    assert check_pair(plain, explicit).ok
+    assert check_pair(spm, bpe).rule == "vocab-type"

@@ -57,7 +57,8 @@ def chi_square(observed: Counter, expected_p: dict, n: int) -> float:
         else:
             pool_o += observed.get(key, 0)
             pool_e += n * p
-    pool_o += sum(c for k, c in observed.items() if k not in expected_p)
+    outside = {k: c for k, c in observed.items() if k not in expected_p}
+    assert not outside, f"sampled outside the target's support: {outside}"
     if pool_e > 0:
         obs.append(pool_o)
         exp.append(pool_e)
@@ -85,6 +86,7 @@ def test_first_token_follows_the_target_distribution(engine):
 def test_first_three_tokens_follow_the_target_distribution(engine):
     prompt = engine.tokenize("The three primary colours are red,")
     exact = exact_sequences(engine, prompt, 3)
-    runs, _ = sample_runs(engine, prompt, 3)
+    runs, rate = sample_runs(engine, prompt, 3)
+    assert 0.05 < rate < 0.99
     assert all(len(r) == 3 for r in runs)
     assert chi_square(Counter(runs), exact, N_SEEDS) > 0.01

@@ -46,7 +46,4 @@ def main() -> None:
         hint = f" (hint: {e.hint})" if e.hint else ""
         err.print(f"error: {e.message}{hint}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted", markup=False)
-        sys.exit(130)
 

@@ -100,27 +100,24 @@ def run(
                               seed=None if seed < 0 else seed)
 
     from specli.engine import Engine
-    from specli.stats import format_llama
 
     with _status("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
                              DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min))
     try:
+        if model_draft is None and not no_spec and not json_out:
+            err.print("note: no draft model (-md): decoding with the target alone", markup=False)
         if chat and engine.target.chat_template() is None and not json_out:
             err.print("note: the target has no chat template; using ChatML", markup=False)
         ids = engine.tokenize(text, chat=chat)
         pieces: list[str] = []
         stats = None
-        try:
-            for chunk in engine.stream(ids, n_predict, sampling):
-                pieces.append(chunk.text)
-                if not json_out and chunk.text:
-                    sys.stdout.write(chunk.text)
-                    sys.stdout.flush()
-                stats = chunk.stats or stats
-        except BrokenPipeError:  # the reader went away (specli run | head): stop like SIGPIPE
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            raise typer.Exit(141) from None
+        for chunk in engine.stream(ids, n_predict, sampling):
+            pieces.append(chunk.text)
+            if not json_out and chunk.text:
+                sys.stdout.write(chunk.text)
+                sys.stdout.flush()
+            stats = chunk.stats or stats
         out_text = "".join(pieces)
         baseline_match = None
         if baseline:
@@ -128,9 +125,27 @@ def run(
                 plain = engine.complete(ids, n_predict, replace(sampling, seed=stats.seed),
                                         speculative=False)
             stats.baseline_decode_tps = plain.stats.decode_tps
-            baseline_match = plain.text == out_text
+            baseline_match = plain.text == out_text if sampling.greedy else None
+    except BrokenPipeError:
+        raise _reader_gone() from None
     finally:
         engine.close()
+
+    try:
+        _report(out_text, stats, baseline_match, json_out, model, model_draft)
+    except BrokenPipeError:
+        raise _reader_gone() from None
+
+
+def _reader_gone() -> typer.Exit:
+    """The reader of stdout went away (specli run | head): end quietly, as SIGPIPE would."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return typer.Exit(141)
+
+
+def _report(out_text: str, stats, baseline_match: bool | None, json_out: bool, model: str,
+            model_draft: str | None) -> None:
+    from specli.stats import format_llama
 
     if json_out:
         doc = {"text": out_text, "model": model, "model_draft": model_draft,
@@ -140,7 +155,7 @@ def run(
     sys.stdout.write("\n")
     sys.stdout.flush()
     sys.stderr.write("\n" + format_llama(stats))
-    if baseline_match is not None and sampling.greedy:
+    if baseline_match is not None:
         sys.stderr.write(f"baseline output identical = {'yes' if baseline_match else 'no'}\n")
 
 

@@ -21,8 +21,6 @@ class Proposal:
     q: list[Dist] | None = None
 
 
-EMPTY = Proposal()
-
 
 class DraftSource(Protocol):
     name: str

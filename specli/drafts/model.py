@@ -25,11 +25,17 @@ class ModelDraft:
 
     name = "draft"
 
-    def __init__(self, model: Model, p_min: float = 0.0):
+    def __init__(self, model: Model, p_min: float = 0.0, n_vocab_target: int | None = None):
         self.model = model
         self.p_min = p_min
+        # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
+        # ids the target does not have
+        self.n_vocab = min(model.n_vocab, n_vocab_target or model.n_vocab)
 
     def begin(self, prompt: Sequence[int]) -> None:
+        if len(prompt) > self.model.n_ctx:  # a smaller draft context (-cd): no drafts this time
+            self.model.rewind(0)
+            return
         self.model.sync(prompt[:-1])
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
@@ -42,7 +48,7 @@ class ModelDraft:
         if n_have >= len(context):  # nothing new: re-decode the last token for its logits
             m.rewind(len(context) - 1)
             n_have = len(context) - 1
-        logits = m.decode(context[n_have:], logits="last")[0]
+        logits = m.decode(context[n_have:], logits="last")[0, : self.n_vocab]
         out = Proposal(q=None if sp.greedy else [])
         while True:
             if sp.greedy:
@@ -58,7 +64,7 @@ class ModelDraft:
             out.tokens.append(token)
             if len(out.tokens) >= k or m.is_eog(token):
                 return out  # the last drafted token is not decoded: it may be rejected
-            logits = m.decode([token], logits="last")[0]
+            logits = m.decode([token], logits="last")[0, : self.n_vocab]
         return out
 
     def rewind(self, n_keep: int) -> None:
