@@ -107,7 +107,7 @@ def main() -> None:
                 assert out.tokens == plain.tokens or args.model, "greedy output drifted"
                 add(f"specli k={k}", s.decode_tps)
                 extra.setdefault(f"specli k={k}", []).extend(
-                    [s.accept_rate, 1e3 * s.overhead_s / max(s.n_steps, 1),
+                    [s.accept_rate, 1e3 * s.overhead_s / max(s.target.eval_runs, 1),
                      100 * s.overhead_s / s.t_decode_s])
                 if bin_dir is None:
                     continue

@@ -143,7 +143,7 @@ def format_llama(s: Stats) -> str:
     lines += [
         f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",
         f"acceptance per position = {per_pos}",
-        f"overhead  = {1e3 * _div(s.overhead_s, s.n_steps):.3f} ms/step "
+        f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "
         f"({100.0 * _div(s.overhead_s, s.t_decode_s):.1f}% of decode time outside llama_decode)",
     ]
     if s.speedup is not None:
