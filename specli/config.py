@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+SPEC_TYPES = ("draft-simple", "ngram-simple")  # llama.cpp's --spec-type names specli has
 DEFAULT_DRAFT_MAX = 8
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
@@ -33,6 +34,14 @@ class DraftParams:
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
     p_min: float = 0.0
+
+
+@dataclass(frozen=True)
+class NgramParams:
+    """n-gram drafting (llama.cpp's --spec-ngram-size-n/-m; its defaults)."""
+
+    size_n: int = 12
+    size_m: int = 48
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,8 @@ import numpy as np
 
 from specli import pairing
 from specli.backend import Model
-from specli.config import DraftParams, ModelParams, SamplingParams
-from specli.drafts.base import DraftSource, Proposal
-from specli.drafts.model import ModelDraft
+from specli.config import DraftParams, ModelParams, NgramParams, SamplingParams
+from specli.drafts import Chain, DraftSource, ModelDraft, NgramSimple, Proposal
 from specli.errors import ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
 from specli.verify import verify
@@ -50,24 +49,35 @@ class Engine:
 
     @classmethod
     def load(cls, target: ModelParams, draft: ModelParams | None = None,
-             draft_params: DraftParams | None = None) -> Engine:
-        """Check the pair from GGUF metadata first (refuse before loading weights), then load."""
+             draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
+             ngram: NgramParams | None = None) -> Engine:
+        """Check the pair from GGUF metadata first (refuse before loading weights), then load.
+
+        spec_types: llama.cpp's --spec-type names; n-gram types take precedence over the draft
+        model, which is used whenever `draft` is given."""
         draft_params = draft_params or DraftParams()
+        ngram = ngram or NgramParams()
         if draft is not None:
             pairing.ensure_compatible(target.path, draft.path)
+        sources: list[DraftSource] = []
+        if "ngram-simple" in spec_types:
+            sources.append(NgramSimple(ngram.size_n, ngram.size_m))
         t = Model(target)
         try:
-            d = (ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab)
-                 if draft is not None else None)
+            if draft is not None:
+                sources.append(ModelDraft(Model(draft), draft_params.p_min,
+                                          n_vocab_target=t.n_vocab))
         except BaseException:
             t.close()
             raise
-        return cls(t, d, draft_params)
+        source = None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
+        return cls(t, source, draft_params)
 
     def close(self) -> None:
         self.target.close()
-        if isinstance(self.draft, ModelDraft):
-            self.draft.model.close()
+        dm = _model_draft(self.draft)
+        if dm is not None:
+            dm.close()
 
     # -- prompt -----------------------------------------------------------------------------
     def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
@@ -101,7 +111,7 @@ class Engine:
         stats.n_draft = self.draft_params.n_max if draft else 0
         stats.n_prompt = len(prompt)
         stats.target = ModelPerf(load_ms=tgt.load_ms)
-        dm = draft.model if isinstance(draft, ModelDraft) else None
+        dm = _model_draft(draft)
         if dm is not None:
             stats.draft = ModelPerf(load_ms=dm.load_ms)
 
@@ -130,7 +140,7 @@ class Engine:
                         tgt.n_batch - 1) if draft else 0
                 proposal, n_acc, token = self._step(draft, context, n_past, k, sp, rng)
                 if proposal.tokens:
-                    stats.record_step(len(proposal.tokens), n_acc)
+                    stats.record_step(len(proposal.tokens), n_acc, proposal.source)
                 if draft:
                     draft.observe(n_acc)  # 5. observe: where adaptive draft lengths live
                 n_past += 1 + n_acc
@@ -200,6 +210,14 @@ class Engine:
         tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
+
+
+def _model_draft(draft: DraftSource | None) -> Model | None:
+    """The draft model's backend, if a model drafts (alone or in a chain)."""
+    for s in draft.sources if isinstance(draft, Chain) else [draft]:
+        if isinstance(s, ModelDraft):
+            return s.model
+    return None
 
 
 def _t(m: Model | None) -> float:

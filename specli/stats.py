@@ -58,6 +58,9 @@ class Stats:
     seed: int | None = None
     finish_reason: str = ""
     baseline_decode_tps: float | None = None
+    # per draft source (llama.cpp's "statistics <type>:" lines): gen_drafts, acc_drafts,
+    # gen_tokens, acc_tokens
+    per_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
     # -- derived figures -------------------------------------------------------------------
     @property
@@ -93,8 +96,15 @@ class Stats:
             return None
         return self.decode_tps / self.baseline_decode_tps
 
-    def record_step(self, n_drafted: int, n_accepted: int) -> None:
+    def record_step(self, n_drafted: int, n_accepted: int, source: str = "") -> None:
         """Count one verification step that checked n_drafted tokens and accepted n_accepted."""
+        if source:
+            s = self.per_source.setdefault(
+                source, {"gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0})
+            s["gen_drafts"] += 1
+            s["acc_drafts"] += n_accepted > 0
+            s["gen_tokens"] += n_drafted
+            s["acc_tokens"] += n_accepted
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accept += n_accepted
@@ -146,6 +156,9 @@ def format_llama(s: Stats) -> str:
         f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "
         f"({100.0 * _div(s.overhead_s, s.t_decode_s):.1f}% of decode time outside llama_decode)",
     ]
+    lines += [f"statistics {name}: #gen drafts = {v['gen_drafts']}, #acc drafts = "
+              f"{v['acc_drafts']}, #gen tokens = {v['gen_tokens']}, #acc tokens = "
+              f"{v['acc_tokens']}" for name, v in s.per_source.items()]
     if s.speedup is not None:
         lines += [
             f"baseline  = {s.baseline_decode_tps:8.3f} t/s (target alone)",

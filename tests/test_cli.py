@@ -136,3 +136,14 @@ def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
     plain = specli("run", *args, "--no-spec")
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
+
+
+def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
+    one_line_error(specli("run", "-m", f32, "-p", "hi", "--spec-type", "ngram-bogus"), 2,
+                   "ngram-bogus", "ngram-simple")
+    one_line_error(specli("run", "-m", f32, "-p", "hi", "--spec-type", "draft-simple"), 2, "-md")
+    r = specli("run", "-m", f32, "--spec-type", "ngram-simple", "--chat", "-n", "64", "--temp",
+               "0", "-p", "Repeat exactly: one two three four five six seven eight nine ten "
+               "one two three four five six seven eight nine ten")
+    assert r.returncode == 0, r.stderr
+    assert "statistics ngram-simple: " in r.stderr and "draft:" not in r.stderr

@@ -22,19 +22,23 @@ class FlashAttn(StrEnum):
     auto = "auto"
 
 
-class SpecType(StrEnum):
-    draft_simple = "draft-simple"
-
-
 Model = Annotated[str | None, typer.Option(
     "-m", "--model", help="Target GGUF model. Default: the embedded SmolLM2 pair.",
     rich_help_panel=MODELS, show_default=False)]
 ModelDraft = Annotated[str | None, typer.Option(
     "-md", "--model-draft", help="Draft GGUF model (same tokenizer as the target).",
     rich_help_panel=MODELS, show_default=False)]
-SpecTypeOpt = Annotated[SpecType | None, typer.Option(
-    "--spec-type", help="Speculation type (llama.cpp names).", rich_help_panel=DRAFTING,
-    show_default=False)]
+SpecTypeOpt = Annotated[str | None, typer.Option(
+    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): draft-simple, "
+    "ngram-simple. n-gram drafts take precedence; the draft model (-md) fills in.",
+    rich_help_panel=DRAFTING, show_default=False)]
+NgramSizeN = Annotated[int, typer.Option(
+    "--spec-ngram-size-n", "--spec-ngram-simple-size-n",
+    help="n-gram size to look up in the history.", rich_help_panel=DRAFTING)]
+NgramSizeM = Annotated[int, typer.Option(
+    "--spec-ngram-size-m", "--spec-ngram-simple-size-m",
+    help="Most tokens an n-gram match proposes (also capped by --draft).",
+    rich_help_panel=DRAFTING)]
 DraftMax = Annotated[int, typer.Option(
     "--draft", "--draft-max", "--spec-draft-n-max",
     help="Tokens to draft per step (k).", rich_help_panel=DRAFTING)]

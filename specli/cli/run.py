@@ -14,7 +14,7 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err
-from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.config import SPEC_TYPES, DraftParams, ModelParams, NgramParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
@@ -36,6 +36,8 @@ def run(
         "-n", "--n-predict", help="Tokens to generate; -1 until end of generation or full "
         "context.", rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
     spec_type: o.SpecTypeOpt = None,
+    ngram_size_n: o.NgramSizeN = 12,
+    ngram_size_m: o.NgramSizeM = 48,
     draft: o.DraftMax = o.DEFAULTS["draft_max"],
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.0,
@@ -70,6 +72,9 @@ def run(
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
     _check_ranges(draft, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
+    if ngram_size_n < 1 or ngram_size_m < 1:
+        raise UsageError("--spec-ngram-size-n and --spec-ngram-size-m must be at least 1")
+    types = _spec_types(spec_type)
     text, chat = _prompt(prompt, file, chat)
 
     if model is None:
@@ -79,10 +84,10 @@ def run(
 
         with _status("preparing the embedded SmolLM2 pair", json_out):
             model, model_draft = default_pair()
-    if spec_type is not None and model_draft is None:
+    if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     if no_spec:
-        model_draft = None
+        model_draft, types = None, []
 
     target_params = ModelParams(
         path=model, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
@@ -103,10 +108,12 @@ def run(
 
     with _status("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
-                             DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min))
+                             DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min),
+                             spec_types=types, ngram=NgramParams(ngram_size_n, ngram_size_m))
     try:
-        if model_draft is None and not no_spec and not json_out:
-            err.print("note: no draft model (-md): decoding with the target alone", markup=False)
+        if engine.draft is None and not no_spec and not json_out:
+            err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "
+                      "the target alone", markup=False)
         if chat and engine.target.chat_template() is None and not json_out:
             err.print("note: the target has no chat template; using ChatML", markup=False)
         ids = engine.tokenize(text, chat=chat)
@@ -157,6 +164,17 @@ def _report(out_text: str, stats, baseline_match: bool | None, json_out: bool, m
     sys.stderr.write("\n" + format_llama(stats))
     if baseline_match is not None:
         sys.stderr.write(f"baseline output identical = {'yes' if baseline_match else 'no'}\n")
+
+
+def _spec_types(value: str | None) -> list[str]:
+    if value is None:
+        return []
+    types = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in types if t not in SPEC_TYPES]
+    if unknown or not types:
+        raise UsageError(f"unknown --spec-type {', '.join(unknown) or repr(value)}",
+                         hint="one or more of: " + ", ".join(SPEC_TYPES))
+    return types
 
 
 def _check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp: float,

@@ -19,10 +19,13 @@ class Proposal:
 
     tokens: list[int] = field(default_factory=list)
     q: list[Dist] | None = None
+    source: str = ""  # the DraftSource.name that proposed it, for per-source statistics
 
 
 
 class DraftSource(Protocol):
+    """Anything that proposes tokens: a draft model, an n-gram table, a chain of them."""
+
     name: str
 
     def begin(self, prompt: Sequence[int]) -> None:

@@ -49,7 +49,7 @@ class ModelDraft:
             m.rewind(len(context) - 1)
             n_have = len(context) - 1
         logits = m.decode(context[n_have:], logits="last")[0, : self.n_vocab]
-        out = Proposal(q=None if sp.greedy else [])
+        out = Proposal(q=None if sp.greedy else [], source=self.name)
         while True:
             if sp.greedy:
                 token = int(np.argmax(logits))

@@ -1,0 +1,127 @@
+"""The n-gram draft sources on token sequences, checked against llama.cpp's rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specli.config import SamplingParams
+from specli.drafts.ngram import NgramSimple
+
+SP = SamplingParams(temp=0.0)
+
+
+def naive_ngram_simple(history: list[int], n: int, m: int) -> list[int]:
+    """A literal transcription of common_ngram_simple_draft (tokens + sampled = history)."""
+    tokens, sampled = history[:-1], history[-1]
+    cur_len = len(tokens)
+    if cur_len <= n + m + 1:
+        return []
+    pattern = tokens[cur_len - n + 1:] + [sampled]
+    match_pos = 0
+    for j in range(cur_len - n - 1, 0, -1):
+        if tokens[j:j + n] == pattern:
+            match_pos = j
+            break
+    if match_pos == 0:
+        return []
+    copy_max = min(m, cur_len - (match_pos + n))
+    if copy_max < n:
+        return []
+    return tokens[match_pos + n:match_pos + n + copy_max]
+
+
+def propose(src, history, k=100):
+    return src.propose(history, k, SP, np.random.default_rng(0)).tokens
+
+
+def test_proposes_what_followed_the_latest_earlier_occurrence():
+    n, m = 2, 3
+    h = [9, 9, 1, 2, 7, 7, 7, 5, 1, 2, 3, 4, 5, 6, 8, 1, 2]
+    src = NgramSimple(n, m)
+    src.begin(h)
+    assert propose(src, h) == naive_ngram_simple(h, n, m) == [3, 4, 5]
+
+
+@pytest.mark.parametrize("h,why", [
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2], "too short for n + m + 2"),
+    ([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18], "no match"),
+    ([1, 2, 3, 4, 0, 0, 0, 0, 0, 0, 0, 0, 1, 2], "match only at position 0"),
+    ([7, 8, 9, 3, 4, 5, 6, 0, 0, 1, 2, 3, 0, 1, 2, 1, 2], "latest match leaves < n tokens"),
+])
+def test_edge_cases_propose_nothing(h, why):
+    src = NgramSimple(2, 3)
+    src.begin(h)
+    assert propose(src, h) == naive_ngram_simple(h, 2, 3) == [], why
+
+
+def test_k_truncates_the_continuation():
+    h = [9, 9, 1, 2, 3, 4, 5, 6, 8, 8, 8, 1, 2]
+    src = NgramSimple(2, 3)
+    src.begin(h)
+    assert propose(src, h, k=2) == [3, 4]
+
+
+def test_incremental_index_matches_the_literal_search_on_random_histories():
+    rng = np.random.default_rng(3)
+    for n, m in [(2, 3), (3, 8), (1, 4)]:
+        h = [int(t) for t in rng.integers(0, 4, 30)]
+        src = NgramSimple(n, m)
+        src.begin(h[:1])
+        for _ in range(300):
+            assert propose(src, h) == naive_ngram_simple(h, n, m)
+            h.append(int(rng.integers(0, 4)))
+
+
+GROUNDED = [  # the answer repeats its input: what n-gram drafts are for
+    "Repeat the following Python function exactly, then add a docstring to it:\n\n"
+    "def moving_average(values, window):\n    if window <= 0:\n"
+    "        raise ValueError(\"window must be positive\")\n    result = []\n    total = 0.0\n"
+    "    for i, v in enumerate(values):\n        total += v\n        if i >= window:\n"
+    "            total -= values[i - window]\n        if i >= window - 1:\n"
+    "            result.append(total / window)\n    return result",
+    "Rename the variable `cnt` to `count` in this code and print the whole result:\n\n"
+    "cnt = 0\nfor line in open('data.txt'):\n    if line.strip():\n        cnt += 1\n"
+    "print('non-empty lines:', cnt)\nif cnt > 100:\n    print('that is a lot of lines')\n",
+]
+
+
+@pytest.fixture(scope="module")
+def engines(f32, q4_1):
+    from specli.config import DraftParams, ModelParams
+    from specli.engine import Engine
+
+    made = {
+        "ngram-simple": Engine.load(ModelParams(f32), None, DraftParams(),
+                                    spec_types=["ngram-simple"]),
+        "hybrid": Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(),
+                              spec_types=["ngram-simple", "draft-simple"]),
+    }
+    yield made
+    for e in made.values():
+        e.close()
+
+
+@pytest.mark.parametrize("kind", ["ngram-simple", "hybrid"])
+@pytest.mark.parametrize("prompt", GROUNDED)
+def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
+    e = engines[kind]
+    ids = e.tokenize(prompt, chat=True)
+    plain = e.complete(ids, 160, SP, speculative=False)
+    fast = e.complete(ids, 160, SP)
+    assert fast.tokens == plain.tokens
+    ngram = fast.stats.per_source["ngram-simple"]
+    assert ngram["gen_tokens"] > 0 and ngram["acc_tokens"] > 0
+    if kind == "hybrid":
+        assert fast.stats.per_source["draft"]["gen_tokens"] > 0
+
+
+def test_ngram_sampling_keeps_the_target_distribution_for_one_hot_proposals():
+    """At temperature > 0 an n-gram token x is accepted with probability p(x), otherwise the
+    target samples from p without x (verify's one-hot q): the rule test_verify checks
+    statistically; here only that a deterministic proposal carries no q."""
+    src = NgramSimple(2, 3)
+    h = [9, 9, 1, 2, 3, 4, 5, 6, 8, 8, 8, 1, 2]
+    src.begin(h)
+    p = src.propose(h, 8, SamplingParams(temp=0.8), np.random.default_rng(0))
+    assert p.tokens == [3, 4, 5] and p.q is None and p.source == "ngram-simple"
