@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-SPEC_TYPES = ("draft-simple", "ngram-simple")  # llama.cpp's --spec-type names specli has
+# llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
+SPEC_TYPES = ("ngram-simple", "ngram-mod", "draft-simple")
 DEFAULT_DRAFT_MAX = 8
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
@@ -38,10 +39,14 @@ class DraftParams:
 
 @dataclass(frozen=True)
 class NgramParams:
-    """n-gram drafting (llama.cpp's --spec-ngram-size-n/-m; its defaults)."""
+    """n-gram drafting: ngram-simple's n and m, ngram-mod's match length and draft bounds
+    (llama.cpp's --spec-ngram-size-n/-m, --spec-ngram-mod-n-match/-n-max/-n-min; its defaults)."""
 
     size_n: int = 12
     size_m: int = 48
+    mod_n_match: int = 24
+    mod_n_max: int = 64
+    mod_n_min: int = 48
 
 
 @dataclass(frozen=True)

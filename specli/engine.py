@@ -18,7 +18,7 @@ import numpy as np
 from specli import pairing
 from specli.backend import Model
 from specli.config import DraftParams, ModelParams, NgramParams, SamplingParams
-from specli.drafts import Chain, DraftSource, ModelDraft, NgramSimple, Proposal
+from specli.drafts import Chain, DraftSource, ModelDraft, NgramMod, NgramSimple, Proposal
 from specli.errors import ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
 from specli.verify import verify
@@ -62,6 +62,8 @@ class Engine:
         sources: list[DraftSource] = []
         if "ngram-simple" in spec_types:
             sources.append(NgramSimple(ngram.size_n, ngram.size_m))
+        if "ngram-mod" in spec_types:
+            sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
         t = Model(target)
         try:
             if draft is not None:
@@ -141,7 +143,6 @@ class Engine:
                 proposal, n_acc, token = self._step(draft, context, n_past, k, sp, rng)
                 if proposal.tokens:
                     stats.record_step(len(proposal.tokens), n_acc, proposal.source)
-                if draft:
                     draft.observe(n_acc)  # 5. observe: where adaptive draft lengths live
                 n_past += 1 + n_acc
                 for i, t in enumerate([*proposal.tokens[:n_acc], token]):

@@ -88,12 +88,16 @@ GROUNDED = [  # the answer repeats its input: what n-gram drafts are for
 
 @pytest.fixture(scope="module")
 def engines(f32, q4_1):
-    from specli.config import DraftParams, ModelParams
+    from specli.config import DraftParams, ModelParams, NgramParams
     from specli.engine import Engine
 
     made = {
         "ngram-simple": Engine.load(ModelParams(f32), None, DraftParams(),
                                     spec_types=["ngram-simple"]),
+        # shorter than llama.cpp's 24/48 so that the short rename prompt drafts too
+        "ngram-mod": Engine.load(ModelParams(f32), None, DraftParams(),
+                                 spec_types=["ngram-mod"],
+                                 ngram=NgramParams(mod_n_match=8, mod_n_min=4)),
         "hybrid": Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(),
                               spec_types=["ngram-simple", "draft-simple"]),
     }
@@ -102,7 +106,7 @@ def engines(f32, q4_1):
         e.close()
 
 
-@pytest.mark.parametrize("kind", ["ngram-simple", "hybrid"])
+@pytest.mark.parametrize("kind", ["ngram-simple", "ngram-mod", "hybrid"])
 @pytest.mark.parametrize("prompt", GROUNDED)
 def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
     e = engines[kind]
@@ -110,7 +114,7 @@ def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
     plain = e.complete(ids, 160, SP, speculative=False)
     fast = e.complete(ids, 160, SP)
     assert fast.tokens == plain.tokens
-    ngram = fast.stats.per_source["ngram-simple"]
+    ngram = fast.stats.per_source["ngram-mod" if kind == "ngram-mod" else "ngram-simple"]
     assert ngram["gen_tokens"] > 0 and ngram["acc_tokens"] > 0
     if kind == "hybrid":
         assert fast.stats.per_source["draft"]["gen_tokens"] > 0
@@ -125,3 +129,65 @@ def test_ngram_sampling_keeps_the_target_distribution_for_one_hot_proposals():
     src.begin(h)
     p = src.propose(h, 8, SamplingParams(temp=0.8), np.random.default_rng(0))
     assert p.tokens == [3, 4, 5] and p.q is None and p.source == "ngram-simple"
+
+
+def literal_mod_idx(tokens, size):
+    res = 0
+    for t in tokens:
+        res = (res * 6364136223846793005 + t) % 2**64
+    return res % size
+
+
+def test_ngram_mod_hash_is_llama_cpps():
+    from specli.drafts.ngram import NgramMod
+
+    m = NgramMod(n_match=3, pool_size=1000)
+    assert m._idx([5, 7, 11]) == literal_mod_idx([5, 7, 11], 1000)
+    assert m._idx([49151, 0, 3]) == literal_mod_idx([49151, 0, 3], 1000)
+
+
+def mod_history():
+    # a phrase seen in the prompt, then generation restarting it
+    phrase = list(range(100, 112))
+    return [1, 2, 3, *phrase, 4, 5, *phrase[:3]]
+
+
+def test_ngram_mod_chains_lookups_from_the_pool():
+    from specli.drafts.ngram import NgramMod
+
+    h = mod_history()
+    m = NgramMod(n_match=3, n_max=6, n_min=2, pool_size=4096)
+    m.begin(h[:17])  # the prompt: everything up to and including the phrase and 4, 5
+    assert propose(m, h) == [103, 104, 105, 106, 107, 108]
+    assert propose(m, h, k=2) == [103, 104]
+
+
+def test_ngram_mod_edge_cases():
+    from specli.drafts.ngram import NgramMod
+
+    h = mod_history()
+    # stops before n_min: nothing; no match at all: nothing; history shorter than n: nothing
+    m = NgramMod(n_match=3, n_max=64, n_min=12, pool_size=4096)
+    m.begin(h[:17])
+    assert propose(m, h) == []
+    m = NgramMod(n_match=3, n_max=6, n_min=2, pool_size=4096)
+    m.begin(h[:17])
+    assert propose(m, [*h[:17], 9, 9, 9]) == []
+    assert propose(NgramMod(n_match=3, pool_size=64), [1, 2]) == []
+
+
+def test_ngram_mod_pool_resets():
+    from specli.drafts.ngram import NgramMod
+
+    # more than a quarter full at begin: reset
+    m = NgramMod(n_match=2, n_max=4, n_min=1, pool_size=16)
+    m.begin(list(range(40)))
+    assert m.used == 0
+    # five drafts in a row with under a quarter accepted: reset
+    h = mod_history()
+    m = NgramMod(n_match=3, n_max=6, n_min=2, pool_size=4096)
+    m.begin(h[:17])
+    for i in range(5):
+        assert propose(m, h), f"draft {i}"
+        m.observe(0)
+    assert m.used == 0 and propose(m, h) == []

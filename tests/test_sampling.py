@@ -90,3 +90,21 @@ def test_first_three_tokens_follow_the_target_distribution(engine):
     assert 0.05 < rate < 0.99
     assert all(len(r) == 3 for r in runs)
     assert chi_square(Counter(runs), exact, N_SEEDS) > 0.01
+
+
+def test_ngram_proposals_keep_the_target_distribution(f32):
+    """A deterministic proposal x is accepted with probability p(x), else the target samples
+    from p without x (q one-hot): the first token still follows the target exactly."""
+    from specli.config import NgramParams
+
+    e = Engine.load(ModelParams(f32), None, DraftParams(n_max=4), spec_types=["ngram-simple"],
+                    ngram=NgramParams(size_n=2, size_m=4))
+    try:
+        prompt = e.tokenize("My favourite fruits are apples, pears and plums. "
+                            "My favourite fruits are")
+        exact = exact_sequences(e, prompt, 1)
+        runs, rate = sample_runs(e, prompt, 3)
+        assert 0.05 < rate < 0.99
+        assert chi_square(Counter(r[:1] for r in runs), exact, N_SEEDS) > 0.01
+    finally:
+        e.close()

@@ -29,8 +29,9 @@ ModelDraft = Annotated[str | None, typer.Option(
     "-md", "--model-draft", help="Draft GGUF model (same tokenizer as the target).",
     rich_help_panel=MODELS, show_default=False)]
 SpecTypeOpt = Annotated[str | None, typer.Option(
-    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): draft-simple, "
-    "ngram-simple. n-gram drafts take precedence; the draft model (-md) fills in.",
+    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): ngram-simple, "
+    "ngram-mod, draft-simple. n-gram drafts take precedence in that order; the draft model "
+    "(-md) fills in.",
     rich_help_panel=DRAFTING, show_default=False)]
 NgramSizeN = Annotated[int, typer.Option(
     "--spec-ngram-size-n", "--spec-ngram-simple-size-n",
@@ -38,6 +39,14 @@ NgramSizeN = Annotated[int, typer.Option(
 NgramSizeM = Annotated[int, typer.Option(
     "--spec-ngram-size-m", "--spec-ngram-simple-size-m",
     help="Most tokens an n-gram match proposes (also capped by --draft).",
+    rich_help_panel=DRAFTING)]
+NgramModMatch = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-match", help="ngram-mod lookup length.", rich_help_panel=DRAFTING)]
+NgramModMax = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts (also capped by --draft).",
+    rich_help_panel=DRAFTING)]
+NgramModMin = Annotated[int, typer.Option(
+    "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
     rich_help_panel=DRAFTING)]
 DraftMax = Annotated[int, typer.Option(
     "--draft", "--draft-max", "--spec-draft-n-max",

@@ -38,6 +38,9 @@ def run(
     spec_type: o.SpecTypeOpt = None,
     ngram_size_n: o.NgramSizeN = 12,
     ngram_size_m: o.NgramSizeM = 48,
+    ngram_mod_n_match: o.NgramModMatch = 24,
+    ngram_mod_n_max: o.NgramModMax = 64,
+    ngram_mod_n_min: o.NgramModMin = 48,
     draft: o.DraftMax = o.DEFAULTS["draft_max"],
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.0,
@@ -72,8 +75,11 @@ def run(
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
     _check_ranges(draft, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
-    if ngram_size_n < 1 or ngram_size_m < 1:
-        raise UsageError("--spec-ngram-size-n and --spec-ngram-size-m must be at least 1")
+    if min(ngram_size_n, ngram_size_m, ngram_mod_n_match, ngram_mod_n_max) < 1:
+        raise UsageError("n-gram sizes (--spec-ngram-*) must be at least 1")
+    if not 0 <= ngram_mod_n_min <= ngram_mod_n_max:
+        raise UsageError(f"--spec-ngram-mod-n-min must be between 0 and --spec-ngram-mod-n-max "
+                         f"({ngram_mod_n_max}), got {ngram_mod_n_min}")
     types = _spec_types(spec_type)
     text, chat = _prompt(prompt, file, chat)
 
@@ -109,7 +115,9 @@ def run(
     with _status("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
                              DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min),
-                             spec_types=types, ngram=NgramParams(ngram_size_n, ngram_size_m))
+                             spec_types=types,
+                             ngram=NgramParams(ngram_size_n, ngram_size_m, ngram_mod_n_match,
+                                               ngram_mod_n_max, ngram_mod_n_min))
     try:
         if engine.draft is None and not no_spec and not json_out:
             err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

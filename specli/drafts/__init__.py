@@ -4,6 +4,7 @@ from specli.config import SPEC_TYPES
 from specli.drafts.base import DraftSource, Proposal
 from specli.drafts.chain import Chain
 from specli.drafts.model import ModelDraft
-from specli.drafts.ngram import NgramSimple
+from specli.drafts.ngram import NgramMod, NgramSimple
 
-__all__ = ["SPEC_TYPES", "Chain", "DraftSource", "ModelDraft", "NgramSimple", "Proposal"]
+__all__ = ["SPEC_TYPES", "Chain", "DraftSource", "ModelDraft", "NgramMod", "NgramSimple",
+           "Proposal"]

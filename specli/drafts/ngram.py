@@ -55,3 +55,95 @@ class NgramSimple:
 
     def observe(self, n_accepted: int) -> None:
         pass
+
+
+_MOD_MUL = 6364136223846793005
+_MASK64 = (1 << 64) - 1
+
+
+class NgramMod:
+    """llama.cpp's ngram-mod: a fixed-size pool (4M slots) mapping the hash of an n-gram
+    (n = n_match) to the token that last followed it; a draft chains lookups from the last n
+    tokens, up to n_max, and is dropped if it stops before n_min.
+
+    As in llama.cpp the pool outlives a generation (later prompts draft from earlier text), is
+    reset when it is more than a quarter full at `begin`, and after five consecutive drafts
+    with less than a quarter of their tokens accepted. New n-grams are added in chunks of 32.
+    """
+
+    name = "ngram-mod"
+    POOL_SIZE = 4 * 1024 * 1024
+    EMPTY = -1
+
+    def __init__(self, n_match: int = 24, n_max: int = 64, n_min: int = 48,
+                 pool_size: int = POOL_SIZE):
+        self.n, self.n_max, self.n_min = n_match, n_max, n_min
+        self.pool = np.full(pool_size, self.EMPTY, dtype=np.int32)
+        self.used = 0
+        self._i_last = 0  # history positions before this have their n-grams in the pool
+        self._n_draft_last = 0
+        self._n_low = 0
+
+    def _idx(self, tokens: Sequence[int]) -> int:
+        res = 0
+        for t in tokens:
+            res = (res * _MOD_MUL + t) & _MASK64
+        return res % self.pool.size
+
+    def _add(self, history: Sequence[int], i: int) -> None:
+        j = self._idx(history[i:i + self.n])
+        if self.pool[j] == self.EMPTY:
+            self.used += 1
+        self.pool[j] = history[i + self.n]
+
+    def reset(self) -> None:
+        self.pool.fill(self.EMPTY)
+        self.used = 0
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self._i_last = self._n_draft_last = 0
+        if len(prompt) < self.n:
+            return
+        for i in range(len(prompt) - self.n):
+            self._add(prompt, i)
+        self._i_last = len(prompt) - self.n
+        if self.used / self.pool.size > 0.25:
+            self.reset()
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        n = self.n
+        self._n_draft_last = 0
+        cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
+        if cur_len < n:
+            return Proposal()
+        if self._i_last + 32 < cur_len:
+            for i in range(self._i_last, cur_len - n):
+                self._add(context, i)
+            self._i_last = cur_len - n
+        window = list(context[-n:])
+        drafted: list[int] = []
+        for i in range(self.n_max):
+            token = int(self.pool[self._idx(window[i:i + n])])
+            if token == self.EMPTY:
+                if i < self.n_min:
+                    return Proposal()
+                break
+            window.append(token)
+            drafted.append(token)
+        self._n_draft_last = len(drafted)
+        return Proposal(drafted[:k], source=self.name)
+
+    def rewind(self, n_keep: int) -> None:
+        """Only committed tokens enter the pool; a rewind never reaches them."""
+
+    def observe(self, n_accepted: int) -> None:
+        if self._n_draft_last > 0:
+            if n_accepted / self._n_draft_last < 0.25:
+                self._n_low += 1
+                if self._n_low >= 5:
+                    self.reset()
+                    self._n_low = 0
+                    self._i_last = 0
+            else:
+                self._n_low = 0
