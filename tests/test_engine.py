@@ -117,52 +117,49 @@ def test_rollback_after_partial_acceptance_matches_a_fresh_context(spec, f32):
     assert checked, "no partial acceptance in 200 tokens"
 
 
-def test_an_exception_mid_step_leaves_both_caches_committed(spec, monkeypatch):
-    ids = spec.tokenize(PROMPTS[1], chat=True)
-    reference = spec.complete(ids, 48, GREEDY, speculative=False).tokens
-    calls = {"n": 0}
-    real_verify = engine_mod.verify
+def fail_on_third_call(owner, name: str, monkeypatch, before_raise=None) -> None:
+    """Patch owner.name so that its third call raises (after before_raise(args), if given)."""
+    real, calls = getattr(owner, name), {"n": 0}
 
-    def failing_verify(*args, **kwargs):
+    def failing(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise RuntimeError("boom")
-        return real_verify(*args, **kwargs)
+            if before_raise:
+                before_raise(*args)
+            raise RuntimeError(f"{name} failed")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine_mod, "verify", failing_verify)
-    emitted = list(ids)
-    with pytest.raises(RuntimeError):
-        for token, _ in spec.steps(ids, 48, GREEDY, Stats()):
-            emitted.append(token)
+    monkeypatch.setattr(owner, name, failing)
+
+
+def assert_recovers(spec: Engine, prompt: str, n: int, break_it) -> None:
+    """After a failure mid-generation, both caches hold committed tokens only, and the next
+    generation is still exactly the plain one."""
+    ids = spec.tokenize(prompt, chat=True)
+    reference = spec.complete(ids, n, GREEDY, speculative=False).tokens
+    with pytest.MonkeyPatch.context() as mp:
+        break_it(mp)
+        emitted = list(ids)
+        with pytest.raises(RuntimeError):
+            for token, _ in spec.steps(ids, n, GREEDY, Stats()):
+                emitted.append(token)
     assert spec.target.tokens == emitted[:-1]
     assert_consistent(spec)
-    monkeypatch.setattr(engine_mod, "verify", real_verify)
-    assert spec.complete(ids, 48, GREEDY).tokens == reference
+    assert spec.complete(ids, n, GREEDY).tokens == reference
 
 
-def test_a_draft_failure_mid_proposal_leaves_both_caches_committed(spec, monkeypatch):
-    ids = spec.tokenize(PROMPTS[3], chat=True)
-    reference = spec.complete(ids, 40, GREEDY, speculative=False).tokens
-    real_propose, calls = ModelDraft.propose, {"n": 0}
+def test_an_exception_mid_step_leaves_both_caches_committed(spec):
+    assert_recovers(spec, PROMPTS[1], 48,
+                    lambda mp: fail_on_third_call(engine_mod, "verify", mp))
 
-    def failing_propose(self, context, k, sp, rng):
-        calls["n"] += 1
-        if calls["n"] == 3:  # the draft has decoded part of a proposal when it fails
-            m = self.model
-            m.decode(context[len(m.tokens):] or [1])
-            m.decode([1])
-            raise RuntimeError("draft decode failed")
-        return real_propose(self, context, k, sp, rng)
 
-    monkeypatch.setattr(ModelDraft, "propose", failing_propose)
-    emitted = list(ids)
-    with pytest.raises(RuntimeError):
-        for token, _ in spec.steps(ids, 40, GREEDY, Stats()):
-            emitted.append(token)
-    assert spec.target.tokens == emitted[:-1]
-    assert_consistent(spec)
-    monkeypatch.setattr(ModelDraft, "propose", real_propose)
-    assert spec.complete(ids, 40, GREEDY).tokens == reference
+def test_a_draft_failure_mid_proposal_leaves_both_caches_committed(spec):
+    def partly_drafted(self, context, *_):  # the draft decoded part of a proposal, then failed
+        self.model.decode(context[len(self.model.tokens):] or [1])
+        self.model.decode([1])
+
+    assert_recovers(spec, PROMPTS[3], 40,
+                    lambda mp: fail_on_third_call(ModelDraft, "propose", mp, partly_drafted))
 
 
 def test_draft_p_min_stops_drafting_and_draft_min_drops_short_drafts(f32, q4_1):
