@@ -58,6 +58,21 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores" + (f", GPU: {gpu}" if gpu else "")
 
 
+def fair_tps(r: native.NativeRun, ours) -> float:
+    """Native decode speed over the tokens it actually output.
+
+    Native programs add every accepted token of a step to their count, including the
+    end-of-generation token and whatever was accepted after it, which is never printed. When
+    the text ended that way (specli, same greedy output, stopped on end-of-generation), count
+    the text plus the end-of-generation token. Tokens past -n are real output and all count.
+    """
+    if not r.decode_tps:
+        return 0.0
+    seconds = r.n_predict / r.decode_tps
+    tokens = min(r.n_predict, ours.n_predict + 1) if ours.finish_reason == "stop" else r.n_predict
+    return tokens / seconds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2 F32 derived)")
@@ -114,11 +129,11 @@ def main() -> None:
                 f = str(tmp / f"{name}.txt")
                 r = native.speculative_simple(bin_dir, target_path, draft_path, f, args.n, k,
                                               args.threads, extra=gpu)
-                add(f"native speculative-simple k={k}", r.decode_tps)
+                add(f"native speculative-simple k={k}", fair_tps(r, s))
                 extra.setdefault(f"native speculative-simple k={k}", []).append(r.accept_rate)
                 r = native.speculative(bin_dir, target_path, draft_path, f, args.n, k,
                                        args.threads, extra=gpu)
-                add(f"native speculative k={k}", r.decode_tps)
+                add(f"native speculative k={k}", fair_tps(r, s))
                 extra.setdefault(f"native speculative k={k}", []).append(r.accept_rate)
 
     base = statistics.median(tps["target alone (specli)"])
@@ -126,7 +141,8 @@ def main() -> None:
         f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl} -ngld {args.ngld}.",
         f"Target `{Path(target_path).name}`, draft `{Path(draft_path).name}`, greedy, "
         f"-n {args.n}, prompts: {', '.join(PROMPTS)} (chat template), median of "
-        f"{args.repeat} interleaved rounds.",
+        f"{args.repeat} interleaved rounds. Native speeds count the tokens actually output "
+        "(native counters include accepted tokens past end-of-generation; see fair_tps).",
         "",
         "| configuration | decode t/s | vs target alone | accept "
         "| overhead ms/step (% of decode) |",
