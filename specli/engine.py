@@ -117,23 +117,20 @@ class Engine:
         if dm is not None:
             stats.draft = ModelPerf(load_ms=dm.load_ms)
 
-        t0, tt0, td0 = time.perf_counter(), tgt.t_decode_s, _t(dm)
-        nt0, nd0 = tgt.n_decode_tokens, _n(dm)
+        t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
         if draft:
             draft.begin(prompt)
         stats.t_encode_s = time.perf_counter() - t0
-        stats.target.prompt_ms, stats.target.prompt_n = 1e3 * (tgt.t_decode_s - tt0), \
-            tgt.n_decode_tokens - nt0
-        if dm is not None:
-            stats.draft.prompt_ms, stats.draft.prompt_n = 1e3 * (dm.t_decode_s - td0), \
-                dm.n_decode_tokens - nd0
+        for perf, m, m0 in ((stats.target, tgt, tgt0), (stats.draft, dm, dm0)):
+            if perf is not None:
+                secs, _, tokens = _since(m, m0)
+                perf.prompt_ms, perf.prompt_n = 1e3 * secs, tokens
 
         context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
         n_past = len(prompt) - 1
         n_left = n_predict if n_predict >= 0 else tgt.n_ctx
-        t0, tt0, td0 = time.perf_counter(), tgt.t_decode_s, _t(dm)
-        ct0, cd0, nt0, nd0 = tgt.n_decode_calls, _c(dm), tgt.n_decode_tokens, _n(dm)
+        t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         stats.finish_reason = "length"
         try:
             while n_left > 0 and n_past < tgt.n_ctx:
@@ -155,15 +152,13 @@ class Engine:
                     yield t, i < n_acc
         finally:
             stats.t_decode_s = time.perf_counter() - t0
-            stats.t_target_decode_s = tgt.t_decode_s - tt0
+            stats.t_target_decode_s, stats.target.eval_runs, stats.target.eval_n = \
+                _since(tgt, tgt0)
             stats.target.eval_ms = 1e3 * stats.t_target_decode_s
-            stats.target.eval_runs = tgt.n_decode_calls - ct0
-            stats.target.eval_n = tgt.n_decode_tokens - nt0
             if dm is not None:
-                stats.t_draft_decode_s = dm.t_decode_s - td0
+                stats.t_draft_decode_s, stats.draft.eval_runs, stats.draft.eval_n = \
+                    _since(dm, dm0)
                 stats.draft.eval_ms = 1e3 * stats.t_draft_decode_s
-                stats.draft.eval_runs = dm.n_decode_calls - cd0
-                stats.draft.eval_n = dm.n_decode_tokens - nd0
 
     def _step(self, draft: DraftSource | None, context: list[int], n_past: int, k: int,
               sp: SamplingParams, rng: np.random.Generator) -> tuple[Proposal, int, int]:
@@ -221,13 +216,11 @@ def _model_draft(draft: DraftSource | None) -> Model | None:
     return None
 
 
-def _t(m: Model | None) -> float:
-    return m.t_decode_s if m is not None else 0.0
+def _usage(m: Model | None) -> tuple[float, int, int]:
+    """(seconds inside llama_decode, decode calls, tokens decoded) so far."""
+    return (m.t_decode_s, m.n_decode_calls, m.n_decode_tokens) if m is not None else (0.0, 0, 0)
 
 
-def _c(m: Model | None) -> int:
-    return m.n_decode_calls if m is not None else 0
-
-
-def _n(m: Model | None) -> int:
-    return m.n_decode_tokens if m is not None else 0
+def _since(m: Model | None, before: tuple[float, int, int]) -> tuple[float, int, int]:
+    now = _usage(m)
+    return now[0] - before[0], now[1] - before[1], now[2] - before[2]

@@ -120,10 +120,9 @@ def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
         assert fast.stats.per_source["draft"]["gen_tokens"] > 0
 
 
-def test_ngram_sampling_keeps_the_target_distribution_for_one_hot_proposals():
-    """At temperature > 0 an n-gram token x is accepted with probability p(x), otherwise the
-    target samples from p without x (verify's one-hot q): the rule test_verify checks
-    statistically; here only that a deterministic proposal carries no q."""
+def test_ngram_proposals_are_deterministic_at_any_temperature():
+    """An n-gram proposal carries no q, so verify treats it as one-hot (accept x with p(x));
+    test_verify and test_sampling check that rule statistically."""
     src = NgramSimple(2, 3)
     h = [9, 9, 1, 2, 3, 4, 5, 6, 8, 8, 8, 1, 2]
     src.begin(h)

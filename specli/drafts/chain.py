@@ -19,6 +19,7 @@ class Chain:
 
     def __init__(self, sources: Sequence[DraftSource]):
         self.sources = list(sources)
+        self._last: DraftSource | None = None  # the source of the last proposal
 
     def begin(self, prompt: Sequence[int]) -> None:
         for s in self.sources:
