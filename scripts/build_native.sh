@@ -17,6 +17,6 @@ fi
 cmake -S "$src/vendor/llama.cpp" -B "$out" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
   ${CMAKE_ARGS:-} >"$cache/build-$version.log" 2>&1
-cmake --build "$out" -j"${JOBS:-2}" --target llama-speculative-simple llama-speculative llama-simple \
+cmake --build "$out" -j"${JOBS:-2}" --target llama-speculative-simple llama-speculative llama-simple llama-lookup llama-lookup-create \
   >>"$cache/build-$version.log" 2>&1 || { echo "build failed: see $cache/build-$version.log" >&2; exit 1; }
 echo "$out/bin"

@@ -56,11 +56,21 @@ def speculative(bin_dir: Path, target: str, draft: str, prompt_file: str, n: int
     return _run(bin_dir / "llama-speculative", target, draft, prompt_file, n, k, threads, extra)
 
 
-def _run(program: Path, target: str, draft: str, prompt_file: str, n: int, k: int,
+def ngram(bin_dir: Path, target: str, spec_type: str, prompt_file: str, n: int, k: int,
+          threads: int = 2, extra: tuple[str, ...] = ()) -> NativeRun:
+    """Draftless speculation, greedy: llama-lookup for ngram-cache (the program that has the
+    lookup caches), llama-speculative-simple --spec-type T for the other n-gram types."""
+    if spec_type == "ngram-cache":
+        return _run(bin_dir / "llama-lookup", target, None, prompt_file, n, k, threads, extra)
+    return _run(bin_dir / "llama-speculative-simple", target, None, prompt_file, n, k, threads,
+                ("--spec-type", spec_type, *extra))
+
+
+def _run(program: Path, target: str, draft: str | None, prompt_file: str, n: int, k: int,
          threads: int, extra: tuple[str, ...]) -> NativeRun:
-    cmd = [str(program), "-m", target, "-md", draft, "-f", prompt_file, "-n", str(n),
-           "--spec-draft-n-max", str(k), "--temp", "0", "-t", str(threads), "-td", str(threads),
-           "-c", "4096", "--seed", "1", *extra]
+    model = ["-m", target, *(["-md", draft, "-td", str(threads)] if draft else [])]
+    cmd = [str(program), *model, "-f", prompt_file, "-n", str(n), "--spec-draft-n-max", str(k),
+           "--temp", "0", "-t", str(threads), "-c", "4096", "--seed", "1", *extra]
     r = subprocess.run(cmd, capture_output=True, encoding="utf-8", errors="replace",
                        timeout=600)
     if r.returncode != 0:

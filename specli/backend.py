@@ -74,6 +74,47 @@ def _check_gguf(path: str) -> None:
                                  hint="specli reads llama.cpp GGUF models")
 
 
+def _tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[int]:
+    data = text.encode("utf-8")
+    n_max = len(data) + 16
+    buf = (ll.llama_token * n_max)()
+    n = ll.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, parse_special)
+    if n < 0:
+        n_max = -n
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(vocab, data, len(data), buf, n_max, add_special,
+                              parse_special)
+    return list(buf[:n])
+
+
+class Tokenizer:
+    """A model's vocabulary alone (no weights, no context): for tokenizing corpora."""
+
+    def __init__(self, path: str, verbose: bool = False):
+        _check_gguf(path)
+        set_verbose(verbose)
+        mp = ll.llama_model_default_params()
+        mp.vocab_only = True
+        self._model = ll.llama_model_load_from_file(path.encode(), mp)
+        if not self._model:
+            raise ModelFileError(f"llama.cpp could not read the vocabulary of {path}",
+                                 hint="rerun with -v")
+        self._vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return _tokenize(self._vocab, text, add_special, parse_special)
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        self.close()
+
+
 class Model:
     """One GGUF model, one context, one sequence (seq 0)."""
 
@@ -122,16 +163,7 @@ class Model:
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        n_max = len(data) + 16
-        buf = (ll.llama_token * n_max)()
-        n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special, parse_special)
-        if n < 0:
-            n_max = -n
-            buf = (ll.llama_token * n_max)()
-            n = ll.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
-                                  parse_special)
-        return list(buf[:n])
+        return _tokenize(self._vocab, text, add_special, parse_special)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, special)

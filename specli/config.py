@@ -6,7 +6,9 @@ import os
 from dataclasses import dataclass
 
 # llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
-SPEC_TYPES = ("ngram-simple", "ngram-mod", "draft-simple")
+SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
+              "draft-simple")
+DRAFT_AUTO_MAX = 64  # --draft auto chooses k up to this (llama.cpp's largest n-gram default)
 DEFAULT_DRAFT_MAX = 8
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
@@ -30,23 +32,34 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class DraftParams:
-    """How much to draft per step (llama.cpp's --draft-max/--draft-min/--draft-p-min)."""
+    """How much to draft per step (llama.cpp's --draft-max/--draft-min/--draft-p-min).
+    adaptive: --draft auto, k chosen each step up to n_max."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
     p_min: float = 0.0
+    adaptive: bool = False
 
 
 @dataclass(frozen=True)
 class NgramParams:
-    """n-gram drafting: ngram-simple's n and m, ngram-mod's match length and draft bounds
-    (llama.cpp's --spec-ngram-size-n/-m, --spec-ngram-mod-n-match/-n-max/-n-min; its defaults)."""
+    """n-gram drafting, with llama.cpp's defaults: n (key length) and m (most tokens drafted)
+    for ngram-simple, ngram-map-k and ngram-map-k4v; k4v's min hits; ngram-mod's match length
+    and draft bounds; ngram-cache's lookup-cache files."""
 
     size_n: int = 12
     size_m: int = 48
+    map_k_size_n: int = 12
+    map_k_size_m: int = 48
+    map_k_min_hits: int = 1
+    map_k4v_size_n: int = 12
+    map_k4v_size_m: int = 48
+    map_k4v_min_hits: int = 1
     mod_n_match: int = 24
     mod_n_max: int = 64
     mod_n_min: int = 48
+    lookup_static: str | None = None
+    lookup_dynamic: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,19 @@ import numpy as np
 
 from specli import pairing
 from specli.backend import Model
-from specli.config import DraftParams, ModelParams, NgramParams, SamplingParams
-from specli.drafts import Chain, DraftSource, ModelDraft, NgramMod, NgramSimple, Proposal
+from specli.config import SPEC_TYPES, DraftParams, ModelParams, NgramParams, SamplingParams
+from specli.drafts import (
+    Adaptive,
+    Chain,
+    DraftSource,
+    ModelDraft,
+    NgramCache,
+    NgramMap,
+    NgramMod,
+    NgramSimple,
+    Proposal,
+    VerifyCost,
+)
 from specli.errors import ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
 from specli.verify import verify
@@ -59,20 +70,15 @@ class Engine:
         ngram = ngram or NgramParams()
         if draft is not None:
             pairing.ensure_compatible(target.path, draft.path)
-        sources: list[DraftSource] = []
-        if "ngram-simple" in spec_types:
-            sources.append(NgramSimple(ngram.size_n, ngram.size_m))
-        if "ngram-mod" in spec_types:
-            sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
+        ngram_sources = ngram_drafts(spec_types, ngram, target.path)  # before any weights
         t = Model(target)
         try:
-            if draft is not None:
-                sources.append(ModelDraft(Model(draft), draft_params.p_min,
-                                          n_vocab_target=t.n_vocab))
+            dm = ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab) \
+                if draft is not None else None
         except BaseException:
             t.close()
             raise
-        source = None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
+        source = combine([*ngram_sources, *([dm] if dm else [])], draft_params.adaptive)
         return cls(t, source, draft_params)
 
     def close(self) -> None:
@@ -151,6 +157,8 @@ class Engine:
                     n_left -= 1
                     yield t, i < n_acc
         finally:
+            if draft:
+                draft.end()
             stats.t_decode_s = time.perf_counter() - t0
             stats.t_target_decode_s, stats.target.eval_runs, stats.target.eval_n = \
                 _since(tgt, tgt0)
@@ -208,9 +216,44 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
+def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
+                 target_path: str) -> list[DraftSource]:
+    """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
+    Lookup-cache files are read here, so a bad one fails before any weights load."""
+    unknown = set(spec_types) - set(SPEC_TYPES)
+    if unknown:
+        raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
+                         hint=f"one of {', '.join(SPEC_TYPES)}")
+    sources: list[DraftSource] = []
+    if "ngram-simple" in spec_types:
+        sources.append(NgramSimple(ngram.size_n, ngram.size_m))
+    if "ngram-map-k" in spec_types:
+        sources.append(NgramMap(ngram.map_k_size_n, ngram.map_k_size_m, ngram.map_k_min_hits,
+                                key_only=True))
+    if "ngram-map-k4v" in spec_types:
+        sources.append(NgramMap(ngram.map_k4v_size_n, ngram.map_k4v_size_m,
+                                ngram.map_k4v_min_hits, key_only=False))
+    if "ngram-mod" in spec_types:
+        sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
+    if "ngram-cache" in spec_types:
+        n_vocab = pairing.read_tokenizer(target_path).n_vocab
+        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab))
+    return sources
+
+
+def combine(sources: Sequence[DraftSource], adaptive: bool = False) -> DraftSource | None:
+    """One source, a Chain of several (first proposal wins), or None; with `adaptive`
+    (--draft auto) each gets its own k, over one shared verification-cost model."""
+    if adaptive:
+        cost = VerifyCost()
+        sources = [Adaptive(s, cost, seed=i) for i, s in enumerate(sources)]
+    return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
+
+
 def _model_draft(draft: DraftSource | None) -> Model | None:
     """The draft model's backend, if a model drafts (alone or in a chain)."""
     for s in draft.sources if isinstance(draft, Chain) else [draft]:
+        s = s.source if isinstance(s, Adaptive) else s
         if isinstance(s, ModelDraft):
             return s.model
     return None

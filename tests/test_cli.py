@@ -78,6 +78,10 @@ def test_missing_models_package_says_how_to_install():
     (("--draft", "-3"), "--draft"),
     (("-n", "-5"), "-n"),
     (("--draft-min", "9"), "--draft-min"),
+    (("--draft", "sometimes"), "--draft"),
+    (("--spec-ngram-size-n", "0"), "--spec-ngram-size-n"),
+    (("--spec-ngram-map-k4v-min-hits", "0"), "--spec-ngram-map-k4v-min-hits"),
+    (("--spec-ngram-mod-n-min", "65"), "--spec-ngram-mod-n-min"),
 ])
 def test_bad_flag_values_exit_2(f32, q4_1, args, needle):
     one_line_error(specli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)
@@ -147,3 +151,30 @@ def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
                "one two three four five six seven eight nine ten")
     assert r.returncode == 0, r.stderr
     assert "statistics ngram-simple: " in r.stderr and "draft:" not in r.stderr
+
+
+def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
+    from specli.cli.options import ngram_params
+
+    p = ngram_params(size_n=3, size_m=6, min_hits=2, simple_n=None, simple_m=None, map_k_n=4,
+                     map_k_m=None, map_k_hits=None, k4v_n=None, k4v_m=9, k4v_hits=5,
+                     mod_match=24, mod_max=64, mod_min=48, lookup_static=None,
+                     lookup_dynamic=None)
+    assert (p.size_n, p.size_m) == (3, 6), "the seed-era flag applies to ngram-simple"
+    assert (p.map_k_size_n, p.map_k_size_m, p.map_k_min_hits) == (4, 6, 2)
+    assert (p.map_k4v_size_n, p.map_k4v_size_m, p.map_k4v_min_hits) == (3, 9, 5)
+
+
+def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
+    from specli.config import SPEC_TYPES
+
+    args = ("-m", f32, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-t", "2", "-p",
+            "Repeat exactly: one two three four five six seven eight nine ten "
+            "one two three four five six seven eight nine ten", "--json")
+    plain = specli("run", *args, "--no-spec")
+    spec = specli("run", *args, "--spec-type", ",".join(SPEC_TYPES), "--draft", "auto",
+                  "--spec-ngram-size-n", "3", "--spec-ngram-mod-n-match", "4",
+                  "--spec-ngram-mod-n-min", "2")
+    assert plain.returncode == spec.returncode == 0, spec.stderr
+    assert json.loads(spec.stdout)["text"] == json.loads(plain.stdout)["text"]
+    assert json.loads(spec.stdout)["stats"]["n_drafted"] > 0

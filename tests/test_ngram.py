@@ -86,27 +86,43 @@ GROUNDED = [  # the answer repeats its input: what n-gram drafts are for
 ]
 
 
+KINDS = {  # name: (spec types, extra NgramParams, draft model?, --draft auto?)
+    "ngram-simple": (["ngram-simple"], {}, False, False),
+    "ngram-map-k": (["ngram-map-k"], {}, False, False),
+    "ngram-map-k4v": (["ngram-map-k4v"], {}, False, False),
+    # shorter than llama.cpp's 24/48 so that the short rename prompt drafts too
+    "ngram-mod": (["ngram-mod"], {"mod_n_match": 8, "mod_n_min": 4}, False, False),
+    "ngram-cache": (["ngram-cache"], {}, False, False),
+    "hybrid": (["ngram-simple", "draft-simple"], {}, True, False),
+    "ngram-simple auto": (["ngram-simple"], {}, False, True),
+    "hybrid auto": (["ngram-map-k", "draft-simple"], {}, True, True),
+}
+
+
 @pytest.fixture(scope="module")
 def engines(f32, q4_1):
-    from specli.config import DraftParams, ModelParams, NgramParams
-    from specli.engine import Engine
+    """One target model shared by an engine per kind (what Engine.load builds, minus reloading
+    the weights each time)."""
+    from specli.backend import Model
+    from specli.config import DRAFT_AUTO_MAX, DraftParams, ModelParams, NgramParams
+    from specli.drafts import ModelDraft
+    from specli.engine import Engine, combine, ngram_drafts
 
-    made = {
-        "ngram-simple": Engine.load(ModelParams(f32), None, DraftParams(),
-                                    spec_types=["ngram-simple"]),
-        # shorter than llama.cpp's 24/48 so that the short rename prompt drafts too
-        "ngram-mod": Engine.load(ModelParams(f32), None, DraftParams(),
-                                 spec_types=["ngram-mod"],
-                                 ngram=NgramParams(mod_n_match=8, mod_n_min=4)),
-        "hybrid": Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(),
-                              spec_types=["ngram-simple", "draft-simple"]),
-    }
+    target = Model(ModelParams(f32))
+    draft_model = Model(ModelParams(q4_1))
+    made = {}
+    for kind, (types, extra, with_model, auto) in KINDS.items():
+        dp = DraftParams(n_max=DRAFT_AUTO_MAX, adaptive=True) if auto else DraftParams()
+        sources = ngram_drafts(types, NgramParams(**extra), f32)
+        if with_model:
+            sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab))
+        made[kind] = Engine(target, combine(sources, auto), dp)
     yield made
-    for e in made.values():
-        e.close()
+    target.close()
+    draft_model.close()
 
 
-@pytest.mark.parametrize("kind", ["ngram-simple", "ngram-mod", "hybrid"])
+@pytest.mark.parametrize("kind", list(KINDS))
 @pytest.mark.parametrize("prompt", GROUNDED)
 def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
     e = engines[kind]
@@ -114,7 +130,7 @@ def test_greedy_ngram_drafting_equals_plain(engines, kind, prompt):
     plain = e.complete(ids, 160, SP, speculative=False)
     fast = e.complete(ids, 160, SP)
     assert fast.tokens == plain.tokens
-    ngram = fast.stats.per_source["ngram-mod" if kind == "ngram-mod" else "ngram-simple"]
+    ngram = fast.stats.per_source[KINDS[kind][0][0]]
     assert ngram["gen_tokens"] > 0 and ngram["acc_tokens"] > 0
     if kind == "hybrid":
         assert fast.stats.per_source["draft"]["gen_tokens"] > 0

@@ -8,6 +8,7 @@ import sys
 import typer
 
 from specli import __version__
+from specli.cli import lookup as lookup_cmd
 from specli.cli import run as run_cmd
 from specli.cli.console import err
 from specli.errors import SpecliError
@@ -22,6 +23,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run_cmd.run)
+app.add_typer(lookup_cmd.app, name="lookup")
 
 
 def _version(value: bool) -> None:

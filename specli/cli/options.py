@@ -8,12 +8,14 @@ from typing import Annotated
 import typer
 
 from specli import config
+from specli.errors import UsageError
 
 MODELS = "Models"
 DRAFTING = "Drafting"
 SAMPLING = "Sampling"
 RESOURCES = "Context and threads"
 OUTPUT = "Output"
+NGRAM = "n-gram drafting"
 
 
 class FlashAttn(StrEnum):
@@ -29,28 +31,65 @@ ModelDraft = Annotated[str | None, typer.Option(
     "-md", "--model-draft", help="Draft GGUF model (same tokenizer as the target).",
     rich_help_panel=MODELS, show_default=False)]
 SpecTypeOpt = Annotated[str | None, typer.Option(
-    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): ngram-simple, "
-    "ngram-mod, draft-simple. n-gram drafts take precedence in that order; the draft model "
-    "(-md) fills in.",
+    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
+    + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
+    "draft model (-md) fills in when none has a proposal.",
     rich_help_panel=DRAFTING, show_default=False)]
-NgramSizeN = Annotated[int, typer.Option(
-    "--spec-ngram-size-n", "--spec-ngram-simple-size-n",
-    help="n-gram size to look up in the history.", rich_help_panel=DRAFTING)]
-NgramSizeM = Annotated[int, typer.Option(
-    "--spec-ngram-size-m", "--spec-ngram-simple-size-m",
-    help="Most tokens an n-gram match proposes (also capped by --draft).",
-    rich_help_panel=DRAFTING)]
+
+
+def _ngram_opt(*names: str, help: str):
+    return typer.Option(*names, help=help, rich_help_panel=NGRAM, show_default=False)
+
+
+NgramSizeN = Annotated[int | None, _ngram_opt(
+    "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
+    "(seed-era flag; the per-type flags below override it). Default: 12.")]
+NgramSizeM = Annotated[int | None, _ngram_opt(
+    "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types (also "
+    "capped by --draft). Default: 48.")]
+NgramMinHits = Annotated[int | None, _ngram_opt(
+    "--spec-ngram-min-hits", help="Lookups of a key before ngram-map-k4v drafts from it. "
+    "Default: 1.")]
+SimpleSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-simple-size-n",
+                                               help="ngram-simple's n.")]
+SimpleSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-simple-size-m",
+                                               help="ngram-simple's m.")]
+SimpleMinHits = Annotated[int | None, _ngram_opt(
+    "--spec-ngram-simple-min-hits", help="Accepted for llama.cpp compatibility; ngram-simple "
+    "does not use it.")]
+MapKSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-map-k-size-n",
+                                             help="ngram-map-k's n.")]
+MapKSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-map-k-size-m",
+                                             help="ngram-map-k's m.")]
+MapKMinHits = Annotated[int | None, _ngram_opt(
+    "--spec-ngram-map-k-min-hits", help="ngram-map-k's min hits (as in llama.cpp, map-k "
+    "drafts on the first hit).")]
+MapK4vSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-size-n",
+                                               help="ngram-map-k4v's n.")]
+MapK4vSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-size-m",
+                                               help="ngram-map-k4v's m.")]
+MapK4vMinHits = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-min-hits",
+                                                 help="ngram-map-k4v's min hits.")]
 NgramModMatch = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-match", help="ngram-mod lookup length.", rich_help_panel=DRAFTING)]
+    "--spec-ngram-mod-n-match", help="ngram-mod lookup length.", rich_help_panel=NGRAM)]
 NgramModMax = Annotated[int, typer.Option(
     "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts (also capped by --draft).",
-    rich_help_panel=DRAFTING)]
+    rich_help_panel=NGRAM)]
 NgramModMin = Annotated[int, typer.Option(
     "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
-    rich_help_panel=DRAFTING)]
-DraftMax = Annotated[int, typer.Option(
-    "--draft", "--draft-max", "--spec-draft-n-max",
-    help="Tokens to draft per step (k).", rich_help_panel=DRAFTING)]
+    rich_help_panel=NGRAM)]
+LookupStatic = Annotated[str | None, typer.Option(
+    "-lcs", "--lookup-cache-static", help="Static lookup cache for ngram-cache (built by "
+    "`specli lookup create`; never written). Implies --spec-type ngram-cache.",
+    rich_help_panel=NGRAM, show_default=False)]
+LookupDynamic = Annotated[str | None, typer.Option(
+    "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if it "
+    "exists, updated atomically after the run. Implies --spec-type ngram-cache.",
+    rich_help_panel=NGRAM, show_default=False)]
+DraftMax = Annotated[str, typer.Option(
+    "--draft", "--draft-max", "--spec-draft-n-max", metavar="K|auto",
+    help="Tokens to draft per step (k), or `auto`: k chosen each step from the measured "
+    f"acceptance and cost (up to {config.DRAFT_AUTO_MAX}).", rich_help_panel=DRAFTING)]
 DraftMin = Annotated[int, typer.Option(
     "--draft-min", "--spec-draft-n-min",
     help="A draft shorter than this is not verified.", rich_help_panel=DRAFTING)]
@@ -118,8 +157,60 @@ Verbose = Annotated[bool, typer.Option(
     "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=OUTPUT)]
 
 DEFAULTS = {
-    "draft_max": config.DEFAULT_DRAFT_MAX,
+    "draft_max": str(config.DEFAULT_DRAFT_MAX),
     "ctx": config.DEFAULT_CTX,
     "threads": config.DEFAULT_THREADS,
     "n_predict": config.DEFAULT_N_PREDICT,
 }
+
+
+def parse_draft(value: str) -> tuple[int, bool]:
+    """--draft K or --draft auto -> (k or the auto cap, adaptive)."""
+    if value.strip().lower() == "auto":
+        return config.DRAFT_AUTO_MAX, True
+    try:
+        k = int(value)
+    except ValueError:
+        raise UsageError(f"--draft must be a whole number or auto, got {value!r}") from None
+    if k < 1:
+        raise UsageError(f"--draft must be at least 1 (got {k})",
+                         hint="use --no-spec to decode without a draft")
+    return k, False
+
+
+def ngram_params(size_n: int | None, size_m: int | None, min_hits: int | None,
+                 simple_n: int | None, simple_m: int | None, map_k_n: int | None,
+                 map_k_m: int | None, map_k_hits: int | None, k4v_n: int | None,
+                 k4v_m: int | None, k4v_hits: int | None, mod_match: int, mod_max: int,
+                 mod_min: int, lookup_static: str | None,
+                 lookup_dynamic: str | None) -> config.NgramParams:
+    """Resolve the seed-era shared flags and llama.cpp's per-type ones (the latter win)."""
+    d = config.NgramParams()
+    for flag, v in (("--spec-ngram-size-n", size_n), ("--spec-ngram-size-m", size_m),
+                    ("--spec-ngram-min-hits", min_hits), ("--spec-ngram-simple-size-n", simple_n),
+                    ("--spec-ngram-simple-size-m", simple_m),
+                    ("--spec-ngram-map-k-size-n", map_k_n), ("--spec-ngram-map-k-size-m", map_k_m),
+                    ("--spec-ngram-map-k-min-hits", map_k_hits),
+                    ("--spec-ngram-map-k4v-size-n", k4v_n),
+                    ("--spec-ngram-map-k4v-size-m", k4v_m),
+                    ("--spec-ngram-map-k4v-min-hits", k4v_hits),
+                    ("--spec-ngram-mod-n-match", mod_match), ("--spec-ngram-mod-n-max", mod_max)):
+        if v is not None and not 1 <= v <= 1024:
+            raise UsageError(f"{flag} must be between 1 and 1024, got {v}")
+    if not 0 <= mod_min <= mod_max:
+        raise UsageError(f"--spec-ngram-mod-n-min must be between 0 and --spec-ngram-mod-n-max "
+                         f"({mod_max}), got {mod_min}")
+
+    def pick(*values: int | None) -> int:
+        return next(v for v in values if v is not None)
+
+    return config.NgramParams(
+        size_n=pick(simple_n, size_n, d.size_n), size_m=pick(simple_m, size_m, d.size_m),
+        map_k_size_n=pick(map_k_n, size_n, d.map_k_size_n),
+        map_k_size_m=pick(map_k_m, size_m, d.map_k_size_m),
+        map_k_min_hits=pick(map_k_hits, min_hits, d.map_k_min_hits),
+        map_k4v_size_n=pick(k4v_n, size_n, d.map_k4v_size_n),
+        map_k4v_size_m=pick(k4v_m, size_m, d.map_k4v_size_m),
+        map_k4v_min_hits=pick(k4v_hits, min_hits, d.map_k4v_min_hits),
+        mod_n_match=mod_match, mod_n_max=mod_max, mod_n_min=mod_min,
+        lookup_static=lookup_static, lookup_dynamic=lookup_dynamic)

@@ -14,7 +14,7 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err
-from specli.config import SPEC_TYPES, DraftParams, ModelParams, NgramParams, SamplingParams
+from specli.config import SPEC_TYPES, DraftParams, ModelParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
@@ -36,11 +36,23 @@ def run(
         "-n", "--n-predict", help="Tokens to generate; -1 until end of generation or full "
         "context.", rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
     spec_type: o.SpecTypeOpt = None,
-    ngram_size_n: o.NgramSizeN = 12,
-    ngram_size_m: o.NgramSizeM = 48,
+    ngram_size_n: o.NgramSizeN = None,
+    ngram_size_m: o.NgramSizeM = None,
+    ngram_min_hits: o.NgramMinHits = None,
+    simple_size_n: o.SimpleSizeN = None,
+    simple_size_m: o.SimpleSizeM = None,
+    simple_min_hits: o.SimpleMinHits = None,
+    map_k_size_n: o.MapKSizeN = None,
+    map_k_size_m: o.MapKSizeM = None,
+    map_k_min_hits: o.MapKMinHits = None,
+    map_k4v_size_n: o.MapK4vSizeN = None,
+    map_k4v_size_m: o.MapK4vSizeM = None,
+    map_k4v_min_hits: o.MapK4vMinHits = None,
     ngram_mod_n_match: o.NgramModMatch = 24,
     ngram_mod_n_max: o.NgramModMax = 64,
     ngram_mod_n_min: o.NgramModMin = 48,
+    lookup_cache_static: o.LookupStatic = None,
+    lookup_cache_dynamic: o.LookupDynamic = None,
     draft: o.DraftMax = o.DEFAULTS["draft_max"],
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.0,
@@ -74,13 +86,22 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
-    _check_ranges(draft, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
-    if min(ngram_size_n, ngram_size_m, ngram_mod_n_match, ngram_mod_n_max) < 1:
-        raise UsageError("n-gram sizes (--spec-ngram-*) must be at least 1")
-    if not 0 <= ngram_mod_n_min <= ngram_mod_n_max:
-        raise UsageError(f"--spec-ngram-mod-n-min must be between 0 and --spec-ngram-mod-n-max "
-                         f"({ngram_mod_n_max}), got {ngram_mod_n_min}")
+    k, adaptive = o.parse_draft(draft)
+    _check_ranges(k, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
+    if simple_min_hits is not None and simple_min_hits < 1:
+        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
+    ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
+                           simple_size_m, map_k_size_n, map_k_size_m, map_k_min_hits,
+                           map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits, ngram_mod_n_match,
+                           ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
+                           lookup_cache_dynamic)
     types = _spec_types(spec_type)
+    if lookup_cache_static or lookup_cache_dynamic:
+        if spec_type is None:
+            types = ["ngram-cache"]
+        elif "ngram-cache" not in types:
+            raise UsageError("-lcs/-lcd are lookup caches for --spec-type ngram-cache",
+                             hint="add ngram-cache to --spec-type")
     text, chat = _prompt(prompt, file, chat)
 
     if model is None:
@@ -114,10 +135,9 @@ def run(
 
     with _status("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
-                             DraftParams(n_max=draft, n_min=draft_min, p_min=draft_p_min),
-                             spec_types=types,
-                             ngram=NgramParams(ngram_size_n, ngram_size_m, ngram_mod_n_match,
-                                               ngram_mod_n_max, ngram_mod_n_min))
+                             DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min,
+                                         adaptive=adaptive),
+                             spec_types=types, ngram=ngram)
     try:
         if engine.draft is None and not no_spec and not json_out:
             err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

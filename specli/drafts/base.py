@@ -22,7 +22,6 @@ class Proposal:
     source: str = ""  # the DraftSource.name that proposed it, for per-source statistics
 
 
-
 class DraftSource(Protocol):
     """Anything that proposes tokens: a draft model, an n-gram table, a chain of them."""
 
@@ -40,3 +39,6 @@ class DraftSource(Protocol):
 
     def observe(self, n_accepted: int) -> None:
         """How many of the last proposal's tokens the target accepted."""
+
+    def end(self) -> None:
+        """The generation is over (finished, failed or abandoned): flush what was learnt."""

@@ -42,3 +42,7 @@ class Chain:
     def observe(self, n_accepted: int) -> None:
         if self._last is not None:
             self._last.observe(n_accepted)
+
+    def end(self) -> None:
+        for s in self.sources:
+            s.end()

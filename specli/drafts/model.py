@@ -73,6 +73,9 @@ class ModelDraft:
     def observe(self, n_accepted: int) -> None:
         pass
 
+    def end(self) -> None:
+        pass
+
 
 def _top_p(logits: np.ndarray) -> float:
     top = logits[np.argpartition(logits, -_DRAFT_TOP_K)[-_DRAFT_TOP_K:]]

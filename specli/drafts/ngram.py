@@ -56,6 +56,9 @@ class NgramSimple:
     def observe(self, n_accepted: int) -> None:
         pass
 
+    def end(self) -> None:
+        pass
+
 
 _MOD_MUL = 6364136223846793005
 _MASK64 = (1 << 64) - 1
@@ -102,6 +105,7 @@ class NgramMod:
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._i_last = self._n_draft_last = 0
+        prompt = prompt[:-1]  # llama.cpp begins with the prompt minus its last token
         if len(prompt) < self.n:
             return
         for i in range(len(prompt) - self.n):
@@ -147,3 +151,6 @@ class NgramMod:
                     self._i_last = 0
             else:
                 self._n_low = 0
+
+    def end(self) -> None:
+        pass

@@ -1,0 +1,97 @@
+"""--draft auto: the cost fit and the choice of k, on a fake source and fake timings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specli.config import SamplingParams
+from specli.drafts.adaptive import Adaptive, VerifyCost
+from specli.drafts.base import Proposal
+
+SP = SamplingParams(temp=0.0)
+
+
+class Echo:
+    """Proposes k copies of a token; records the k it was asked for."""
+
+    name = "echo"
+
+    def __init__(self):
+        self.asked: list[int] = []
+        self.observed: list[int] = []
+
+    def begin(self, prompt):
+        pass
+
+    def propose(self, context, k, sp, rng):
+        self.asked.append(k)
+        return Proposal([7] * k, source=self.name)
+
+    def rewind(self, n_keep):
+        pass
+
+    def observe(self, n_accepted):
+        self.observed.append(n_accepted)
+
+    def end(self):
+        pass
+
+
+def test_cost_fit_recovers_a_linear_batch_cost():
+    c = VerifyCost()
+    for n in [1, 3, 5, 9, 2, 7, 4, 6] * 5:
+        c.add(n, 0.010 * (1 + 0.25 * (n - 1)))
+    a, slope = c.fit()
+    assert a == pytest.approx(0.010, rel=0.05) and slope == pytest.approx(0.25, rel=0.1)
+
+
+def test_cost_fit_falls_back_on_the_prior_slope_without_variety():
+    c = VerifyCost()
+    for _ in range(20):
+        c.add(5, 0.02)
+    a, slope = c.fit()
+    assert 0.1 < slope < 0.5 and a * (1 + slope * 4) == pytest.approx(0.02, rel=0.05)
+
+
+def simulate(acceptance: float, steps: int = 200, slope: float = 0.3) -> list[int]:
+    """Drive Adaptive with a geometric acceptance and a known verification cost (a fake
+    clock that advances by the cost of each verification batch)."""
+    rng = np.random.default_rng(1)
+    now = [0.0]
+    ad = Adaptive(Echo(), VerifyCost(), seed=0, clock=lambda: now[0])
+    ks = []
+    for _ in range(steps):
+        p = ad.propose([1, 2, 3], 64, SP, rng)
+        n_acc = 0
+        while n_acc < len(p.tokens) and rng.random() < acceptance:
+            n_acc += 1
+        now[0] += 0.01 * (1 + slope * len(p.tokens))
+        ad.observe(n_acc)
+        ks.append(ad.k)
+    return ks
+
+
+def test_k_grows_with_acceptance_and_shrinks_without_it():
+    low, high = simulate(0.2), simulate(0.95)
+    assert np.mean(low[-50:]) <= 2
+    assert np.mean(high[-50:]) >= 6
+    # the optimum of E(k)/cost(k) for a = 0.95 and slope 0.3 is about k = 6..8, not 64
+    assert max(high[-50:]) < 20
+
+
+def test_k_never_exceeds_what_the_engine_allows():
+    src = Echo()
+    ad = Adaptive(src, VerifyCost())
+    for cap in [1, 2, 3]:
+        ad.propose([1], cap, SP, np.random.default_rng(0))
+        assert src.asked[-1] <= cap
+
+
+def test_observe_is_forwarded_and_measures_the_verification():
+    src = Echo()
+    ad = Adaptive(src, VerifyCost())
+    ad.propose([1], 4, SP, np.random.default_rng(0))
+    ad.observe(0)
+    assert src.observed == [0]
+    assert ad.cost._w == 1 and ad.acceptance < 0.6
