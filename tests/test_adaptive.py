@@ -54,7 +54,8 @@ def test_cost_fit_falls_back_on_the_prior_slope_without_variety():
     assert 0.1 < slope < 0.5 and a * (1 + slope * 4) == pytest.approx(0.02, rel=0.05)
 
 
-def simulate(acceptance: float, steps: int = 200, slope: float = 0.3) -> list[int]:
+def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,
+             all_or_nothing: bool = False) -> list[int]:
     """Drive Adaptive with a geometric acceptance and a known verification cost (a fake
     clock that advances by the cost of each verification batch)."""
     rng = np.random.default_rng(1)
@@ -64,7 +65,9 @@ def simulate(acceptance: float, steps: int = 200, slope: float = 0.3) -> list[in
     for _ in range(steps):
         p = ad.propose([1, 2, 3], 64, SP, rng)
         n_acc = 0
-        while n_acc < len(p.tokens) and rng.random() < acceptance:
+        if all_or_nothing:
+            n_acc = len(p.tokens) if rng.random() < acceptance else 0
+        while not all_or_nothing and n_acc < len(p.tokens) and rng.random() < acceptance:
             n_acc += 1
         now[0] += 0.01 * (1 + slope * len(p.tokens))
         ad.observe(n_acc)
@@ -78,6 +81,13 @@ def test_k_grows_with_acceptance_and_shrinks_without_it():
     assert np.mean(high[-50:]) >= 6
     # the optimum of E(k)/cost(k) for a = 0.95 and slope 0.3 is about k = 6..8, not 64
     assert max(high[-50:]) < 20
+
+
+def test_a_source_that_is_right_all_the_way_or_not_at_all_gets_long_drafts():
+    """An n-gram match is usually accepted whole or rejected at once: per-position rates see
+    that the 20th token is as safe as the 2nd, where a per-token rate would stop early."""
+    ks = simulate(0.8, slope=0.1, all_or_nothing=True)
+    assert np.mean(ks[-50:]) >= 24
 
 
 def test_k_never_exceeds_what_the_engine_allows():

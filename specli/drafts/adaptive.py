@@ -1,10 +1,11 @@
 """`--draft auto`: choose the draft length k each step from measured acceptance and cost.
 
-Under the usual model (each drafted token accepted with probability a, independently), a draft
-of k tokens yields E(k) = (1 - a^(k+1)) / (1 - a) tokens per step at a cost of drafting k tokens
-plus verifying k + 1. Both are measured online: `a` per source from accepted/rejected counts,
-drafting time per token per source, and the target's verification time as a linear function of
-the batch size (shared by all sources). k is the argmax of E(k) / cost(k).
+A draft of k tokens yields E(k) = 1 + S(1) + ... + S(k) tokens per step, where S(j) is the
+chance that its first j tokens are all accepted, at the cost of drafting k tokens plus
+verifying k + 1. Everything is measured online: S(j) per source as a product of per-position
+acceptance rates (no independence assumed: an n-gram match tends to be right all the way or
+wrong at once), drafting time per token per source, and the target's verification time as a
+linear function of the batch size (shared by all sources). k is the argmax of E(k) / cost(k).
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DRAFT_AUTO_MAX, SamplingParams
 from specli.drafts.base import DraftSource, Proposal
 
 DECAY = 0.95  # weight of the past per observation: about the last 20 steps count
-# a verification batch of 8 costs 2.5-3.7x one token on a 2-core CPU: the prior per-token slope
-PRIOR_SLOPE = 0.3
+# the prior cost of each extra token in a verification batch, relative to a batch of one
+# (about 0.1 for SmolLM2 F32 on 2 CPU cores, 0.2-0.4 for larger models); measured thereafter
+PRIOR_SLOPE = 0.15
 PRIOR_WEIGHT = 4.0
 EXPLORE = 0.1  # share of steps that try k +- 1, so the cost of other lengths stays known
+PRIOR_ACCEPT, PRIOR_STEPS = 0.6, 2.0  # acceptance assumed before any is measured, and its weight
 
 
 class VerifyCost:
@@ -64,8 +67,10 @@ class Adaptive:
         self._clock = clock
         self.name = source.name
         self.cost = cost
-        self._acc = 4 * 0.6  # decayed accepted tokens, with a prior of a = 0.6
-        self._trials = 4.0  # decayed accepted + rejected tokens
+        # decayed counts per draft position j (index j): steps that drafted j with 1..j-1
+        # accepted, and steps that also had j accepted
+        self._tried = np.zeros(DRAFT_AUTO_MAX + 1)
+        self._hit = np.zeros(DRAFT_AUTO_MAX + 1)
         self._t_token = 0.0  # decayed drafting seconds per drafted token
         self._pending: tuple[int, float] | None = None  # (drafted, when the proposal returned)
         self._rng = np.random.default_rng(seed)  # exploration only: never touches the output
@@ -73,16 +78,25 @@ class Adaptive:
 
     @property
     def acceptance(self) -> float:
-        return min(max(self._acc / self._trials, 0.01), 0.99)
+        """The pooled per-token acceptance rate (with its prior)."""
+        a = ((self._hit[1:].sum() + PRIOR_STEPS * PRIOR_ACCEPT)
+             / (self._tried[1:].sum() + PRIOR_STEPS))
+        return min(max(float(a), 0.01), 0.99)
+
+    def expected_tokens(self, k_max: int) -> np.ndarray:
+        """E(k) for k = 1..k_max: per-position rates, each shrunk towards the pooled rate."""
+        rate = ((self._hit[1:k_max + 1] + PRIOR_STEPS * self.acceptance)
+                / (self._tried[1:k_max + 1] + PRIOR_STEPS))
+        return 1 + np.cumsum(np.cumprod(rate))
 
     def best_k(self, k_max: int) -> int:
+        k_max = min(k_max, DRAFT_AUTO_MAX)
         if k_max <= 1:
             return k_max
-        a = self.acceptance
         t1, slope = self.cost.fit()
         t1 = t1 or 1.0
         ks = np.arange(1, k_max + 1)
-        expected = (1 - a ** (ks + 1)) / (1 - a)
+        expected = self.expected_tokens(k_max)
         seconds = self._t_token * ks + t1 * (1 + slope * ks)
         k = int(ks[np.argmax(expected / seconds)])
         if self._rng.random() < EXPLORE:
@@ -112,8 +126,11 @@ class Adaptive:
             drafted, t1 = self._pending
             self._pending = None
             self.cost.add(drafted + 1, self._clock() - t1)
-            self._acc = DECAY * self._acc + n_accepted
-            self._trials = DECAY * self._trials + n_accepted + (n_accepted < drafted)
+            self._tried *= DECAY
+            self._hit *= DECAY
+            reached = min(n_accepted + 1, drafted, DRAFT_AUTO_MAX)  # the first rejected too
+            self._tried[1:reached + 1] += 1
+            self._hit[1:min(n_accepted, DRAFT_AUTO_MAX) + 1] += 1
         self.source.observe(n_accepted)
 
     def end(self) -> None:
