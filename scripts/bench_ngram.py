@@ -5,11 +5,11 @@
 
 Greedy, the SmolLM2 F32 target, 2 threads, chat-formatted prompts: input-grounded ones (the
 answer repeats its input) and open ones. For each prompt: the target alone; every n-gram type
-at --draft 8 (specli's default); ngram-simple at fixed k and `--draft auto`; hybrid (n-gram +
-the Q4_1 draft model) at --draft 8 and auto; and native llama.cpp with the same --spec-type
-(llama-lookup for ngram-cache, llama-speculative-simple for the others) from the same vendored
-build. Every configuration runs --repeat times, interleaved; medians are reported, as ratios
-to the target alone measured in the same run.
+with llama.cpp's defaults; ngram-simple at other fixed m and with `--draft auto`; hybrid
+(ngram-simple + the Q4_1 draft model) at fixed k and auto; and native llama.cpp with the same
+--spec-type (llama-lookup for ngram-cache, llama-speculative-simple for the others) from the
+same vendored build. Every configuration runs --repeat times, interleaved; medians are
+reported, as ratios to the target alone measured in the same run.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ PROMPTS = {  # name: (grounded?, user message)
     "open-prose": (False, "Explain how a hash map works."),
 }
 NGRAM_TYPES = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
-FIXED_K = [4, 8, 16, 32]
+FIXED_K = [4, 8, 16, 32]  # the draft model's k, in hybrid
+FIXED_M = [8, 16, 32]  # ngram-simple's m (48, llama.cpp's default, is its own row)
 BEGIN, END = "<!-- bench_ngram:begin -->", "<!-- bench_ngram:end -->"
 
 
@@ -102,20 +103,22 @@ def main() -> None:
         (tmp / f"{name}.txt").write_text(rendered + "\n")  # native -f drops one newline
         prompts[name] = tgt.tokenize(rendered)
 
-    def engine(types: list[str], k: int | str, model: bool = False) -> Engine:
+    def engine(types: list[str], k: int | str, model: bool = False, m: int = 48) -> Engine:
         auto = k == "auto"
-        sources = ngram_drafts(types, config.NgramParams(), target_path)
-        if model:
-            sources.append(ModelDraft(dm, n_vocab_target=tgt.n_vocab))
         dp = config.DraftParams(n_max=config.DRAFT_AUTO_MAX if auto else int(k), adaptive=auto)
+        sources = ngram_drafts(types, config.NgramParams(size_m=m), target_path, dp.n_max)
+        if model:
+            sources.append(ModelDraft(dm, n_vocab_target=tgt.n_vocab, n_max=dp.n_max))
         return Engine(tgt, combine(sources, auto), dp)
 
-    configs: dict[str, tuple[list[str], int | str, bool]] = {
-        **{f"{t} k=8": ([t], 8, False) for t in NGRAM_TYPES},
-        **{f"ngram-simple k={k}": (["ngram-simple"], k, False) for k in FIXED_K if k != 8},
-        "ngram-simple auto": (["ngram-simple"], "auto", False),
-        **{f"hybrid k={k}": (["ngram-simple"], k, True) for k in FIXED_K},
-        "hybrid auto": (["ngram-simple"], "auto", True),
+    # (types, --draft, draft model?, ngram-simple's m); the n-gram types run with llama.cpp's
+    # defaults, each drafting up to its own m; --draft 8 caps ngram-cache and the draft model
+    configs: dict[str, tuple[list[str], int | str, bool, int]] = {
+        **{t: ([t], 8, False, 48) for t in NGRAM_TYPES},
+        **{f"ngram-simple m={m}": (["ngram-simple"], 8, False, m) for m in FIXED_M},
+        "ngram-simple auto": (["ngram-simple"], "auto", False, 48),
+        **{f"hybrid k={k}": (["ngram-simple"], k, True, 48) for k in FIXED_K},
+        "hybrid auto": (["ngram-simple"], "auto", True, 48),
     }
     tps: dict[tuple[str, str], list[float]] = {}
     acc: dict[tuple[str, str], tuple[int, int]] = {}
@@ -125,8 +128,8 @@ def main() -> None:
             print(f"[{rep + 1}/{args.repeat}] {name}", file=sys.stderr)
             plain = Engine(tgt).complete(ids, args.n, greedy, speculative=False)
             tps.setdefault((name, "target alone"), []).append(plain.stats.decode_tps)
-            for label, (types, k, model) in configs.items():
-                out = engine(types, k, model).complete(ids, args.n, greedy)
+            for label, (types, k, model, m) in configs.items():
+                out = engine(types, k, model, m).complete(ids, args.n, greedy)
                 if out.tokens != plain.tokens:  # a near-tie flipped by batched decoding
                     i = next((i for i, (a, b) in enumerate(zip(out.tokens, plain.tokens,
                                                                strict=False)) if a != b),
@@ -171,8 +174,9 @@ def main() -> None:
                      + geomean([speedup[(p, c)] for p in grounded]) + " | "
                      + geomean([speedup[(p, c)] for p in open_]) + " |")
     lines.append("")
-    for family in ("ngram-simple", "hybrid"):
-        fixed = [c for c in configs if c.startswith(f"{family} k=")]
+    for family, fixed in (("ngram-simple", ["ngram-simple", *(f"ngram-simple m={m}"
+                                                               for m in FIXED_M)]),
+                          ("hybrid", [f"hybrid k={k}" for k in FIXED_K])):
         for group, members in (("grounded", grounded), ("open", open_)):
             if not members:
                 continue

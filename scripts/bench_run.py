@@ -117,6 +117,7 @@ def main() -> None:
             plain = Engine(tgt).complete(ids, args.n, greedy, speculative=False)
             add("target alone (specli)", plain.stats.decode_tps)
             for k in ks:
+                dft.n_max = k
                 out = Engine(tgt, dft, DraftParams(n_max=k)).complete(ids, args.n, greedy)
                 s = out.stats
                 assert out.tokens == plain.tokens or args.model, "greedy output drifted"

@@ -17,7 +17,14 @@ import numpy as np
 
 from specli import pairing
 from specli.backend import Model
-from specli.config import SPEC_TYPES, DraftParams, ModelParams, NgramParams, SamplingParams
+from specli.config import (
+    DEFAULT_DRAFT_MAX,
+    SPEC_TYPES,
+    DraftParams,
+    ModelParams,
+    NgramParams,
+    SamplingParams,
+)
 from specli.drafts import (
     Adaptive,
     Chain,
@@ -70,11 +77,12 @@ class Engine:
         ngram = ngram or NgramParams()
         if draft is not None:
             pairing.ensure_compatible(target.path, draft.path)
-        ngram_sources = ngram_drafts(spec_types, ngram, target.path)  # before any weights
+        # n-gram sources first: their lookup-cache files are read before any weights
+        ngram_sources = ngram_drafts(spec_types, ngram, target.path, draft_params.n_max)
         t = Model(target)
         try:
-            dm = ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab) \
-                if draft is not None else None
+            dm = ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab,
+                            n_max=draft_params.n_max) if draft is not None else None
         except BaseException:
             t.close()
             raise
@@ -140,9 +148,9 @@ class Engine:
         stats.finish_reason = "length"
         try:
             while n_left > 0 and n_past < tgt.n_ctx:
-                # draft at most what the budget, the context and one target batch can take
-                k = min(self.draft_params.n_max, n_left - 1, tgt.n_ctx - n_past - 1,
-                        tgt.n_batch - 1) if draft else 0
+                # draft at most what the budget, the context and one target batch can take;
+                # each source applies its own cap (--draft, an n-gram type's m)
+                k = min(n_left - 1, tgt.n_ctx - n_past - 1, tgt.n_batch - 1) if draft else 0
                 proposal, n_acc, token = self._step(draft, context, n_past, k, sp, rng)
                 if proposal.tokens:
                     stats.record_step(len(proposal.tokens), n_acc, proposal.source)
@@ -216,10 +224,11 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
-def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
-                 target_path: str) -> list[DraftSource]:
+def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str,
+                 n_draft: int = DEFAULT_DRAFT_MAX) -> list[DraftSource]:
     """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
-    Lookup-cache files are read here, so a bad one fails before any weights load."""
+    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod); ngram-cache, like
+    llama-lookup, up to --draft (n_draft). Lookup-cache files are read here."""
     unknown = set(spec_types) - set(SPEC_TYPES)
     if unknown:
         raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
@@ -237,7 +246,8 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
         sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
     if "ngram-cache" in spec_types:
         n_vocab = pairing.read_tokenizer(target_path).n_vocab
-        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab))
+        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab,
+                                             n_draft))
     return sources
 
 
@@ -246,7 +256,9 @@ def combine(sources: Sequence[DraftSource], adaptive: bool = False) -> DraftSour
     (--draft auto) each gets its own k, over one shared verification-cost model."""
     if adaptive:
         cost = VerifyCost()
-        sources = [Adaptive(s, cost, seed=i) for i, s in enumerate(sources)]
+        # an n-gram proposal exists only when a long context matched: usually right
+        sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9)
+                   for i, s in enumerate(sources)]
     return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
 
 

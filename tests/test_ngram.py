@@ -113,9 +113,10 @@ def engines(f32, q4_1):
     made = {}
     for kind, (types, extra, with_model, auto) in KINDS.items():
         dp = DraftParams(n_max=DRAFT_AUTO_MAX, adaptive=True) if auto else DraftParams()
-        sources = ngram_drafts(types, NgramParams(**extra), f32)
+        sources = ngram_drafts(types, NgramParams(**extra), f32, dp.n_max)
         if with_model:
-            sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab))
+            sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab,
+                                      n_max=dp.n_max))
         made[kind] = Engine(target, combine(sources, auto), dp)
     yield made
     target.close()

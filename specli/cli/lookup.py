@@ -22,6 +22,10 @@ app = typer.Typer(help="Build, merge and inspect lookup caches (-lcs/-lcd) for n
 CHUNK_BYTES = 1 << 20  # tokenize and count a corpus a megabyte at a time
 
 
+def _files(help: str):
+    return typer.Argument(help=help, metavar="FILE...", show_default=False)
+
+
 @app.command()
 def create(
     file: Annotated[Path, typer.Option(
@@ -81,9 +85,7 @@ def create(
 
 @app.command()
 def merge(
-    files: Annotated[list[Path], typer.Argument(
-        help="Caches to merge, then the output file (last).", metavar="FILE...",
-        show_default=False)],
+    files: Annotated[list[Path], _files("Caches to merge, then the output file (last).")],
 ) -> None:
     """Merge lookup caches into one (counts add up), as llama-lookup-merge does: the last
     file named is the output, written atomically."""
@@ -102,8 +104,7 @@ def merge(
 
 @app.command()
 def stats(
-    files: Annotated[list[Path], typer.Argument(help="Lookup caches.", metavar="FILE...",
-                                                show_default=False)],
+    files: Annotated[list[Path], _files("Lookup caches.")],
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the statistics as JSON on stdout (a list for several files).")
     ] = False,

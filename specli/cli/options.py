@@ -45,8 +45,8 @@ NgramSizeN = Annotated[int | None, _ngram_opt(
     "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
     "(seed-era flag; the per-type flags below override it). Default: 12.")]
 NgramSizeM = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types (also "
-    "capped by --draft). Default: 48.")]
+    "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types. "
+    "Default: 48.")]
 NgramMinHits = Annotated[int | None, _ngram_opt(
     "--spec-ngram-min-hits", help="Lookups of a key before ngram-map-k4v drafts from it. "
     "Default: 1.")]
@@ -73,7 +73,7 @@ MapK4vMinHits = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-min-hits"
 NgramModMatch = Annotated[int, typer.Option(
     "--spec-ngram-mod-n-match", help="ngram-mod lookup length.", rich_help_panel=NGRAM)]
 NgramModMax = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts (also capped by --draft).",
+    "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts.",
     rich_help_panel=NGRAM)]
 NgramModMin = Annotated[int, typer.Option(
     "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
@@ -88,8 +88,10 @@ LookupDynamic = Annotated[str | None, typer.Option(
     rich_help_panel=NGRAM, show_default=False)]
 DraftMax = Annotated[str, typer.Option(
     "--draft", "--draft-max", "--spec-draft-n-max", metavar="K|auto",
-    help="Tokens to draft per step (k), or `auto`: k chosen each step from the measured "
-    f"acceptance and cost (up to {config.DRAFT_AUTO_MAX}).", rich_help_panel=DRAFTING)]
+    help="Most tokens the draft model (and ngram-cache) drafts per step (k); the other "
+    "n-gram types draft up to their own m, as in llama.cpp. `auto`: k chosen each step, per "
+    f"source, from the measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
+    rich_help_panel=DRAFTING)]
 DraftMin = Annotated[int, typer.Option(
     "--draft-min", "--spec-draft-n-min",
     help="A draft shorter than this is not verified.", rich_help_panel=DRAFTING)]

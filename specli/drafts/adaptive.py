@@ -24,7 +24,7 @@ DECAY = 0.95  # weight of the past per observation: about the last 20 steps coun
 PRIOR_SLOPE = 0.15
 PRIOR_WEIGHT = 4.0
 EXPLORE = 0.1  # share of steps that try k +- 1, so the cost of other lengths stays known
-PRIOR_ACCEPT, PRIOR_STEPS = 0.6, 2.0  # acceptance assumed before any is measured, and its weight
+PRIOR_STEPS = 2.0  # the weight, in steps, of the acceptance assumed before any is measured
 
 
 class VerifyCost:
@@ -62,8 +62,9 @@ class Adaptive:
     """Wraps one draft source; caps the k it is asked for at the current best length."""
 
     def __init__(self, source: DraftSource, cost: VerifyCost, seed: int = 0,
-                 clock: Callable[[], float] = time.perf_counter):
+                 prior: float = 0.7, clock: Callable[[], float] = time.perf_counter):
         self.source = source
+        self.prior = prior  # per-token acceptance assumed before any is measured
         self._clock = clock
         self.name = source.name
         self.cost = cost
@@ -79,7 +80,7 @@ class Adaptive:
     @property
     def acceptance(self) -> float:
         """The pooled per-token acceptance rate (with its prior)."""
-        a = ((self._hit[1:].sum() + PRIOR_STEPS * PRIOR_ACCEPT)
+        a = ((self._hit[1:].sum() + PRIOR_STEPS * self.prior)
              / (self._tried[1:].sum() + PRIOR_STEPS))
         return min(max(float(a), 0.01), 0.99)
 

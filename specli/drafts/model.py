@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specli.backend import Model
-from specli.config import SamplingParams
+from specli.config import DEFAULT_DRAFT_MAX, SamplingParams
 from specli.drafts.base import Proposal
 from specli.verify import sampling_dist
 
@@ -25,9 +25,11 @@ class ModelDraft:
 
     name = "draft"
 
-    def __init__(self, model: Model, p_min: float = 0.0, n_vocab_target: int | None = None):
+    def __init__(self, model: Model, p_min: float = 0.0, n_vocab_target: int | None = None,
+                 n_max: int = DEFAULT_DRAFT_MAX):
         self.model = model
         self.p_min = p_min
+        self.n_max = n_max  # --draft
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
         # ids the target does not have
         self.n_vocab = min(model.n_vocab, n_vocab_target or model.n_vocab)
@@ -41,7 +43,7 @@ class ModelDraft:
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
         m = self.model
-        k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
+        k = min(k, self.n_max, m.n_ctx - len(context))  # the draft's context may be smaller
         if k <= 0:
             return Proposal()
         n_have = len(m.tokens)

@@ -127,26 +127,25 @@ class NgramMap:
             return Proposal()  # no continuation clearly dominates
         return self._draft(key, best, key.values[best].idx, k)
 
-    def _search(self, context: Sequence[int], key_tokens: tuple[int, ...], top: int) -> int:
-        """The positions not yet hashed, newest first, in llama.cpp's two ranges."""
+    def _unindexed(self, top: int) -> list[range]:
+        """The positions not yet hashed, newest first, in llama.cpp's two ranges: the prompt's
+        (up to n + m before its end), then the generated text's."""
         n, m = self.n, self.m
         ranges = []
         if self._begin > n + m + 1:
             ranges.append(range(self._begin - n - m - 1, self._hash_last, -1))
         ranges.append(range(top, max(self._begin, self._hash_last), -1))
-        for r in ranges:
+        return ranges
+
+    def _search(self, context: Sequence[int], key_tokens: tuple[int, ...], top: int) -> int:
+        for r in self._unindexed(top):
             for j in r:
-                if tuple(context[j:j + n]) == key_tokens:
+                if tuple(context[j:j + self.n]) == key_tokens:
                     return j
         return 0
 
     def _index(self, context: Sequence[int], top: int) -> None:
-        n, m = self.n, self.m
-        ranges = []
-        if self._begin > n + m + 1:
-            ranges.append(range(self._begin - n - m - 1, self._hash_last, -1))
-        ranges.append(range(top, max(self._begin, self._hash_last), -1))
-        for r in ranges:
+        for r in self._unindexed(top):
             for j in r:
                 self._hash.setdefault(self._slot(context, j), j)  # collisions keep the first
         self._hash_last = max(top, self._hash_last)
