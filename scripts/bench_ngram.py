@@ -74,7 +74,8 @@ PROMPTS = {  # name: (grounded?, user message)
 }
 NGRAM_TYPES = ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"]
 FIXED_K = [4, 8, 16, 32]  # the draft model's k, in hybrid
-FIXED_M = [8, 16, 32]  # ngram-simple's m (48, llama.cpp's default, is its own row)
+FIXED_M = [16, 24, 32]  # ngram-simple's m (48, llama.cpp's default, is its own row; m < n
+# never drafts)
 BEGIN, END = "<!-- bench_ngram:begin -->", "<!-- bench_ngram:end -->"
 
 
@@ -123,6 +124,7 @@ def main() -> None:
     tps: dict[tuple[str, str], list[float]] = {}
     acc: dict[tuple[str, str], tuple[int, int]] = {}
     drift: set[str] = set()
+    same: dict[tuple[str, str], list[float]] = {}  # specli / native speed, same tokens
     for rep in range(args.repeat):
         for name, ids in prompts.items():
             print(f"[{rep + 1}/{args.repeat}] {name}", file=sys.stderr)
@@ -145,6 +147,12 @@ def main() -> None:
                 label = f"native {t}"
                 tps.setdefault((name, label), []).append(fair_tps(r, plain.stats))
                 acc[(name, label)] = (r.n_drafted, r.n_accept)
+                # native overshoots -n by up to a whole draft, and a repetitive tail drafts
+                # well: compare with specli over as many tokens as native output
+                n_same = r.n_predict if plain.stats.finish_reason == "length" else args.n
+                out = engine([t], 8).complete(ids, n_same, greedy)
+                same.setdefault((name, t), []).append(out.stats.decode_tps
+                                                      / fair_tps(r, out.stats))
 
     labels = ["target alone", *configs] + ([f"native {t}" for t in NGRAM_TYPES] if bin_dir
                                            else [])
@@ -186,6 +194,16 @@ def main() -> None:
             lines.append(f"- {family}, {group} prompts: auto {score[f'{family} auto']:.2f}x, "
                          f"best fixed ({best}) {score[best]:.2f}x: auto / best = "
                          f"{score[f'{family} auto'] / score[best]:.2f}")
+    if same:
+        lines += ["", "specli / native decode speed over the same number of tokens (specli "
+                  "rerun with -n = what native output), median per prompt, then geomean:", "",
+                  "| --spec-type | " + " | ".join(prompts) + " | grounded | open |",
+                  "|---|" + "---:|" * (len(prompts) + 2)]
+        for t in NGRAM_TYPES:
+            ratio = {p: statistics.median(same[(p, t)]) for p in prompts}
+            lines.append(f"| {t} | " + " | ".join(f"{ratio[p]:.2f}x" for p in prompts) + " | "
+                         + geomean([ratio[p] for p in grounded]) + " | "
+                         + geomean([ratio[p] for p in open_]) + " |")
     lines += ["", "Target alone, decode t/s (median): " + ", ".join(
         f"{p} {statistics.median(tps[(p, 'target alone')]):.1f}" for p in prompts)]
     if drift:

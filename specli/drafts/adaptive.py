@@ -85,10 +85,15 @@ class Adaptive:
         return min(max(float(a), 0.01), 0.99)
 
     def expected_tokens(self, k_max: int) -> np.ndarray:
-        """E(k) for k = 1..k_max: per-position rates, each shrunk towards the pooled rate."""
-        rate = ((self._hit[1:k_max + 1] + PRIOR_STEPS * self.acceptance)
-                / (self._tried[1:k_max + 1] + PRIOR_STEPS))
-        return 1 + np.cumsum(np.cumprod(rate))
+        """E(k) for k = 1..k_max. Each position's acceptance rate is shrunk towards the rate
+        of the position before it, so a position never tried inherits the deepest measured
+        one: a run of full acceptances makes longer drafts worth trying."""
+        rates = np.empty(k_max)
+        prior = self.acceptance
+        for j in range(1, k_max + 1):
+            prior = (self._hit[j] + PRIOR_STEPS * prior) / (self._tried[j] + PRIOR_STEPS)
+            rates[j - 1] = prior
+        return 1 + np.cumsum(np.cumprod(rates))
 
     def best_k(self, k_max: int) -> int:
         k_max = min(k_max, DRAFT_AUTO_MAX)
