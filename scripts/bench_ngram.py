@@ -85,13 +85,15 @@ def main() -> None:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--only", help="comma-separated configuration labels (default: all)")
+    ap.add_argument("--no-native", action="store_true", help="skip the native programs")
     ap.add_argument("--write", help="replace the results block of this markdown file")
     args = ap.parse_args()
 
     draft_path = defaults.smollm2_q4_1()
     target_path = defaults.derived("f32", draft_path)
-    bin_dir = native.native_bin_dir()
-    if bin_dir is None:
+    bin_dir = None if args.no_native else native.native_bin_dir()
+    if bin_dir is None and not args.no_native:
         print("no native build (scripts/build_native.sh): native columns skipped", file=sys.stderr)
     tgt = Model(config.ModelParams(target_path, n_threads=args.threads))
     dm = Model(config.ModelParams(draft_path, n_threads=args.threads))
@@ -121,6 +123,8 @@ def main() -> None:
         **{f"hybrid k={k}": (["ngram-simple"], k, True, 48) for k in FIXED_K},
         "hybrid auto": (["ngram-simple"], "auto", True, 48),
     }
+    if args.only:
+        configs = {c: v for c, v in configs.items() if c in args.only.split(",")}
     tps: dict[tuple[str, str], list[float]] = {}
     acc: dict[tuple[str, str], tuple[int, int]] = {}
     drift: set[str] = set()
@@ -185,6 +189,9 @@ def main() -> None:
     for family, fixed in (("ngram-simple", ["ngram-simple", *(f"ngram-simple m={m}"
                                                                for m in FIXED_M)]),
                           ("hybrid", [f"hybrid k={k}" for k in FIXED_K])):
+        fixed = [c for c in fixed if c in configs]
+        if f"{family} auto" not in configs or not fixed:
+            continue
         for group, members in (("grounded", grounded), ("open", open_)):
             if not members:
                 continue

@@ -225,3 +225,26 @@ def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
 def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path):
     r = specli("run", "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
     assert r.returncode == 2 and "ngram-cache" in r.stderr
+
+
+def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f32):
+    """Ctrl-C in the middle of generation: exit 130, no traceback, and the dynamic cache on
+    disk is whole and holds the text generated so far."""
+    import signal
+    import sys
+
+    lcd = tmp_path / "dyn.bin"
+    p = subprocess.Popen([sys.executable, "-m", "specli", "run", "-m", f32, "-lcd", str(lcd),
+                          "-p", "Write a very long story about dragons.", "--chat", "-n", "4000",
+                          "--temp", "1.5", "-s", "5", "-t", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert p.stdout.read(200), "generation started"  # then interrupt it mid-stream
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err
+    assert b"Traceback" not in err
+    stats = lookup.statistics(lookup.load(lcd))
+    assert stats["observations"] > 4 * 50
