@@ -86,7 +86,8 @@ class Engine:
         except BaseException:
             t.close()
             raise
-        source = combine([*ngram_sources, *([dm] if dm else [])], draft_params.adaptive)
+        source = combine([*ngram_sources, *([dm] if dm else [])], draft_params.adaptive,
+                         draft_params.n_min)
         return cls(t, source, draft_params)
 
     def close(self) -> None:
@@ -251,14 +252,15 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str
     return sources
 
 
-def combine(sources: Sequence[DraftSource], adaptive: bool = False) -> DraftSource | None:
+def combine(sources: Sequence[DraftSource], adaptive: bool = False,
+            n_min: int = 0) -> DraftSource | None:
     """One source, a Chain of several (first proposal wins), or None; with `adaptive`
     (--draft auto) each gets its own k, over one shared verification-cost model."""
     if adaptive:
         cost = VerifyCost()
         # an n-gram proposal exists only when a long context matched: usually right
-        sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9)
-                   for i, s in enumerate(sources)]
+        sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9,
+                            n_min=max(n_min, 1)) for i, s in enumerate(sources)]
     return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
 
 

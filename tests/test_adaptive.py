@@ -105,3 +105,12 @@ def test_observe_is_forwarded_and_measures_the_verification():
     ad.observe(0)
     assert src.observed == [0]
     assert ad.cost._w == 1 and ad.acceptance < 0.6
+
+
+def test_k_respects_draft_min_so_learning_never_stops():
+    """A draft shorter than --draft-min is discarded before observe: choosing one would
+    freeze the estimates and switch speculation off for good."""
+    src = Echo()
+    ad = Adaptive(src, VerifyCost(), n_min=5, prior=0.05)
+    ad.propose([1], 64, SP, np.random.default_rng(0))
+    assert src.asked[-1] >= 5

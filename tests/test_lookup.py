@@ -248,3 +248,15 @@ def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, 
     assert b"Traceback" not in err
     stats = lookup.statistics(lookup.load(lcd))
     assert stats["observations"] > 4 * 50
+
+
+def test_counts_saturate_and_repeated_records_keep_the_first(tmp_path):
+    p = tmp_path / "big.bin"
+    lookup.save({g(1): {2: 2**31 - 1}}, p)
+    big = lookup.load(p)
+    lookup.merge(big, {g(1): {2: 5}})
+    lookup.save(big, p)
+    assert lookup.load(p)[g(1)] == {2: 2**31 - 1}
+    twice = write_ints(tmp_path / "twice.bin", [1, NULL, NULL, NULL, 1, 2, 3,
+                                                1, NULL, NULL, NULL, 1, 2, 9])
+    assert lookup.load(twice)[g(1)] == {2: 3}

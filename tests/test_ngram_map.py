@@ -120,3 +120,12 @@ def test_begin_keeps_what_still_holds_and_forgets_what_changed():
     src.begin([5, *changed[1:]])  # the first token changed: every position is suspect
     assert src._keys == {} and src._hash == {}
     assert propose(src, changed) == [3, 4, 5]
+
+
+def test_a_draft_cut_by_k_and_accepted_whole_keeps_the_longer_memory():
+    src = started(H)
+    assert propose(src, H, k=2) == [3, 4]
+    src.observe(2)
+    assert propose(src, H) == [3, 4, 5], "k, not the key, was the limit"
+    src.observe(1)
+    assert propose(src, H) == [3]

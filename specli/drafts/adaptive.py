@@ -62,8 +62,10 @@ class Adaptive:
     """Wraps one draft source; caps the k it is asked for at the current best length."""
 
     def __init__(self, source: DraftSource, cost: VerifyCost, seed: int = 0,
-                 prior: float = 0.7, clock: Callable[[], float] = time.perf_counter):
+                 prior: float = 0.7, n_min: int = 1,
+                 clock: Callable[[], float] = time.perf_counter):
         self.source = source
+        self.n_min = n_min  # --draft-min: a shorter draft is discarded, and nothing is learnt
         self.prior = prior  # per-token acceptance assumed before any is measured
         self._clock = clock
         self.name = source.name
@@ -107,7 +109,7 @@ class Adaptive:
         k = int(ks[np.argmax(expected / seconds)])
         if self._rng.random() < EXPLORE:
             k += int(self._rng.choice((-1, 1)))
-        return min(max(k, 1), k_max)
+        return min(max(k, self.n_min, 1), k_max)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self._pending = None

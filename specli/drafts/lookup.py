@@ -21,6 +21,7 @@ from specli.errors import SpecliError
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN / _MAX / _STATIC
 NULL = -1  # LLAMA_TOKEN_NULL pads n-grams shorter than NGRAM_MAX
+INT32_MAX = 2**31 - 1  # counts saturate here in a file
 
 # a draft stops when the best continuation has fewer samples or a lower share than these,
 # indexed by n-gram size - 1 (llama.cpp's draft_min_sample_size/percent)
@@ -67,8 +68,11 @@ def _try_static(static: Cache, ngram: Ngram) -> int:
     part = static.get(ngram)
     if not part:
         return NULL
-    best, best_count = max(part.items(), key=lambda tc: tc[1])
-    total = sum(part.values())
+    best, best_count, total = NULL, 0, 0
+    for t, c in reversed(part.items()):  # ties go to the newest, as in _try_primary
+        if c > best_count:
+            best, best_count = t, c
+        total += c
     if total < MIN_SAMPLES_LAX[NGRAM_STATIC - 1]:
         return NULL
     if 100 * best_count < MIN_PERCENT_LAX[NGRAM_STATIC - 1] * total:
@@ -158,7 +162,10 @@ def load(path: str | os.PathLike, n_vocab: int | None = None) -> Cache:
         toks, counts = pairs[0::2], pairs[1::2]
         if any(not 0 <= t < limit for t in toks) or any(c <= 0 for c in counts):
             raise _corrupt(p, f"bad continuation at byte {4 * i + 20}")
-        cache[g] = dict(zip(toks, counts, strict=True))  # type: ignore[index]
+        part: dict[int, int] = {}
+        for t, c in zip(toks, counts, strict=True):
+            part.setdefault(t, c)  # a repeat keeps the first, as llama.cpp's emplace does
+        cache.setdefault(g, part)  # type: ignore[arg-type]
         i += 5 + 2 * n
     return cache
 
@@ -180,28 +187,38 @@ def save(cache: Cache, path: str | os.PathLike) -> None:
         ints.append(len(part))
         for t, c in part.items():
             ints.extend((t, c))
+    p = Path(os.path.realpath(p))  # write through a symlink, as llama.cpp does
+    data = np.asarray(ints, dtype=np.int64).clip(max=INT32_MAX).astype(np.int32)  # saturate
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent or ".")
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     except OSError as e:
-        raise LookupCacheError(f"cannot write lookup cache {p}: {e.strerror}") from None
+        raise LookupCacheError(f"cannot write lookup cache {p}: {e.strerror or e}") from None
     try:
-        try:  # keep the mode of the file it replaces; a new one gets the umask's default
-            mode = p.stat().st_mode & 0o7777
-        except OSError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(np.asarray(ints, dtype=np.int32).tobytes())
+            try:  # keep the mode of the file it replaces; a new one gets the umask's default
+                mode = p.stat().st_mode & 0o7777
+            except OSError:
+                umask = os.umask(0)
+                os.umask(umask)
+                mode = 0o666 & ~umask
+            os.fchmod(f.fileno(), mode)
+            f.write(data.tobytes())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if isinstance(e, OSError):
-            raise LookupCacheError(f"cannot write lookup cache {p}: {e.strerror}") from e
+            raise LookupCacheError(f"cannot write lookup cache {p}: {e.strerror or e}") from e
         raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(p.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
 
 
 def statistics(cache: Cache) -> dict:
@@ -270,6 +287,7 @@ class NgramCache:
             return
         merge(self.dynamic, self.context)
         self.context = {}
+        self._n_seen = 0
         save(self.dynamic, self.dynamic_path)
 
 

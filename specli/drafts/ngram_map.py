@@ -40,9 +40,10 @@ class NgramMap:
 
     As in llama.cpp, a value drafts no more tokens than the target accepted the last time it
     was drafted (m at first), the hash keeps a key's earliest indexed position, and positions
-    within n + m of the start of generation are not indexed. One deliberate difference: k4v
+    within n + m of the start of generation are not indexed. Two deliberate differences: k4v
     drafts the chosen value's own tokens (llama.cpp copies those after the latest match, which
-    need not be the value it chose).
+    need not be the value it chose), and a draft that k cut short and the target accepted whole
+    does not shrink the value's memory (llama.cpp never cuts n-gram drafts).
     """
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1,
@@ -54,7 +55,9 @@ class NgramMap:
         self._hash_last = 0  # key_map_last_idx: positions above it are not hashed yet
         self._begin = 0  # size_last_begin: history length when generation began
         self._history: Sequence[int] = ()  # the history positions refer to
-        self._last: tuple[_Key, int] | None = None  # key and value of the last draft
+        # key and value of the last draft, its length, and whether k (not the value's memory)
+        # cut it short
+        self._last: tuple[_Key, int, int, bool] | None = None
 
     def _slot(self, tokens: Sequence[int], start: int) -> int:
         h = 0
@@ -167,8 +170,9 @@ class NgramMap:
         key.stat_idx = match
 
     def _draft(self, key: _Key, value: int, start: int, k: int) -> Proposal:
-        n_draft = min(self.m, key.values[value].n_accepted, k)
-        self._last = (key, value)
+        n_own = min(self.m, key.values[value].n_accepted)
+        n_draft = min(n_own, k)
+        self._last = (key, value, n_draft, n_draft < n_own)
         return Proposal(list(self._history[start:start + n_draft]), source=self.name)
 
     def rewind(self, n_keep: int) -> None:
@@ -176,8 +180,11 @@ class NgramMap:
 
     def observe(self, n_accepted: int) -> None:
         if self._last is not None:
-            key, value = self._last
-            key.values[value].n_accepted = n_accepted
+            key, value, n_draft, cut_by_k = self._last
+            # a draft that k cut short and the target accepted whole says nothing against the
+            # longer one (llama.cpp never cuts n-gram drafts, so it has no such case)
+            if not (cut_by_k and n_accepted == n_draft):
+                key.values[value].n_accepted = n_accepted
 
     def end(self) -> None:
         pass
