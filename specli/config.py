@@ -33,12 +33,14 @@ class SamplingParams:
 @dataclass(frozen=True)
 class DraftParams:
     """How much to draft per step (llama.cpp's --draft-max/--draft-min/--draft-p-min).
-    adaptive: --draft auto, k chosen each step up to n_max."""
+    n_max caps the draft model and ngram-cache; the other n-gram types draft up to their own m
+    unless cap_ngram (--draft given explicitly). adaptive: --draft auto, k chosen each step."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
     p_min: float = 0.0
     adaptive: bool = False
+    cap_ngram: bool = False
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from specli.config import (
 )
 from specli.drafts import (
     Adaptive,
+    Capped,
     Chain,
     DraftSource,
     ModelDraft,
@@ -78,7 +79,8 @@ class Engine:
         if draft is not None:
             pairing.ensure_compatible(target.path, draft.path)
         # n-gram sources first: their lookup-cache files are read before any weights
-        ngram_sources = ngram_drafts(spec_types, ngram, target.path, draft_params.n_max)
+        ngram_sources = ngram_drafts(spec_types, ngram, target.path, draft_params.n_max,
+                                     cap=draft_params.cap_ngram)
         t = Model(target)
         try:
             dm = ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab,
@@ -226,10 +228,10 @@ class Engine:
 
 
 def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str,
-                 n_draft: int = DEFAULT_DRAFT_MAX) -> list[DraftSource]:
+                 n_draft: int = DEFAULT_DRAFT_MAX, cap: bool = False) -> list[DraftSource]:
     """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
-    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod); ngram-cache, like
-    llama-lookup, up to --draft (n_draft). Lookup-cache files are read here."""
+    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod), or n_draft with `cap`;
+    ngram-cache, like llama-lookup, up to n_draft. Lookup-cache files are read here."""
     unknown = set(spec_types) - set(SPEC_TYPES)
     if unknown:
         raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
@@ -245,6 +247,8 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str
                                 ngram.map_k4v_min_hits, key_only=False))
     if "ngram-mod" in spec_types:
         sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
+    if cap:
+        sources = [Capped(s, n_draft) for s in sources]
     if "ngram-cache" in spec_types:
         n_vocab = pairing.read_tokenizer(target_path).n_vocab
         sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab,

@@ -178,3 +178,17 @@ def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
     assert plain.returncode == spec.returncode == 0, spec.stderr
     assert json.loads(spec.stdout)["text"] == json.loads(plain.stdout)["text"]
     assert json.loads(spec.stdout)["stats"]["n_drafted"] > 0
+
+
+def test_an_explicit_draft_caps_ngram_types_too(f32):
+    args = ("run", "-m", f32, "--spec-type", "ngram-simple", "--spec-ngram-size-n", "3",
+            "--chat", "-n", "64", "--temp", "0", "-t", "2", "--json", "-p",
+            "Repeat exactly: one two three four five six seven eight nine ten "
+            "one two three four five six seven eight nine ten")
+    free, capped = specli(*args), specli(*args, "--draft", "2")
+    assert free.returncode == capped.returncode == 0, capped.stderr
+    f = json.loads(free.stdout)["stats"]["per_source"]["ngram-simple"]
+    c = json.loads(capped.stdout)["stats"]["per_source"]["ngram-simple"]
+    assert f["gen_tokens"] > 2 * f["gen_drafts"], "by default a match drafts up to its m"
+    assert 0 < c["gen_tokens"] <= 2 * c["gen_drafts"]
+    assert json.loads(free.stdout)["text"] == json.loads(capped.stdout)["text"]

@@ -86,12 +86,13 @@ LookupDynamic = Annotated[str | None, typer.Option(
     "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if it "
     "exists, updated atomically after the run. Implies --spec-type ngram-cache.",
     rich_help_panel=NGRAM, show_default=False)]
-DraftMax = Annotated[str, typer.Option(
+DraftMax = Annotated[str | None, typer.Option(
     "--draft", "--draft-max", "--spec-draft-n-max", metavar="K|auto",
-    help="Most tokens the draft model (and ngram-cache) drafts per step (k); the other "
-    "n-gram types draft up to their own m, as in llama.cpp. `auto`: k chosen each step, per "
-    f"source, from the measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
-    rich_help_panel=DRAFTING)]
+    help="Most tokens drafted per step (k). Default: 8 for the draft model and ngram-cache, "
+    "while the other n-gram types draft up to their own m, as in llama.cpp; given "
+    "explicitly, K caps them too. `auto`: k chosen each step, per source, from the measured "
+    f"acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
+    rich_help_panel=DRAFTING, show_default=False)]
 DraftMin = Annotated[int, typer.Option(
     "--draft-min", "--spec-draft-n-min",
     help="A draft shorter than this is not verified.", rich_help_panel=DRAFTING)]

@@ -53,7 +53,7 @@ def run(
     ngram_mod_n_min: o.NgramModMin = 48,
     lookup_cache_static: o.LookupStatic = None,
     lookup_cache_dynamic: o.LookupDynamic = None,
-    draft: o.DraftMax = o.DEFAULTS["draft_max"],
+    draft: o.DraftMax = None,
     draft_min: o.DraftMin = 0,
     draft_p_min: o.DraftPMin = 0.0,
     no_spec: o.NoSpec = False,
@@ -86,7 +86,7 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
-    k, adaptive = o.parse_draft(draft)
+    k, adaptive = o.parse_draft(draft if draft is not None else o.DEFAULTS["draft_max"])
     _check_ranges(k, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
     if simple_min_hits is not None and simple_min_hits < 1:
         raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
@@ -136,7 +136,8 @@ def run(
     with _status("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
                              DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min,
-                                         adaptive=adaptive),
+                                         adaptive=adaptive,
+                                         cap_ngram=draft is not None and not adaptive),
                              spec_types=types, ngram=ngram)
     try:
         if engine.draft is None and not no_spec and not json_out:

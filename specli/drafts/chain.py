@@ -46,3 +46,27 @@ class Chain:
     def end(self) -> None:
         for s in self.sources:
             s.end()
+
+
+class Capped:
+    """A source asked for at most n_max tokens per step: `--draft K` given explicitly on an
+    n-gram type, which otherwise drafts up to its own m, as in llama.cpp."""
+
+    def __init__(self, source: DraftSource, n_max: int):
+        self.source, self.n_max, self.name = source, n_max, source.name
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.source.begin(prompt)
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator) -> Proposal:
+        return self.source.propose(context, min(k, self.n_max), sp, rng)
+
+    def rewind(self, n_keep: int) -> None:
+        self.source.rewind(n_keep)
+
+    def observe(self, n_accepted: int) -> None:
+        self.source.observe(n_accepted)
+
+    def end(self) -> None:
+        self.source.end()
