@@ -155,8 +155,11 @@ def main() -> None:
                 # well: compare with specli over as many tokens as native output
                 n_same = r.n_predict if plain.stats.finish_reason == "length" else args.n
                 out = engine([t], 8).complete(ids, n_same, greedy)
-                same.setdefault((name, t), []).append(out.stats.decode_tps
-                                                      / fair_tps(r, out.stats))
+                # both sides count the end-of-generation token, which native counts and
+                # specli decodes but does not count in decode_tps
+                s = out.stats
+                ours = (s.n_predict + (s.finish_reason == "stop")) / s.t_decode_s
+                same.setdefault((name, t), []).append(ours / fair_tps(r, s))
 
     labels = ["target alone", *configs] + ([f"native {t}" for t in NGRAM_TYPES] if bin_dir
                                            else [])
@@ -203,7 +206,8 @@ def main() -> None:
                          f"{score[f'{family} auto'] / score[best]:.2f}")
     if same:
         lines += ["", "specli / native decode speed over the same number of tokens (specli "
-                  "rerun with -n = what native output), median per prompt, then geomean:", "",
+                  "rerun with -n = what native output; an end-of-generation token counts on "
+                  "both sides), median per prompt, then geomean:", "",
                   "| --spec-type | " + " | ".join(prompts) + " | grounded | open |",
                   "|---|" + "---:|" * (len(prompts) + 2)]
         for t in NGRAM_TYPES:
