@@ -78,6 +78,8 @@ class Engine:
         ngram = ngram or NgramParams()
         if draft is not None:
             pairing.ensure_compatible(target.path, draft.path)
+        else:  # a damaged header is one clear error, before llama.cpp sees the file
+            pairing.read_header(target.path, set())
         # n-gram sources first: their lookup-cache files are read before any weights
         ngram_sources = ngram_drafts(spec_types, ngram, target.path, draft_params.n_max,
                                      cap=draft_params.cap_ngram)

@@ -55,13 +55,7 @@ _WANTED = {
 
 def read_tokenizer(path: str) -> TokenizerInfo:
     """Read the tokenizer metadata of a GGUF file; ModelFileError if it is not a readable GGUF."""
-    if not os.path.isfile(path):
-        raise ModelFileError(f"model file not found: {path}")
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            kv = _read_kv(mm, path, _WANTED)
-    except (OSError, ValueError) as e:  # mmap of an empty file raises ValueError
-        raise ModelFileError(f"cannot read {path}: {e}") from e
+    kv = read_header(path, _WANTED)
     model, pre = kv.get("tokenizer.ggml.model"), kv.get("tokenizer.ggml.pre")
     bos, eos, add_bos, add_eos = _defaults(model, pre)
     add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", add_bos))
@@ -119,56 +113,109 @@ _SCALARS = {
 }
 
 
+def read_header(path: str, wanted: set[str]) -> dict:
+    """The wanted keys of a GGUF file's key/value section, read straight from the header.
+
+    Safe on hostile files: every claimed length and count is checked against the bytes left
+    before anything is read or allocated, so a bad file fails at once, in one
+    ModelFileError line that says what is wrong.
+    """
+    if not os.path.exists(path):
+        raise ModelFileError(f"model file not found: {path}")
+    if not os.path.isfile(path):
+        raise _invalid(path, "not a regular file")
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise _invalid(path, "empty file")
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                return _read_kv(mm, path, wanted)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _invalid(path: str, why: str) -> ModelFileError:
+    return ModelFileError(f"{path} is not a valid GGUF file ({why})",
+                          hint="specli reads llama.cpp GGUF models")
+
+
+_MAX_KV = 1 << 20  # far beyond any real model's metadata
+_MIN_TENSOR_INFO = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
+
+
 def _read_kv(buf, path: str, wanted: set[str]) -> dict:
+    size = len(buf)
     if buf[:4] != b"GGUF":
-        raise ModelFileError(f"not a GGUF file: {path}", hint="specli reads llama.cpp GGUF models")
+        raise _invalid(path, f"wrong magic {bytes(buf[:4])!r}: not a GGUF file")
     try:
         (version,) = struct.unpack_from("<I", buf, 4)
         bo = "<" if version & 0xFFFF else ">"  # a big-endian file reads as a huge version
         (version,) = struct.unpack_from(bo + "I", buf, 4)
-        if version < 2:
-            raise ModelFileError(f"GGUF version {version} is too old: {path}")
-        _, n_kv = struct.unpack_from(bo + "QQ", buf, 8)
-        pos, out = 24, {}
+        if version not in (2, 3):
+            raise _invalid(path, f"unsupported GGUF version {version}")
+        n_tensors, n_kv = struct.unpack_from(bo + "QQ", buf, 8)
+        if n_kv > _MAX_KV or n_kv * 12 > size:
+            raise _invalid(path, f"claims {n_kv} metadata keys")
+        if n_tensors * _MIN_TENSOR_INFO > size:
+            raise _invalid(path, f"claims {n_tensors} tensors: truncated or damaged")
+        pos, out, seen = 24, {}, set()
+
+        def need(pos: int, n: int, what: str) -> None:
+            if n > size - pos:
+                raise _invalid(path, f"{what} runs past the end of the file: truncated")
 
         def string(pos: int) -> tuple[str, int]:
+            need(pos, 8, "a string length")
             (n,) = struct.unpack_from(bo + "Q", buf, pos)
-            end = pos + 8 + n
-            if end > len(buf):
-                raise struct.error("string past the end of the file")
-            return bytes(buf[pos + 8:end]).decode("utf-8", "surrogateescape"), end
+            need(pos + 8, n, f"a string of {n} bytes at byte {pos}")
+            try:
+                return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
+            except UnicodeDecodeError:
+                raise _invalid(path, f"the string at byte {pos} is not UTF-8") from None
 
-        def value(vtype: int, pos: int, keep: bool):
+        def value(vtype: int, pos: int, keep: bool, depth: int = 0):
             if vtype == GGUFValueType.STRING:
                 return string(pos)
             if vtype == GGUFValueType.ARRAY:
+                if depth > 2:
+                    raise _invalid(path, f"arrays nested too deep at byte {pos}")
+                need(pos, 12, "an array header")
                 etype, n = struct.unpack_from(bo + "IQ", buf, pos)
                 pos += 12
                 if etype in _SCALARS:  # fixed-size elements: skip (or read) in one go
-                    size = struct.calcsize(_SCALARS[etype]) * n
-                    if pos + size > len(buf):
-                        raise struct.error("array past the end of the file")
+                    item = struct.calcsize(_SCALARS[etype])
+                    need(pos, n * item, f"an array of {n} elements")
                     items = (list(struct.unpack_from(f"{bo}{n}{_SCALARS[etype]}", buf, pos))
                              if keep else None)
-                    return items, pos + size
+                    return items, pos + n * item
+                if etype not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+                    raise _invalid(path, f"unknown value type {etype} at byte {pos - 12}")
+                need(pos, n * 8, f"an array of {n} elements")  # each at least a length
                 items = [] if keep else None
                 for _ in range(n):
-                    v, pos = value(etype, pos, keep)
+                    v, pos = value(etype, pos, keep, depth + 1)
                     if keep:
                         items.append(v)
                 return items, pos
+            if vtype not in _SCALARS:
+                raise _invalid(path, f"unknown value type {vtype} at byte {pos - 4}")
             fmt = bo + _SCALARS[GGUFValueType(vtype)]
+            need(pos, struct.calcsize(fmt), "a value")
             return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
 
         for _ in range(n_kv):
             key, pos = string(pos)
+            if key in seen:  # llama.cpp's loader refuses these too
+                raise _invalid(path, f"duplicated key {key!r}")
+            seen.add(key)
+            need(pos, 4, "a value type")
             (vtype,) = struct.unpack_from(bo + "I", buf, pos)
             v, pos = value(vtype, pos + 4, key in wanted)
             if key in wanted:
                 out[key] = v
         return out
-    except (struct.error, ValueError, KeyError, RecursionError) as e:
-        raise ModelFileError(f"damaged or truncated GGUF file: {path} ({e})") from e
+    except (struct.error, OverflowError, MemoryError) as e:
+        raise _invalid(path, f"damaged or truncated: {e}") from None
 
 
 def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:

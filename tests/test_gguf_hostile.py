@@ -1,0 +1,83 @@
+"""Hostile GGUF headers: each is one clear error (exit 2), at once, with no allocation sized by
+a claimed length (issue 4, part 6)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+import pytest
+from conftest import specli
+
+from specli.errors import ModelFileError
+from specli.pairing import read_tokenizer
+
+STRING, ARRAY, UINT32 = 8, 9, 4
+
+
+def s(text: bytes) -> bytes:
+    return struct.pack("<Q", len(text)) + text
+
+
+def header(n_kv: int, body: bytes = b"", n_tensors: int = 0, version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv) + body
+
+
+def kv_string(key: bytes, value: bytes) -> bytes:
+    return s(key) + struct.pack("<I", STRING) + s(value)
+
+
+ARCH = kv_string(b"general.architecture", b"llama")
+
+CASES = {
+    "wrong magic": (b"GGML" + b"\0" * 40, "wrong magic"),
+    "unsupported version": (header(0, version=99), "unsupported GGUF version 99"),
+    "string length 2^63": (header(1, s(b"general.architecture")[:0] + struct.pack("<Q", 2**63)),
+                           "past the end"),
+    "10^12 keys": (header(10**12), "claims 1000000000000 metadata keys"),
+    "10^12 tensors": (header(1, ARCH, n_tensors=10**12), "tensors"),
+    "array of 2^40 elements": (header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, 2**40)), "array of 1099511627776 elements"),
+    "array of 2^40 scalars": (header(1, s(b"tokenizer.ggml.scores") + struct.pack(
+        "<IIQ", ARRAY, UINT32, 2**40)), "array of 1099511627776 elements"),
+    "duplicated key": (header(2, ARCH + ARCH), "duplicated key"),
+    "non-UTF-8 key": (header(1, kv_string(b"general.\xff\xfe", b"x")), "not UTF-8"),
+    "non-UTF-8 token": (header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, 1) + s(b"\xc3\x28")), "not UTF-8"),
+    "unknown value type": (header(1, s(b"general.x") + struct.pack("<I", 77)),
+                           "unknown value type 77"),
+    "truncated value": (header(1, s(b"general.x") + struct.pack("<I", UINT32) + b"\1"),
+                        "truncated"),
+    "empty file": (b"", "empty file"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hostile_headers_are_one_clear_error_at_once(tmp_path, name):
+    data, needle = CASES[name]
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(data)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelFileError) as e:
+        read_tokenizer(str(p))
+    assert time.perf_counter() - t0 < 1.0
+    assert "is not a valid GGUF file" in e.value.message and needle in e.value.message, \
+        e.value.message
+
+
+def test_a_directory_and_a_fifo_are_not_gguf_files(tmp_path):
+    fifo = tmp_path / "fifo.gguf"
+    os.mkfifo(fifo)  # opening it for reading would block: it must never be opened
+    for p in (tmp_path, fifo):
+        with pytest.raises(ModelFileError, match="not a regular file"):
+            read_tokenizer(str(p))
+
+
+def test_the_cli_says_it_in_one_line_and_exits_2(tmp_path):
+    p = tmp_path / "dup.gguf"
+    p.write_bytes(CASES["duplicated key"][0])
+    r = specli("run", "-m", str(p), "-p", "hi")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not a valid GGUF file (duplicated key" in lines[0], r.stderr
