@@ -76,12 +76,17 @@ class Engine:
         model, which is used whenever `draft` is given."""
         draft_params = draft_params or DraftParams()
         ngram = ngram or NgramParams()
-        if draft is not None:
-            pairing.ensure_compatible(target.path, draft.path)
-        else:  # a damaged header is one clear error, before llama.cpp sees the file
+        # the target's header is read once, before any weights: a damaged one is one clear
+        # error; the tokenizer is parsed only when a pair or a lookup cache needs it
+        n_vocab = None
+        if draft is not None or "ngram-cache" in spec_types:
+            info = pairing.read_tokenizer(target.path)
+            n_vocab = info.n_vocab
+            if draft is not None:
+                pairing.ensure_compatible(info, draft.path)
+        else:
             pairing.read_header(target.path, set())
-        # n-gram sources first: their lookup-cache files are read before any weights
-        ngram_sources = ngram_drafts(spec_types, ngram, target.path, draft_params.n_max,
+        ngram_sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
                                      cap=draft_params.cap_ngram)
         t = Model(target)
         try:
@@ -229,11 +234,12 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
-def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str,
+def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None = None,
                  n_draft: int = DEFAULT_DRAFT_MAX, cap: bool = False) -> list[DraftSource]:
     """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
     As in llama.cpp, each drafts up to its own m (n_max for ngram-mod), or n_draft with `cap`;
-    ngram-cache, like llama-lookup, up to n_draft. Lookup-cache files are read here."""
+    ngram-cache, like llama-lookup, up to n_draft. Lookup-cache files are read here, token
+    ids checked against n_vocab (the target's)."""
     unknown = set(spec_types) - set(SPEC_TYPES)
     if unknown:
         raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
@@ -252,7 +258,6 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, target_path: str
     if cap:
         sources = [Capped(s, n_draft) for s in sources]
     if "ngram-cache" in spec_types:
-        n_vocab = pairing.read_tokenizer(target_path).n_vocab
         sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab,
                                              n_draft))
     return sources

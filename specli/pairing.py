@@ -241,9 +241,11 @@ def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:
     return Verdict(True)
 
 
-def ensure_compatible(target_path: str, draft_path: str) -> None:
+def ensure_compatible(target: str | TokenizerInfo, draft_path: str) -> None:
     """Raise IncompatiblePairError (exit 1) naming the failed rule, or return quietly."""
-    verdict = check_pair(read_tokenizer(target_path), read_tokenizer(draft_path))
+    if isinstance(target, str):
+        target = read_tokenizer(target)
+    verdict = check_pair(target, read_tokenizer(draft_path))
     if not verdict.ok:
         raise IncompatiblePairError(
             f"incompatible draft/target pair ({verdict.rule}): {verdict.message}",

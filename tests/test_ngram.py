@@ -113,7 +113,7 @@ def engines(f32, q4_1):
     made = {}
     for kind, (types, extra, with_model, auto) in KINDS.items():
         dp = DraftParams(n_max=DRAFT_AUTO_MAX, adaptive=True) if auto else DraftParams()
-        sources = ngram_drafts(types, NgramParams(**extra), f32, dp.n_max)
+        sources = ngram_drafts(types, NgramParams(**extra), target.n_vocab, dp.n_max)
         if with_model:
             sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab,
                                       n_max=dp.n_max))

@@ -77,10 +77,7 @@ def create(
         tok.close()
     if not n_tokens:
         raise UsageError(f"corpus is empty: {file}")
-    lookup.save(cache, output)
-    s = lookup.statistics(cache)
-    err.print(f"{file}: {n_tokens} tokens -> {s['ngrams']} bigrams, {s['continuations']} "
-              f"continuations; wrote {output}", markup=False)
+    _save(cache, output, f"{file}: {n_tokens} tokens ->")
 
 
 @app.command()
@@ -96,10 +93,7 @@ def merge(
     merged: lookup.Cache = {}
     for p in inputs:
         lookup.merge(merged, lookup.load(p))
-    lookup.save(merged, output)
-    s = lookup.statistics(merged)
-    err.print(f"merged {len(inputs)} caches: {s['ngrams']} n-grams, {s['observations']} "
-              f"observations; wrote {output}", markup=False)
+    _save(merged, output, f"merged {len(inputs)} caches:")
 
 
 @app.command()
@@ -125,6 +119,13 @@ def stats(
                          f"  ngrams        = {r['ngrams']} ({sizes or 'none'})\n"
                          f"  continuations = {r['continuations']}\n"
                          f"  observations  = {r['observations']}\n")
+
+
+def _save(cache: lookup.Cache, output: Path, what: str) -> None:
+    lookup.save(cache, output)
+    s = lookup.statistics(cache)
+    err.print(f"{what} {s['ngrams']} n-grams, {s['continuations']} continuations, "
+              f"{s['observations']} observations; wrote {output}", markup=False)
 
 
 def _size(file: Path) -> int:
