@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-COMMANDS = [[], ["run"], ["lookup"], ["lookup", "create"], ["lookup", "merge"], ["lookup", "stats"]]
+COMMANDS = [[], ["run"], ["check-pair"], ["info"], ["lookup"], ["lookup", "create"],
+            ["lookup", "merge"], ["lookup", "stats"]]
 
 
 def help_text(args: list[str]) -> str:

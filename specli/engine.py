@@ -39,6 +39,7 @@ from specli.drafts import (
     VerifyCost,
 )
 from specli.errors import ContextOverflowError, UsageError
+from specli.ggufmeta import read_header
 from specli.stats import ModelPerf, Stats
 from specli.verify import verify
 
@@ -85,7 +86,7 @@ class Engine:
             if draft is not None:
                 pairing.ensure_compatible(info, draft.path)
         else:
-            pairing.read_header(target.path, set())
+            read_header(target.path)
         ngram_sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
                                      cap=draft_params.cap_ngram)
         t = Model(target)

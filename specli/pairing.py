@@ -1,23 +1,33 @@
-"""Draft/target compatibility from GGUF metadata alone (the `gguf` package, no weights loaded).
+"""Draft/target compatibility from GGUF metadata alone (no weights loaded).
 
-One policy, `check_pair`, used by engine load and (later) by `specli check-pair`: llama.cpp's
-rules from common/speculative.cpp, so a pair specli accepts is one llama.cpp accepts too.
+One policy, `check_pair`, used by engine load and by `specli check-pair`: llama.cpp's rules
+from common/speculative.cpp, so a pair specli accepts is one llama.cpp accepts too. `compare`
+adds what a user wants to know before loading both: the fields side by side, and warnings that
+do not fail (pre-tokenizer, chat template, relative size, architecture family).
 """
 
 from __future__ import annotations
 
-import mmap
-import os
-import struct
-from dataclasses import dataclass
+import hashlib
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass
 
-from gguf import GGUFValueType
+from gguf import LlamaFileType
+from gguf.utility import model_weight_count_rounded_notation
 
-from specli.errors import IncompatiblePairError, ModelFileError
+from specli.errors import IncompatiblePairError
+from specli.ggufmeta import Header, read_header
 
 # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID
 VOCAB_MAX_SIZE_DIFFERENCE = 128
 VOCAB_CHECK_START_TOKEN_ID = 5
+# the seeds' rule of thumb: a draft of at most 5% (seed 000) to 20% (seed 002, "5-20x
+# smaller") of the target's parameters; above 20% a draft costs too much to pay off
+DRAFT_RATIO_IDEAL = 0.05
+DRAFT_RATIO_MAX = 0.20
+
+TOKENS, MERGES = "tokenizer.ggml.tokens", "tokenizer.ggml.merges"
 
 
 @dataclass(frozen=True)
@@ -33,10 +43,50 @@ class TokenizerInfo:
     eos_id: int | None
     add_bos: bool | None
     add_eos: bool | None
+    eot_id: int | None = None
+    pad_id: int | None = None
+    tokens_sha256: str | None = None  # of the token list as stored in the file
+    merges_sha256: str | None = None
+    n_merges: int = 0
+    chat_template: str | None = None
 
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    def to_dict(self) -> dict:
+        t = self.chat_template
+        return {
+            "model": self.model, "vocab_type": vocab_type(self.model), "pre": self.pre,
+            "n_vocab": self.n_vocab, "bos_id": self.bos_id, "add_bos": self.add_bos,
+            "eos_id": self.eos_id, "add_eos": self.add_eos, "eot_id": self.eot_id,
+            "pad_id": self.pad_id, "tokens_sha256": self.tokens_sha256,
+            "merges_sha256": self.merges_sha256, "n_merges": self.n_merges,
+            "chat_template": t is not None,
+            "chat_template_sha256": _sha(t) if t is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What `check-pair` and `info` say about one file, from its header alone."""
+
+    path: str
+    file_size: int
+    architecture: str | None
+    name: str | None
+    size_label: str  # general.size_label, else rounded from the parameter count
+    n_params: int  # from the tensor shapes
+    file_type: str | None  # Q4_K_M, F16, ...
+    context_length: int | None
+    n_tensors: int
+    tensor_types: dict[str, int]  # GGML type -> tensor count
+    tokenizer: TokenizerInfo
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "tokenizer"}
+        d["tokenizer"] = self.tokenizer.to_dict()
+        return d
 
 
 @dataclass(frozen=True)
@@ -46,32 +96,73 @@ class Verdict:
     message: str = "compatible"
 
 
-_WANTED = {
-    "general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
-    "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-}
-
-
 def read_tokenizer(path: str) -> TokenizerInfo:
     """Read the tokenizer metadata of a GGUF file; ModelFileError if it is not a readable GGUF."""
-    kv = read_header(path, _WANTED)
+    return tokenizer_info(read_header(path, {TOKENS}))
+
+
+def read_model_info(path: str) -> ModelInfo:
+    """Everything `check-pair` compares, from the header and tensor index only."""
+    return model_info(read_header(path, {TOKENS}))
+
+
+def tokenizer_info(h: Header) -> TokenizerInfo:
+    kv = h.kv
     model, pre = kv.get("tokenizer.ggml.model"), kv.get("tokenizer.ggml.pre")
     bos, eos, add_bos, add_eos = _defaults(model, pre)
     add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", add_bos))
     if pre == "gemma4":  # llama.cpp forces BOS on for Gemma 4 whatever the file says
         add_bos = True
+    tokens, merges = h.arrays.get(TOKENS), h.arrays.get(MERGES)
     return TokenizerInfo(
-        path=path,
+        path=h.path,
         architecture=kv.get("general.architecture"),
         model=model,
         pre=pre,
-        tokens=tuple(kv.get("tokenizer.ggml.tokens", ())),
+        tokens=tuple(kv.get(TOKENS, ())),
         bos_id=kv.get("tokenizer.ggml.bos_token_id", bos),
         eos_id=kv.get("tokenizer.ggml.eos_token_id", eos),
         add_bos=add_bos,
         add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
+        eot_id=kv.get("tokenizer.ggml.eot_token_id"),
+        pad_id=kv.get("tokenizer.ggml.padding_token_id"),
+        tokens_sha256=tokens.sha256 if tokens else None,
+        merges_sha256=merges.sha256 if merges else None,
+        n_merges=merges.count if merges else 0,
+        chat_template=kv.get("tokenizer.chat_template"),
     )
+
+
+def model_info(h: Header) -> ModelInfo:
+    kv = h.kv
+    arch = kv.get("general.architecture")
+    label = kv.get("general.size_label")
+    n_params = h.n_params
+    if not isinstance(label, str) or not label:
+        label = model_weight_count_rounded_notation(n_params) if n_params else "?"
+    ctx = kv.get(f"{arch}.context_length") if arch else None
+    return ModelInfo(
+        path=h.path, file_size=h.file_size, architecture=arch, name=kv.get("general.name"),
+        size_label=label, n_params=n_params, file_type=file_type(h),
+        context_length=ctx if isinstance(ctx, int) else None, n_tensors=len(h.tensors),
+        tensor_types=dict(Counter(t.type for t in h.tensors).most_common()),
+        tokenizer=tokenizer_info(h),
+    )
+
+
+def file_type(h: Header) -> str | None:
+    """llama.cpp's file type name (general.file_type), else the type holding most bytes."""
+    ft = h.kv.get("general.file_type")
+    if isinstance(ft, int) and ft in LlamaFileType._value2member_map_ and ft != 1024:
+        return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    by_bytes = Counter()
+    for t in h.tensors:
+        by_bytes[t.type] += t.n_bytes
+    return by_bytes.most_common(1)[0][0] if by_bytes else None
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 # llama.cpp's vocabulary types and the defaults llama-vocab.cpp uses when a key is absent
@@ -103,141 +194,44 @@ def _defaults(model: str | None, pre: str | None) -> tuple[int | None, int | Non
     return None, None, False, False
 
 
-# The header walk reads only the key/value section, not the tensor index or data: gguf's
-# GGUFReader parses every field into numpy views, which takes seconds on a 262k-token vocab.
-_SCALARS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
-}
+def rules(target: TokenizerInfo, draft: TokenizerInfo) -> list[tuple[str, bool, str]]:
+    """llama.cpp's five compatibility rules, in its order: (rule, holds, what was found)."""
+    t, d = target, draft
+    out = [
+        ("vocab-type", vocab_type(t.model) == vocab_type(d.model),
+         f"vocab types differ: target {t.model}, draft {d.model}"),
+        ("bos", t.add_bos == d.add_bos and (not t.add_bos or t.bos_id == d.bos_id),
+         f"BOS differs: target add={t.add_bos} id={t.bos_id}, "
+         f"draft add={d.add_bos} id={d.bos_id}"),
+        ("eos", t.add_eos == d.add_eos and (not t.add_eos or t.eos_id == d.eos_id),
+         f"EOS differs: target add={t.add_eos} id={t.eos_id}, "
+         f"draft add={d.add_eos} id={d.eos_id}"),
+    ]
+    diff = abs(t.n_vocab - d.n_vocab)
+    out.append(("vocab-size", diff <= VOCAB_MAX_SIZE_DIFFERENCE,
+                f"vocab sizes differ by {diff} (more than {VOCAB_MAX_SIZE_DIFFERENCE}): "
+                f"target {t.n_vocab}, draft {d.n_vocab}"))
+    i = first_token_difference(t, d)
+    out.append(("token-text", i is None, "" if i is None else
+                f"token {i} differs: target {t.tokens[i]!r}, draft {d.tokens[i]!r}"))
+    return out
 
 
-def read_header(path: str, wanted: set[str]) -> dict:
-    """The wanted keys of a GGUF file's key/value section, read straight from the header.
-
-    Safe on hostile files: every claimed length and count is checked against the bytes left
-    before anything is read or allocated, so a bad file fails at once, in one
-    ModelFileError line that says what is wrong.
-    """
-    if not os.path.exists(path):
-        raise ModelFileError(f"model file not found: {path}")
-    if not os.path.isfile(path):
-        raise _invalid(path, "not a regular file")
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                raise _invalid(path, "empty file")
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _read_kv(mm, path, wanted)
-    except OSError as e:
-        raise ModelFileError(f"cannot read {path}: {e.strerror or e}") from None
-
-
-def _invalid(path: str, why: str) -> ModelFileError:
-    return ModelFileError(f"{path} is not a valid GGUF file ({why})",
-                          hint="specli reads llama.cpp GGUF models")
-
-
-_MAX_KV = 1 << 20  # far beyond any real model's metadata
-_MIN_TENSOR_INFO = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
-
-
-def _read_kv(buf, path: str, wanted: set[str]) -> dict:
-    size = len(buf)
-    if buf[:4] != b"GGUF":
-        raise _invalid(path, f"wrong magic {bytes(buf[:4])!r}: not a GGUF file")
-    try:
-        (version,) = struct.unpack_from("<I", buf, 4)
-        bo = "<" if version & 0xFFFF else ">"  # a big-endian file reads as a huge version
-        (version,) = struct.unpack_from(bo + "I", buf, 4)
-        if version not in (2, 3):
-            raise _invalid(path, f"unsupported GGUF version {version}")
-        n_tensors, n_kv = struct.unpack_from(bo + "QQ", buf, 8)
-        if n_kv > _MAX_KV or n_kv * 12 > size:
-            raise _invalid(path, f"claims {n_kv} metadata keys")
-        if n_tensors * _MIN_TENSOR_INFO > size:
-            raise _invalid(path, f"claims {n_tensors} tensors: truncated or damaged")
-        pos, out, seen = 24, {}, set()
-
-        def need(pos: int, n: int, what: str) -> None:
-            if n > size - pos:
-                raise _invalid(path, f"{what} runs past the end of the file: truncated")
-
-        def string(pos: int) -> tuple[str, int]:
-            need(pos, 8, "a string length")
-            (n,) = struct.unpack_from(bo + "Q", buf, pos)
-            need(pos + 8, n, f"a string of {n} bytes at byte {pos}")
-            try:
-                return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
-            except UnicodeDecodeError:
-                raise _invalid(path, f"the string at byte {pos} is not UTF-8") from None
-
-        def value(vtype: int, pos: int, keep: bool, depth: int = 0):
-            if vtype == GGUFValueType.STRING:
-                return string(pos)
-            if vtype == GGUFValueType.ARRAY:
-                if depth > 2:
-                    raise _invalid(path, f"arrays nested too deep at byte {pos}")
-                need(pos, 12, "an array header")
-                etype, n = struct.unpack_from(bo + "IQ", buf, pos)
-                pos += 12
-                if etype in _SCALARS:  # fixed-size elements: skip (or read) in one go
-                    item = struct.calcsize(_SCALARS[etype])
-                    need(pos, n * item, f"an array of {n} elements")
-                    items = (list(struct.unpack_from(f"{bo}{n}{_SCALARS[etype]}", buf, pos))
-                             if keep else None)
-                    return items, pos + n * item
-                if etype not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
-                    raise _invalid(path, f"unknown value type {etype} at byte {pos - 12}")
-                need(pos, n * 8, f"an array of {n} elements")  # each at least a length
-                items = [] if keep else None
-                for _ in range(n):
-                    v, pos = value(etype, pos, keep, depth + 1)
-                    if keep:
-                        items.append(v)
-                return items, pos
-            if vtype not in _SCALARS:
-                raise _invalid(path, f"unknown value type {vtype} at byte {pos - 4}")
-            fmt = bo + _SCALARS[GGUFValueType(vtype)]
-            need(pos, struct.calcsize(fmt), "a value")
-            return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
-
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            if key in seen:  # llama.cpp's loader refuses these too
-                raise _invalid(path, f"duplicated key {key!r}")
-            seen.add(key)
-            need(pos, 4, "a value type")
-            (vtype,) = struct.unpack_from(bo + "I", buf, pos)
-            v, pos = value(vtype, pos + 4, key in wanted)
-            if key in wanted:
-                out[key] = v
-        return out
-    except (struct.error, OverflowError, MemoryError) as e:
-        raise _invalid(path, f"damaged or truncated: {e}") from None
+def first_token_difference(t: TokenizerInfo, d: TokenizerInfo) -> int | None:
+    """The first id from 5 to the smaller vocabulary whose text differs, or None."""
+    if t.tokens_sha256 is not None and t.tokens_sha256 == d.tokens_sha256:
+        return None
+    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(t.n_vocab, d.n_vocab)):
+        if t.tokens[i] != d.tokens[i]:
+            return i
+    return None
 
 
 def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:
     """llama.cpp's compatibility rules, in its order; the first failure is the verdict."""
-    if vocab_type(target.model) != vocab_type(draft.model):
-        return Verdict(False, "vocab-type", f"vocab types differ: target {target.model}, "
-                       f"draft {draft.model}")
-    if target.add_bos != draft.add_bos or (target.add_bos and target.bos_id != draft.bos_id):
-        return Verdict(False, "bos", f"BOS differs: target add={target.add_bos} "
-                       f"id={target.bos_id}, draft add={draft.add_bos} id={draft.bos_id}")
-    if target.add_eos != draft.add_eos or (target.add_eos and target.eos_id != draft.eos_id):
-        return Verdict(False, "eos", f"EOS differs: target add={target.add_eos} "
-                       f"id={target.eos_id}, draft add={draft.add_eos} id={draft.eos_id}")
-    diff = abs(target.n_vocab - draft.n_vocab)
-    if diff > VOCAB_MAX_SIZE_DIFFERENCE:
-        return Verdict(False, "vocab-size", f"vocab sizes differ by {diff} (more than "
-                       f"{VOCAB_MAX_SIZE_DIFFERENCE}): target {target.n_vocab}, "
-                       f"draft {draft.n_vocab}")
-    for i in range(VOCAB_CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
-        if target.tokens[i] != draft.tokens[i]:
-            return Verdict(False, "token-text", f"token {i} differs: target {target.tokens[i]!r}, "
-                           f"draft {draft.tokens[i]!r}")
+    for rule, holds, message in rules(target, draft):
+        if not holds:
+            return Verdict(False, rule, message)
     return Verdict(True)
 
 
@@ -252,3 +246,155 @@ def ensure_compatible(target: str | TokenizerInfo, draft_path: str) -> None:
             rule=verdict.rule or "",
             hint="the draft must share the target's tokenizer (same model family)",
         )
+
+
+# -- the full comparison `specli check-pair` prints ----------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    """One compared field: display values and a status: ok, fail, warn, or info (no rule)."""
+
+    field: str
+    target: str
+    draft: str
+    status: str = "info"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class PairReport:
+    target: ModelInfo
+    draft: ModelInfo
+    verdict: Verdict
+    rows: tuple[Row, ...]
+    param_ratio: float | None  # draft parameters / target parameters
+    byte_ratio: float | None  # draft file size / target file size
+
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{r.field}: {r.note}" for r in self.rows if r.status == "warn"]
+
+    def to_dict(self) -> dict:
+        return {
+            "compatible": self.verdict.ok,
+            "rule": self.verdict.rule,
+            "message": self.verdict.message,
+            "warnings": self.warnings,
+            "param_ratio": self.param_ratio,
+            "byte_ratio": self.byte_ratio,
+            "checks": [asdict(r) for r in self.rows],
+            "target": self.target.to_dict(),
+            "draft": self.draft.to_dict(),
+        }
+
+
+def compare(target: ModelInfo, draft: ModelInfo) -> PairReport:
+    """Every field side by side: llama.cpp's rules (ok / fail) and the warnings that do not
+    fail. The verdict is check_pair's."""
+    t, d = target.tokenizer, draft.tokenizer
+    held = {rule: (ok, msg) for rule, ok, msg in rules(t, d)}
+
+    def rule_row(name: str, rule: str, tv: str, dv: str) -> Row:
+        ok, msg = held[rule]
+        return Row(name, tv, dv, "ok" if ok else "fail", "" if ok else msg)
+
+    def same(name: str, tv, dv, differ: str, show=str) -> Row:
+        ok = tv == dv
+        return Row(name, show(tv), show(dv), "ok" if ok else "warn", "" if ok else differ)
+
+    param_ratio = draft.n_params / target.n_params if target.n_params else None
+    byte_ratio = draft.file_size / target.file_size if target.n_params else None
+    i = first_token_difference(t, d)
+    tok_note = held["token-text"][1] if i is not None else (
+        "identical" if t.tokens_sha256 == d.tokens_sha256 else
+        f"ids {VOCAB_CHECK_START_TOKEN_ID}..{min(t.n_vocab, d.n_vocab) - 1} identical")
+    rows = (
+        _arch_row(target.architecture, draft.architecture),
+        _size_row(target, draft, param_ratio, byte_ratio),
+        Row("file type", target.file_type or "?", draft.file_type or "?"),
+        Row("file size", _mib(target.file_size), _mib(draft.file_size)),
+        Row("context length", _opt(target.context_length), _opt(draft.context_length)),
+        rule_row("tokenizer", "vocab-type", _vocab(t.model), _vocab(d.model)),
+        same("pre-tokenizer", t.pre, d.pre, "different pre-tokenizers split text "
+             "differently: expect lower acceptance", _opt),
+        rule_row("vocab size", "vocab-size", str(t.n_vocab), str(d.n_vocab)),
+        rule_row("BOS", "bos", _special(t.bos_id, t.add_bos), _special(d.bos_id, d.add_bos)),
+        rule_row("EOS", "eos", _special(t.eos_id, t.add_eos), _special(d.eos_id, d.add_eos)),
+        Row("EOT", _opt(t.eot_id), _opt(d.eot_id)),
+        Row("PAD", _opt(t.pad_id), _opt(d.pad_id)),
+        Row("tokens", _short(t.tokens_sha256), _short(d.tokens_sha256),
+            "ok" if i is None else "fail", tok_note),
+        _merges_row(t, d),
+        same("chat template", _short(_sha(t.chat_template)) if t.chat_template else None,
+             _short(_sha(d.chat_template)) if d.chat_template else None,
+             "the chat templates differ: the draft was tuned to another chat format, so "
+             "acceptance on chat prompts may be lower", _template),
+    )
+    return PairReport(target, draft, check_pair(t, d), rows, param_ratio, byte_ratio)
+
+
+def family(arch: str | None) -> str | None:
+    """An architecture's family: qwen2, qwen3 and qwen3moe are all qwen."""
+    return re.sub(r"(\d+(\.\d+)?)?(moe)?$", "", arch) or arch if arch else arch
+
+
+def _arch_row(t: str | None, d: str | None) -> Row:
+    if t == d:
+        return Row("architecture", _opt(t), _opt(d), "ok")
+    if family(t) == family(d):
+        return Row("architecture", _opt(t), _opt(d), "warn",
+                   f"same family ({family(t)}), different architecture: acceptance may be lower")
+    return Row("architecture", _opt(t), _opt(d), "warn",
+               "different architecture families: a same-family draft predicts the target "
+               "better")
+
+
+def _size_row(t: ModelInfo, d: ModelInfo, ratio: float | None, byte_ratio: float | None) -> Row:
+    tv, dv = f"{t.size_label} ({_params(t.n_params)})", f"{d.size_label} ({_params(d.n_params)})"
+    if ratio is None:
+        return Row("parameters", tv, dv, "info", "no tensors to count")
+    size = f"the draft has {ratio:.0%} of the target's parameters"
+    if byte_ratio is not None:
+        size += f" and {byte_ratio:.0%} of its file size"
+    if ratio > DRAFT_RATIO_MAX:
+        return Row("parameters", tv, dv, "warn", f"{size}; the rule of thumb is a draft of "
+                   f"{DRAFT_RATIO_IDEAL:.0%}-{DRAFT_RATIO_MAX:.0%} of the target: a draft this "
+                   "large rarely pays off")
+    return Row("parameters", tv, dv, "ok", size)
+
+
+def _merges_row(t: TokenizerInfo, d: TokenizerInfo) -> Row:
+    tv = f"{t.n_merges} ({_short(t.merges_sha256)})" if t.merges_sha256 else "none"
+    dv = f"{d.n_merges} ({_short(d.merges_sha256)})" if d.merges_sha256 else "none"
+    if t.merges_sha256 == d.merges_sha256:
+        return Row("merges", tv, dv, "ok" if t.merges_sha256 else "info")
+    return Row("merges", tv, dv, "warn", "the BPE merges differ: the same text may tokenize "
+               "differently, lowering acceptance")
+
+
+def _vocab(model: str | None) -> str:
+    return f"{model} ({vocab_type(model)})" if model else "none"
+
+
+def _special(token: int | None, add: bool | None) -> str:
+    return f"{_opt(token)}, {'added' if add else 'not added'}"
+
+
+def _opt(v) -> str:
+    return "-" if v is None else str(v)
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] if digest else "-"
+
+
+def _template(v) -> str:
+    return f"sha256 {v}" if v else "none"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"

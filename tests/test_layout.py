@@ -6,7 +6,8 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "specli"
-CORE = ["engine.py", "verify.py", "stats.py", "config.py", "pairing.py", "errors.py",
+CORE = ["engine.py", "verify.py", "stats.py", "config.py", "pairing.py", "ggufmeta.py",
+        "tuning.py", "errors.py",
         "backend.py", "chat.py", "defaults.py", "drafts"]
 
 

@@ -8,6 +8,8 @@ import sys
 import typer
 
 from specli import __version__
+from specli.cli import check_pair as check_pair_cmd
+from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
 from specli.cli import run as run_cmd
 from specli.cli.console import err
@@ -23,6 +25,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run_cmd.run)
+app.command("check-pair")(check_pair_cmd.check_pair)
+app.command("info")(info_cmd.info)
 app.add_typer(lookup_cmd.app, name="lookup")
 
 

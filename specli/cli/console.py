@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def spinner(message: str, quiet: bool = False):
+    """A spinner on stderr while something slow happens, only on a terminal; `as` gives the
+    Rich Status (to update) or None."""
+    if quiet or not err.is_terminal:
+        return nullcontext()
+    return err.status(message)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +12,7 @@ from typing import Annotated
 import typer
 
 from specli.cli import options as o
-from specli.cli.console import err
+from specli.cli.console import err, spinner
 from specli.config import SPEC_TYPES, DraftParams, ModelParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
@@ -109,7 +108,7 @@ def run(
             raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
         from specli.defaults import default_pair
 
-        with _status("preparing the embedded SmolLM2 pair", json_out):
+        with spinner("preparing the embedded SmolLM2 pair", json_out):
             model, model_draft = default_pair()
     if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
@@ -133,7 +132,7 @@ def run(
 
     from specli.engine import Engine
 
-    with _status("loading models", json_out):
+    with spinner("loading models", json_out):
         engine = Engine.load(target_params, draft_params,
                              DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min,
                                          adaptive=adaptive,
@@ -157,7 +156,7 @@ def run(
         out_text = "".join(pieces)
         baseline_match = None
         if baseline:
-            with _status("measuring the baseline (target alone)", json_out):
+            with spinner("measuring the baseline (target alone)", json_out):
                 plain = engine.complete(ids, n_predict, replace(sampling, seed=stats.seed),
                                         speculative=False)
             stats.baseline_decode_tps = plain.stats.decode_tps
@@ -244,10 +243,3 @@ def _prompt(prompt: str | None, file: Path | None, chat: bool) -> tuple[str, boo
     if not prompt:
         raise UsageError("empty prompt", hint="give -p TEXT or -f FILE")
     return prompt, chat
-
-
-def _status(message: str, quiet: bool):
-    """A spinner on stderr while something slow happens, only on a terminal."""
-    if quiet or not err.is_terminal:
-        return nullcontext()
-    return err.status(message)

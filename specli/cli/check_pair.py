@@ -1,0 +1,136 @@
+"""`specli check-pair`: will this draft work with this target? From the GGUF headers alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from specli.cli import options as o
+from specli.cli.console import err, out, spinner
+from specli.config import ModelParams
+from specli.errors import UsageError
+from specli.pairing import PairReport, compare, read_model_info
+from specli.tuning import ProbeResult
+
+SCHEMA_VERSION = 1
+_STYLE = {"ok": "green", "fail": "bold red", "warn": "yellow", "info": "dim"}
+_LABEL = {"ok": "ok", "fail": "FAIL", "warn": "warn", "info": ""}
+
+
+def check_pair(
+    target: Annotated[Path, typer.Argument(help="The target GGUF model.", metavar="TARGET",
+                                           show_default=False)],
+    draft: Annotated[Path, typer.Argument(help="The draft GGUF model.", metavar="DRAFT",
+                                          show_default=False)],
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object on stdout instead of the table.",
+        rich_help_panel=o.OUTPUT)] = False,
+    probe: Annotated[bool, typer.Option(
+        "--probe", help="Also load both models and measure acceptance and speedup on a few "
+        "built-in prompts (code, structured, chat), greedy.", rich_help_panel="Probe")] = False,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Tokens to generate per probe prompt.",
+        rich_help_panel="Probe")] = 64,
+    draft_max: Annotated[int, typer.Option(
+        "--draft", "--draft-max", "--spec-draft-n-max",
+        help="Draft length to probe with; the suggestion is at most this.",
+        rich_help_panel="Probe")] = 8,
+    ctx_size: o.CtxSize = 2048,
+    n_gpu_layers: o.GpuLayers = 0,
+    n_gpu_layers_draft: o.GpuLayersDraft = 0,
+    threads: o.Threads = o.DEFAULTS["threads"],
+    verbose: o.Verbose = False,
+) -> None:
+    """Check that a draft can speculate for a target, from the GGUF headers alone.
+
+    No weights are read. llama.cpp's rules decide (vocab type, BOS, EOS, vocab sizes within
+    128, identical token text from id 5); warnings do not fail (pre-tokenizer, chat template,
+    relative size, architecture family). --probe also loads both and measures.
+
+    Exit code 0: compatible; 1: incompatible; 2: a file is missing or not a valid GGUF.
+    """
+    if n_predict < 1 or draft_max < 1:
+        raise UsageError("-n/--n-predict and --draft must be at least 1")
+    report = compare(read_model_info(str(target)), read_model_info(str(draft)))
+    result = None
+    if probe and report.verdict.ok:
+        result = _probe(report, n_predict, draft_max, ctx_size, n_gpu_layers,
+                        n_gpu_layers_draft, threads, verbose, quiet=json_out)
+    if json_out:
+        doc = {"schema_version": SCHEMA_VERSION, **report.to_dict(),
+               "probe": result.to_dict() if result else None}
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        _print(report, result)
+    if not report.verdict.ok:
+        raise typer.Exit(1)
+
+
+def _probe(report: PairReport, n_predict: int, k: int, ctx: int, ngl: int, ngld: int,
+           threads: int, verbose: bool, quiet: bool) -> ProbeResult:
+    from specli.config import DraftParams
+    from specli.engine import Engine
+    from specli.tuning import probe
+
+    def params(path: str, ngl: int) -> ModelParams:
+        return ModelParams(path=path, n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads,
+                           verbose=verbose)
+
+    with spinner("loading both models", quiet):
+        engine = Engine.load(params(report.target.path, ngl), params(report.draft.path, ngld),
+                             DraftParams(n_max=k))
+    try:
+        with spinner("probing", quiet) as status:
+            def progress(msg: str) -> None:
+                if status is not None:
+                    status.update(msg)
+            return probe(engine, n_predict, progress=progress)
+    finally:
+        engine.close()
+
+
+def _print(report: PairReport, result: ProbeResult | None) -> None:
+    out.print(f"target: {report.target.path}", markup=False)
+    out.print(f"draft:  {report.draft.path}", markup=False)
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("field", "target", "draft", "status"):
+        table.add_column(name)
+    for r in report.rows:
+        table.add_row(r.field, r.target, r.draft, f"[{_STYLE[r.status]}]{_LABEL[r.status]}[/]")
+    out.print(table)
+    for r in report.rows:
+        if r.status in ("fail", "warn"):
+            out.print(f"{_LABEL[r.status]}: {r.field}: {r.note}", markup=False)
+    if result is not None:
+        _print_probe(result)
+    v = report.verdict
+    if v.ok:
+        n = len(report.warnings)
+        tail = f", {n} warning{'s' * (n != 1)}" if n else ""
+        out.print(f"verdict: compatible{tail}", markup=False)
+    else:
+        out.print(f"verdict: incompatible ({v.rule}): {v.message}", markup=False)
+
+
+def _print_probe(p: ProbeResult) -> None:
+    table = Table(title=f"probe: greedy, --draft {p.n_draft}", show_edge=False, pad_edge=False)
+    for name in ("prompt", "tokens", "drafted", "accepted", "rate", "target t/s", "spec t/s",
+                 "speedup"):
+        table.add_column(name, justify="left" if name == "prompt" else "right", no_wrap=True,
+                         min_width=len(name))
+    for r in p.rows:
+        table.add_row(r.kind, str(r.n_predict), str(r.n_drafted), str(r.n_accept),
+                      f"{r.accept_rate:.1%}", f"{r.baseline_tps:.1f}",
+                      f"{r.speculative_tps:.1f}", f"{r.speedup:.2f}x")
+    out.print(table)
+    out.print(f"acceptance {p.accept_rate:.1%}, speedup {p.speedup:.2f}x", markup=False)
+    out.print(f"recommendation: {p.recommendation}", markup=False)
+    if not all(r.identical for r in p.rows):
+        err.print("note: greedy speculative output differed from the target alone's on some "
+                  "prompt: batched and single-token decodes round differently on quantized "
+                  "targets", markup=False)
