@@ -86,7 +86,7 @@ def expected_tokens(s: Sequence[float], k: int) -> float:
 
 def estimated_speedup(s: Sequence[float], c: Costs, k: int) -> float:
     step = k * c.t_draft + c.t_target * (1 + c.slope * k) + c.overhead_step
-    return expected_tokens(s, k) * (c.t_target + c.overhead_token) / step
+    return expected_tokens(s, k) * (c.t_target + c.overhead_token) / step if step > 0 else 0.0
 
 
 def best_draft(s: Sequence[float], c: Costs, k_max: int) -> tuple[int, float]:
@@ -146,8 +146,9 @@ def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PRO
     spec_tps = n_spec / max(sum(s.t_decode_s for s in spec), 1e-9)
     base_tps = sum(b.n_predict for b in base) / max(sum(b.t_decode_s for b in base), 1e-9)
     drafted, accepted = sum(s.n_drafted for s in spec), sum(s.n_accept for s in spec)
+    speedup = spec_tps / base_tps if base_tps > 0 else 0.0
     return ProbeResult(
         n_draft=n_draft, rows=tuple(rows),
         accept_rate=accepted / drafted if drafted else 0.0, accept_rate_per_pos=s_j,
-        speedup=spec_tps / base_tps, suggested_draft=k, estimated_speedup=est,
-        worth_it=max(est, spec_tps / base_tps) >= WORTH_IT, costs=c)
+        speedup=speedup, suggested_draft=k, estimated_speedup=est,
+        worth_it=max(est, speedup) >= WORTH_IT, costs=c)
