@@ -29,6 +29,8 @@ _SCALARS = {
 }
 _MAX_KV = 1 << 20  # far beyond any real model's metadata
 _MAX_DIMS = 4  # GGML_MAX_DIMS
+_MAX_NAME = 64  # GGML_MAX_NAME, the terminating zero included
+_MAX_GGML_TYPE = 64  # types this gguf package does not know yet are accepted below this
 _MIN_TENSOR_INFO = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
 
 
@@ -49,7 +51,7 @@ class Tensor:
     shape: tuple[int, ...]
     type: str  # GGML type name: F32, Q4_K, ...
     offset: int  # within the data section
-    n_bytes: int
+    n_bytes: int  # -1: a GGML type this gguf package does not know
 
     @property
     def n_params(self) -> int:
@@ -74,7 +76,7 @@ class Header:
 
     @property
     def tensor_bytes(self) -> int:
-        return sum(t.n_bytes for t in self.tensors)
+        return sum(max(t.n_bytes, 0) for t in self.tensors)
 
 
 def read_header(path: str, arrays: Collection[str] = (), preview: int = 0) -> Header:
@@ -141,9 +143,11 @@ class _Walk:
 
     def _header(self) -> Header:
         (version,) = self.unpack("I", 4, "the version")
-        if not version & 0xFFFF:  # a big-endian file reads as a huge little-endian version
-            self.bo = ">"
-            (version,) = self.unpack("I", 4, "the version")
+        if not version & 0xFFFF and (version >> 24) in (2, 3):
+            # a big-endian file reads as a huge version; llama.cpp on a little-endian host
+            # refuses it, so specli does too (a verdict for a file llama.cpp cannot load
+            # would mislead)
+            raise self.fail("big-endian GGUF: llama.cpp cannot load it on this machine")
         if version not in (2, 3):
             raise self.fail(f"unsupported GGUF version {version}")
         n_tensors, n_kv = self.unpack("QQ", 8, "the header")
@@ -154,7 +158,9 @@ class _Walk:
         pos, kv, types, arrays = 24, {}, {}, {}
         for _ in range(n_kv):
             key, pos = self.string(pos)
-            if key in types:  # llama.cpp's loader refuses these too
+            if not key:  # llama.cpp's loader refuses these too
+                raise self.fail(f"an empty key at byte {pos - 8}")
+            if key in types:
                 raise self.fail(f"duplicated key {key!r}")
             (vtype,) = self.unpack("I", pos, "a value type")
             start = pos + 4
@@ -169,7 +175,7 @@ class _Walk:
             else:
                 kv[key], pos = self.value(vtype, start)
                 types[key] = GGUFValueType(vtype).name
-        tensors, data_offset = self.tensor_index(pos, n_tensors, kv)
+        tensors, data_offset = self.tensor_index(pos, n_tensors, kv, types)
         return Header(self.path, self.size, version, "little" if self.bo == "<" else "big",
                       kv, types, arrays, tensors, data_offset)
 
@@ -181,10 +187,8 @@ class _Walk:
         fmt = _SCALARS[GGUFValueType(vtype)]
         return self.unpack(fmt, pos, "a value")[0], pos + struct.calcsize(fmt)
 
-    def array(self, pos: int, keep: bool, depth: int = 0) -> tuple[str, int, list, int]:
+    def array(self, pos: int, keep: bool) -> tuple[str, int, list, int]:
         """(element type name, length, the elements if kept, the position after it)."""
-        if depth > 2:
-            raise self.fail(f"arrays nested too deep at byte {pos}")
         etype, n = self.unpack("IQ", pos, "an array header")
         pos += 12
         if etype in _SCALARS:  # fixed-size elements: skip (or read) in one go
@@ -193,35 +197,28 @@ class _Walk:
             self.need(pos, n * item, f"an array of {n} elements")
             items = list(struct.unpack_from(f"{self.bo}{n}{code}", self.buf, pos)) if keep else []
             return GGUFValueType(etype).name, n, items, pos + n * item
-        if etype not in (GGUFValueType.STRING, GGUFValueType.ARRAY):
+        if etype == GGUFValueType.ARRAY:  # gguf.cpp has no arrays of arrays
+            raise self.fail(f"an array of arrays at byte {pos - 12}")
+        if etype != GGUFValueType.STRING:
             raise self.fail(f"unknown value type {etype} at byte {pos - 12}")
         self.need(pos, n * 8, f"an array of {n} elements")  # each at least a length
-        items = []
-        if etype == GGUFValueType.STRING:  # the hot loop of a big vocabulary, kept tight
-            length, size, buf = struct.Struct(self.bo + "Q").unpack_from, self.size, self.buf
-            raw, append = [], None
-            if keep:
-                append = raw.append
-            for _ in range(n):  # (a length that is itself cut off counts as past the end)
-                end = pos + 8 + (length(buf, pos)[0] if pos + 8 <= size else size)
-                if end > size:
-                    raise self.fail(f"an array of {n} strings runs past the end of the file: "
-                                    "truncated")
-                if append:
-                    append(buf[pos + 8:end])
-                pos = end
-            try:
-                items = [b.decode("utf-8") for b in raw]
-            except UnicodeDecodeError:
-                raise self.fail(f"a string in the array at byte {pos} is not UTF-8") from None
-            return GGUFValueType(etype).name, n, items, pos
-        for _ in range(n):
-            if etype == GGUFValueType.STRING:
-                v, pos = self.string(pos)
-            else:
-                _, _, v, pos = self.array(pos, keep, depth + 1)
-            if keep:
-                items.append(v)
+        # the hot loop of a big vocabulary, kept tight
+        length, size, buf = struct.Struct(self.bo + "Q").unpack_from, self.size, self.buf
+        raw, append = [], None
+        if keep:
+            append = raw.append
+        for _ in range(n):  # (a length that is itself cut off counts as past the end)
+            end = pos + 8 + (length(buf, pos)[0] if pos + 8 <= size else size)
+            if end > size:
+                raise self.fail(f"an array of {n} strings runs past the end of the file: "
+                                "truncated")
+            if append:
+                append(buf[pos + 8:end])
+            pos = end
+        try:
+            items = [b.decode("utf-8") for b in raw]
+        except UnicodeDecodeError:
+            raise self.fail(f"a string in the array at byte {pos} is not UTF-8") from None
         return GGUFValueType(etype).name, n, items, pos
 
     def _first(self, pos: int) -> tuple:
@@ -241,10 +238,17 @@ class _Walk:
             out.append(v)
         return tuple(out)
 
-    def tensor_index(self, pos: int, n_tensors: int, kv: dict) -> tuple[tuple[Tensor, ...], int]:
+    def tensor_index(self, pos: int, n_tensors: int, kv: dict,
+                     types: dict) -> tuple[tuple[Tensor, ...], int]:
+        """gguf.cpp's checks: names under 64 bytes and unique, at most 4 dimensions, none
+        negative, an element count that fits int64, a known type, and each tensor's data
+        right after the previous one's (aligned), all within the file."""
         infos, names = [], set()
         for _ in range(n_tensors):
             name, pos = self.string(pos)
+            if len(name.encode()) >= _MAX_NAME:
+                raise self.fail(f"tensor name {name[:20]!r}... is {len(name.encode())} bytes "
+                                f"(under {_MAX_NAME})")
             if name in names:
                 raise self.fail(f"duplicated tensor {name!r}")
             names.add(name)
@@ -254,22 +258,38 @@ class _Walk:
             shape = self.unpack(f"{n_dims}Q", pos + 4, "a tensor's shape")
             ttype, offset = self.unpack("IQ", pos + 4 + 8 * n_dims, "a tensor's type")
             pos += 4 + 8 * n_dims + 12
-            if ttype not in GGMLQuantizationType._value2member_map_ or \
-                    GGMLQuantizationType(ttype) not in GGML_QUANT_SIZES:
-                raise self.fail(f"tensor {name!r} has unknown type {ttype}")
-            qtype = GGMLQuantizationType(ttype)
-            block, type_size = GGML_QUANT_SIZES[qtype]
+            if any(d >= 2**63 for d in shape):
+                raise self.fail(f"tensor {name!r} has a negative dimension")
             n = math.prod(shape)
             if n >= 2**63:
                 raise self.fail(f"tensor {name!r} claims {n} elements")
+            try:
+                qtype = GGMLQuantizationType(ttype)
+                block, type_size = GGML_QUANT_SIZES[qtype]
+            except (ValueError, KeyError):
+                # newer than this gguf package: llama.cpp may know it; sizes are unknown
+                if ttype >= _MAX_GGML_TYPE:
+                    raise self.fail(f"tensor {name!r} has unknown type {ttype}") from None
+                infos.append(Tensor(name, tuple(shape), f"type{ttype}", offset, -1))
+                continue
             if shape and shape[0] % block:
                 raise self.fail(f"tensor {name!r}: {shape[0]} is not a multiple of {block}")
             infos.append(Tensor(name, tuple(shape), qtype.name, offset, n // block * type_size))
         align = kv.get("general.alignment", GGUF_DEFAULT_ALIGNMENT)
-        if not isinstance(align, int) or align <= 0 or align & (align - 1):
-            raise self.fail(f"general.alignment is {align!r}, not a power of two")
+        if "general.alignment" in types and types["general.alignment"] != "UINT32":
+            raise self.fail(f"general.alignment is a {types['general.alignment']}, not UINT32")
+        if align <= 0 or align & (align - 1):
+            raise self.fail(f"general.alignment is {align}, not a power of two")
         data = -(-pos // align) * align
-        end = max((t.offset + t.n_bytes for t in infos), default=0)
+        expected = 0
+        for t in infos:
+            if t.n_bytes < 0:  # an unknown type's size: the layout cannot be checked further
+                break
+            if t.offset != expected:
+                raise self.fail(f"tensor {t.name!r} is at offset {t.offset}, expected "
+                                f"{expected}")
+            expected += -(-t.n_bytes // align) * align
+        end = max((t.offset + max(t.n_bytes, 0) for t in infos), default=0)
         if infos and data + end > self.size:
             raise self.fail(f"tensor data ends at byte {data + end} but the file has "
                             f"{self.size} bytes: truncated (an interrupted download?)")

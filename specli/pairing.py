@@ -17,7 +17,7 @@ from gguf import LlamaFileType
 from gguf.utility import model_weight_count_rounded_notation
 
 from specli.errors import IncompatiblePairError
-from specli.ggufmeta import Header, read_header
+from specli.ggufmeta import Header, invalid, read_header
 
 # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -106,27 +106,64 @@ def read_model_info(path: str) -> ModelInfo:
     return model_info(read_header(path, {TOKENS}))
 
 
+# the value types llama.cpp's loader accepts for the keys specli reads: any other is an error
+# there (a file llama.cpp cannot load must not get a verdict here)
+_ID = {"UINT32", "INT32"}
+_KEY_TYPES = {
+    "general.architecture": {"STRING"}, "general.name": {"STRING"},
+    "general.size_label": {"STRING"}, "general.file_type": _ID,
+    "tokenizer.ggml.model": {"STRING"}, "tokenizer.ggml.pre": {"STRING"},
+    "tokenizer.chat_template": {"STRING"}, TOKENS: {"ARRAY[STRING]"}, MERGES: {"ARRAY[STRING]"},
+    "tokenizer.ggml.bos_token_id": _ID, "tokenizer.ggml.eos_token_id": _ID,
+    "tokenizer.ggml.eot_token_id": _ID, "tokenizer.ggml.padding_token_id": _ID,
+    "tokenizer.ggml.add_bos_token": {"BOOL"}, "tokenizer.ggml.add_eos_token": {"BOOL"},
+}
+
+
+def _check_types(h: Header) -> None:
+    arch = h.kv.get("general.architecture")
+    wanted = dict(_KEY_TYPES)
+    if isinstance(arch, str):
+        wanted[f"{arch}.context_length"] = {"UINT32", "UINT64", "INT32"}
+    for key, allowed in wanted.items():
+        if key in h.types and h.types[key] not in allowed:
+            raise invalid(h.path, f"{key} is {h.types[key]}, expected "
+                          f"{' or '.join(sorted(allowed))}")
+
+
 def tokenizer_info(h: Header) -> TokenizerInfo:
+    _check_types(h)
     kv = h.kv
     model, pre = kv.get("tokenizer.ggml.model"), kv.get("tokenizer.ggml.pre")
+    if model == "gemma4":  # llama.cpp: this tokenizer implies its pre-tokenizer
+        pre = "gemma4"
+    tokens = tuple(kv.get(TOKENS, ()))
     bos, eos, add_bos, add_eos = _defaults(model, pre)
-    add_bos = bool(kv.get("tokenizer.ggml.add_bos_token", add_bos))
-    if pre == "gemma4":  # llama.cpp forces BOS on for Gemma 4 whatever the file says
-        add_bos = True
-    tokens, merges = h.arrays.get(TOKENS), h.arrays.get(MERGES)
+    add_bos = kv.get("tokenizer.ggml.add_bos_token", add_bos)
+    if vocab_type(model) == "bpe" and pre in ("gemma4", "granite-embed-multi-311m"):
+        add_bos = True  # llama.cpp forces BOS on for Gemma 4 whatever the file says
+    tokens_info, merges = h.arrays.get(TOKENS), h.arrays.get(MERGES)
+
+    def special(key: str, default: int | None) -> int | None:
+        # llama.cpp drops a default outside the vocabulary and ignores a file's id outside it
+        if default is not None and default >= len(tokens):
+            default = None
+        v = kv.get(key)
+        return v if v is not None and 0 <= v < len(tokens) else default
+
     return TokenizerInfo(
         path=h.path,
         architecture=kv.get("general.architecture"),
         model=model,
         pre=pre,
-        tokens=tuple(kv.get(TOKENS, ())),
-        bos_id=kv.get("tokenizer.ggml.bos_token_id", bos),
-        eos_id=kv.get("tokenizer.ggml.eos_token_id", eos),
+        tokens=tokens,
+        bos_id=special("tokenizer.ggml.bos_token_id", bos),
+        eos_id=special("tokenizer.ggml.eos_token_id", eos),
         add_bos=add_bos,
-        add_eos=bool(kv.get("tokenizer.ggml.add_eos_token", add_eos)),
-        eot_id=kv.get("tokenizer.ggml.eot_token_id"),
-        pad_id=kv.get("tokenizer.ggml.padding_token_id"),
-        tokens_sha256=tokens.sha256 if tokens else None,
+        add_eos=kv.get("tokenizer.ggml.add_eos_token", add_eos),
+        eot_id=special("tokenizer.ggml.eot_token_id", None),
+        pad_id=special("tokenizer.ggml.padding_token_id", None),
+        tokens_sha256=tokens_info.sha256 if tokens_info else None,
         merges_sha256=merges.sha256 if merges else None,
         n_merges=merges.count if merges else 0,
         chat_template=kv.get("tokenizer.chat_template"),
@@ -134,30 +171,31 @@ def tokenizer_info(h: Header) -> TokenizerInfo:
 
 
 def model_info(h: Header) -> ModelInfo:
+    tokenizer = tokenizer_info(h)  # first: it checks the types of every key used here
     kv = h.kv
     arch = kv.get("general.architecture")
     label = kv.get("general.size_label")
     n_params = h.n_params
-    if not isinstance(label, str) or not label:
+    if not label:
         label = model_weight_count_rounded_notation(n_params) if n_params else "?"
-    ctx = kv.get(f"{arch}.context_length") if arch else None
     return ModelInfo(
         path=h.path, file_size=h.file_size, architecture=arch, name=kv.get("general.name"),
         size_label=label, n_params=n_params, file_type=file_type(h),
-        context_length=ctx if isinstance(ctx, int) else None, n_tensors=len(h.tensors),
+        context_length=kv.get(f"{arch}.context_length") if arch else None,
+        n_tensors=len(h.tensors),
         tensor_types=dict(Counter(t.type for t in h.tensors).most_common()),
-        tokenizer=tokenizer_info(h),
+        tokenizer=tokenizer,
     )
 
 
 def file_type(h: Header) -> str | None:
     """llama.cpp's file type name (general.file_type), else the type holding most bytes."""
     ft = h.kv.get("general.file_type")
-    if isinstance(ft, int) and ft in LlamaFileType._value2member_map_ and ft != 1024:
+    if ft in LlamaFileType._value2member_map_ and ft != LlamaFileType.GUESSED:
         return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     by_bytes = Counter()
     for t in h.tensors:
-        by_bytes[t.type] += t.n_bytes
+        by_bytes[t.type] += max(t.n_bytes, 0)
     return by_bytes.most_common(1)[0][0] if by_bytes else None
 
 
@@ -180,6 +218,8 @@ def vocab_type(model: str | None) -> str | None:
 def _defaults(model: str | None, pre: str | None) -> tuple[int | None, int | None, bool, bool]:
     """(bos id, eos id, add BOS, add EOS) before the file's own keys override them."""
     t = vocab_type(model)
+    if model == "gemma4":
+        return None, None, False, False
     if t == "spm":
         return 1, 2, True, False
     if t == "wpm":
@@ -197,9 +237,11 @@ def _defaults(model: str | None, pre: str | None) -> tuple[int | None, int | Non
 def rules(target: TokenizerInfo, draft: TokenizerInfo) -> list[tuple[str, bool, str]]:
     """llama.cpp's five compatibility rules, in its order: (rule, holds, what was found)."""
     t, d = target, draft
+    missing = [name for name, x in (("target", t), ("draft", d)) if not x.model]
     out = [
-        ("vocab-type", vocab_type(t.model) == vocab_type(d.model),
-         f"vocab types differ: target {t.model}, draft {d.model}"),
+        ("vocab-type", not missing and vocab_type(t.model) == vocab_type(d.model),
+         f"no tokenizer in the {' and '.join(missing)} (tokenizer.ggml.model is missing)"
+         if missing else f"vocab types differ: target {t.model}, draft {d.model}"),
         ("bos", t.add_bos == d.add_bos and (not t.add_bos or t.bos_id == d.bos_id),
          f"BOS differs: target add={t.add_bos} id={t.bos_id}, "
          f"draft add={d.add_bos} id={d.bos_id}"),

@@ -134,11 +134,12 @@ def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PRO
                              s.stats.accept_rate, s.stats.decode_tps, b.stats.decode_tps,
                              s.stats.decode_tps / b.stats.decode_tps if b.stats.decode_tps
                              else 0.0, s.tokens == b.tokens))
-    depth = max((len(s.drafted_per_pos) for s in spec), default=0)
-    per_pos = [(sum(s.accepted_per_pos[j] for s in spec if j < len(s.accepted_per_pos)),
-                sum(s.drafted_per_pos[j] for s in spec if j < len(s.drafted_per_pos)))
-               for j in range(depth)]
-    s_j = tuple(a / d if d else 0.0 for a, d in per_pos)
+    # S(j) over every step, not only those that drafted j tokens: a draft cut short (by
+    # --draft-p-min or the token budget) counts as not reaching j
+    depth = max((len(s.accepted_per_pos) for s in spec), default=0)
+    steps = sum(s.n_steps for s in spec)
+    s_j = tuple(sum(s.accepted_per_pos[j] for s in spec if j < len(s.accepted_per_pos))
+                / steps for j in range(depth)) if steps else ()
     c = costs(spec, base)
     n_draft = engine.draft_params.n_max
     k, est = best_draft(s_j, c, min(n_draft, len(s_j)) or 1)

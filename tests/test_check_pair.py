@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import gguf
@@ -201,7 +202,7 @@ def test_info_json_and_tensor_list(gemma):
     t = doc["tensors"]
     assert t["count"] == len(t["list"]) == 236
     assert sum(x["bytes"] for x in t["list"]) == t["bytes"]
-    assert doc["file_size"] >= t["data_offset"] + t["bytes"]
+    assert t["types"]["Q4_K"]["count"] == 27
 
 
 def test_info_on_a_bad_file_is_one_line(tmp_path):
@@ -209,3 +210,111 @@ def test_info_on_a_bad_file_is_one_line(tmp_path):
     r = specli("info", str(tmp_path / "x.gguf"))
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "wrong magic" in r.stderr
+
+
+# -- crafted metadata: wrong types, markup, control characters, layouts gguf.cpp refuses ----
+
+STRING, ARRAY, UINT32, FLOAT32 = 8, 9, 4, 6
+
+
+def _s(text: str | bytes) -> bytes:
+    b = text.encode() if isinstance(text, str) else text
+    return struct.pack("<Q", len(b)) + b
+
+
+def _kv(key: str, vtype: int, payload: bytes) -> bytes:
+    return _s(key) + struct.pack("<I", vtype) + payload
+
+
+def _tokens(n: int = 16) -> bytes:
+    return _kv("tokenizer.ggml.tokens", ARRAY,
+               struct.pack("<IQ", STRING, n) + b"".join(_s(f"t{i}") for i in range(n)))
+
+
+def raw_gguf(path: Path, *kvs: bytes, tensors: bytes = b"", n_tensors: int = 0,
+             data: bytes = b"") -> str:
+    body = b"".join(kvs)
+    head = b"GGUF" + struct.pack("<IQQ", 3, n_tensors, len(kvs)) + body + tensors
+    head += b"\0" * (-len(head) % 32)
+    path.write_bytes(head + data)
+    return str(path)
+
+
+ARCH = _kv("general.architecture", STRING, _s("llama"))
+GPT2 = _kv("tokenizer.ggml.model", STRING, _s("gpt2"))
+
+
+@pytest.mark.parametrize("kvs,needle", [
+    ((ARCH, GPT2, _kv("tokenizer.ggml.tokens", UINT32, struct.pack("<I", 5))),
+     "tokenizer.ggml.tokens is UINT32, expected ARRAY[STRING]"),
+    ((ARCH, GPT2, _tokens(), _kv("tokenizer.chat_template", UINT32, struct.pack("<I", 1))),
+     "tokenizer.chat_template is UINT32"),
+    ((_kv("general.architecture", UINT32, struct.pack("<I", 1)), GPT2, _tokens()),
+     "general.architecture is UINT32"),
+    ((ARCH, GPT2, _tokens(), _kv("tokenizer.ggml.bos_token_id", FLOAT32,
+                                 struct.pack("<f", float("nan")))),
+     "tokenizer.ggml.bos_token_id is FLOAT32"),
+    ((ARCH, GPT2, _kv("tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", ARRAY, 1)
+                      + struct.pack("<IQ", STRING, 0))), "an array of arrays"),
+    ((ARCH, _kv("", STRING, _s("x"))), "an empty key"),
+])
+def test_wrongly_typed_or_refused_metadata_is_exit_2(tmp_path, q4_1, kvs, needle):
+    bad = raw_gguf(tmp_path / "bad.gguf", *kvs)
+    for args in (["check-pair", q4_1, bad], ["check-pair", bad, q4_1, "--json"],
+                 ["info", bad], ["info", bad, "--json"]):
+        r = specli(*args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+
+
+def test_big_endian_files_are_refused_as_llama_cpp_refuses_them(tmp_path):
+    w = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_tokenizer_model("gpt2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = specli("info", str(tmp_path / "be.gguf"))
+    assert r.returncode == 2 and "big-endian" in r.stderr
+
+
+def test_tensors_must_follow_each_other_as_gguf_cpp_requires(tmp_path):
+    def tensor(name: str, offset: int) -> bytes:
+        return _s(name) + struct.pack("<I", 1) + struct.pack("<Q", 8) \
+            + struct.pack("<IQ", 0, offset)  # 8 x F32 = 32 bytes
+    ok = raw_gguf(tmp_path / "ok.gguf", ARCH, GPT2, _tokens(),
+                  tensors=tensor("a", 0) + tensor("b", 32), n_tensors=2, data=b"\0" * 64)
+    overlap = raw_gguf(tmp_path / "overlap.gguf", ARCH, GPT2, _tokens(),
+                       tensors=tensor("a", 0) + tensor("b", 0), n_tensors=2, data=b"\0" * 64)
+    assert specli("info", ok).returncode == 0
+    r = specli("info", overlap)
+    assert r.returncode == 2 and "tensor 'b' is at offset 0, expected 32" in r.stderr
+
+
+def test_metadata_is_text_not_markup_nor_terminal_control(tmp_path, q4_1):
+    evil = raw_gguf(tmp_path / "evil.gguf", _kv("general.architecture", STRING, _s("[/]")),
+                    _kv("general.name", STRING, _s("x\x1b]0;owned\x07y")), GPT2, _tokens())
+    r = specli("check-pair", evil, evil)
+    assert r.returncode == 0, r.stderr
+    assert "[/]" in r.stdout
+    r = specli("info", evil)
+    assert r.returncode == 0 and "\x1b" not in r.stdout
+    assert "general.name = x\\x1b]0;owned\\x07y" in r.stdout
+
+
+def test_files_without_a_tokenizer_are_not_a_pair(tmp_path):
+    a = raw_gguf(tmp_path / "a.gguf", ARCH)
+    r = specli("check-pair", a, a)
+    assert r.returncode == 1
+    assert "no tokenizer in the target and draft" in r.stdout
+
+
+def test_special_ids_outside_the_vocabulary_fall_back_as_in_llama_cpp(tmp_path):
+    from specli.pairing import read_tokenizer
+
+    p = raw_gguf(tmp_path / "ids.gguf", ARCH, GPT2, _tokens(16),
+                 _kv("tokenizer.ggml.eos_token_id", UINT32, struct.pack("<I", 99999)),
+                 _kv("tokenizer.ggml.bos_token_id", UINT32, struct.pack("<I", 3)))
+    t = read_tokenizer(p)
+    assert t.bos_id == 3
+    assert t.eos_id == 11  # the file's 99999 is ignored; gpt2's default 11 is in range

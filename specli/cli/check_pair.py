@@ -9,9 +9,10 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from specli.cli import options as o
-from specli.cli.console import err, out, spinner
+from specli.cli.console import err, out, safe, spinner
 from specli.config import ModelParams
 from specli.errors import UsageError
 from specli.pairing import PairReport, compare, read_model_info
@@ -95,17 +96,19 @@ def _probe(report: PairReport, n_predict: int, k: int, ctx: int, ngl: int, ngld:
 
 
 def _print(report: PairReport, result: ProbeResult | None) -> None:
-    out.print(f"target: {report.target.path}", markup=False)
-    out.print(f"draft:  {report.draft.path}", markup=False)
+    out.print(f"target: {safe(report.target.path)}", markup=False)
+    out.print(f"draft:  {safe(report.draft.path)}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
     for name in ("field", "target", "draft", "status"):
         table.add_column(name)
     for r in report.rows:
-        table.add_row(r.field, r.target, r.draft, f"[{_STYLE[r.status]}]{_LABEL[r.status]}[/]")
+        # metadata strings are the file's: shown as text, never parsed as Rich markup
+        table.add_row(Text(r.field), Text(safe(r.target)), Text(safe(r.draft)),
+                      Text(_LABEL[r.status], style=_STYLE[r.status]))
     out.print(table)
     for r in report.rows:
         if r.status in ("fail", "warn"):
-            out.print(f"{_LABEL[r.status]}: {r.field}: {r.note}", markup=False)
+            out.print(f"{_LABEL[r.status]}: {r.field}: {safe(r.note)}", markup=False)
     if result is not None:
         _print_probe(result)
     v = report.verdict
@@ -114,7 +117,7 @@ def _print(report: PairReport, result: ProbeResult | None) -> None:
         tail = f", {n} warning{'s' * (n != 1)}" if n else ""
         out.print(f"verdict: compatible{tail}", markup=False)
     else:
-        out.print(f"verdict: incompatible ({v.rule}): {v.message}", markup=False)
+        out.print(f"verdict: incompatible ({v.rule}): {safe(v.message)}", markup=False)
 
 
 def _print_probe(p: ProbeResult) -> None:

@@ -16,3 +16,11 @@ def spinner(message: str, quiet: bool = False):
     if quiet or not err.is_terminal:
         return nullcontext()
     return err.status(message)
+
+
+def safe(text: str) -> str:
+    """A file's own strings, shown with control characters escaped: metadata must not move
+    the cursor or retitle the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from specli.cli import options as o
+from specli.cli.console import safe
 from specli.ggufmeta import ArrayInfo, Header, read_header
 from specli.pairing import TOKENS, model_info, vocab_type
 
@@ -71,7 +72,7 @@ def info(
     for tr in s.get("list", []):
         shape = "x".join(map(str, tr["shape"]))
         lines.append(f"  {tr['name']:<40} {shape:<20} {tr['type']:<8} {_size(tr['bytes']):>12}")
-    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(safe(line) for line in lines) + "\n")
 
 
 def _tensor_summary(h: Header, full: bool) -> dict:
@@ -101,6 +102,8 @@ def _json_value(h: Header, key: str):
 
 def _finite(v):
     """JSON has no NaN or infinity: a float that is neither stays a number, others a string."""
+    if isinstance(v, list | tuple):
+        return [_finite(x) for x in v]
     return str(v) if isinstance(v, float) and not math.isfinite(v) else v
 
 
