@@ -115,20 +115,45 @@ class Tokenizer:
         self.close()
 
 
-class Model:
-    """One GGUF model, one context, one sequence (seq 0)."""
+class _Weights:
+    """A loaded llama_model, shared by every context made from it; freed with the last one."""
 
     def __init__(self, params: ModelParams):
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        self.ptr = ll.llama_model_load_from_file(params.path.encode(), mp)
+        if not self.ptr:
+            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
+                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
+        self.users = 0
+        self._lock = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._lock:
+            self.users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.users -= 1
+            if self.users == 0 and self.ptr:
+                ll.llama_model_free(self.ptr)
+                self.ptr = None
+
+
+class Model:
+    """One GGUF model, one context, one sequence (seq 0).
+
+    `share`: another Model of the same file whose weights this one reuses (a second context
+    for a server slot, without loading the weights twice)."""
+
+    def __init__(self, params: ModelParams, share: Model | None = None):
         _check_gguf(params.path)
         self.params = params
         set_verbose(params.verbose)
         t0 = time.perf_counter()
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = params.n_gpu_layers
-        self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
-        if not self._model:
-            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
-                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
+        self._weights = share._weights if share is not None else _Weights(params)
+        self._weights.acquire()
+        self._model = self._weights.ptr
         cp = ll.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
@@ -143,7 +168,7 @@ class Model:
             cp.type_v = kv_type(params.type_v)
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
-            ll.llama_model_free(self._model)
+            self._weights.release()
             self._model = None
             raise BackendError(f"llama.cpp could not create a context for {params.path}",
                                hint="try a smaller -c or another KV cache type; rerun with -v")
@@ -158,7 +183,7 @@ class Model:
         self.t_decode_s = 0.0  # wall time inside llama_decode
         self.n_decode_calls = 0
         self.n_decode_tokens = 0
-        self._piece_buf = ctypes.create_string_buffer(256)
+        self._local = threading.local()
 
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -166,12 +191,16 @@ class Model:
         return _tokenize(self._vocab, text, add_special, parse_special)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        n = ll.llama_token_to_piece(self._vocab, token, self._piece_buf, 256, 0, special)
+        # a buffer per thread: a server tokenizes requests while a slot thread decodes
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self._vocab, token, buf, 256, 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
             return buf.raw[:n]
-        return self._piece_buf.raw[:n]
+        return buf.raw[:n]
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self._vocab, token))
@@ -273,7 +302,7 @@ class Model:
             ll.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
+            self._weights.release()
             self._model = None
 
     def __del__(self):

@@ -31,6 +31,13 @@ def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
                 system: str | None = None) -> str:
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": user}]
+    return render_messages(template, messages, bos, eos)
+
+
+def render_messages(template: str | None, messages: list[dict], bos: str = "",
+                    eos: str = "") -> str:
+    """A conversation through the model's template (ChatML when it has none), ready for the
+    assistant's reply."""
     try:
         return _compile(template or FALLBACK_TEMPLATE).render(
             messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)

@@ -44,6 +44,18 @@ class DraftParams:
 
 
 @dataclass(frozen=True)
+class SpecRequest:
+    """One request's own speculative settings (the server's `speculative` object); None keeps
+    the engine's. types: --spec-type names (the draft model drafts only if draft-simple is
+    among them); n_max caps every source's k."""
+
+    types: tuple[str, ...] | None = None
+    n_max: int | None = None
+    n_min: int | None = None
+    p_min: float | None = None
+
+
+@dataclass(frozen=True)
 class NgramParams:
     """n-gram drafting, with llama.cpp's defaults: n (key length) and m (most tokens drafted)
     for ngram-simple, ngram-map-k and ngram-map-k4v; k4v's min hits; ngram-mod's match length

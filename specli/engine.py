@@ -24,6 +24,7 @@ from specli.config import (
     ModelParams,
     NgramParams,
     SamplingParams,
+    SpecRequest,
 )
 from specli.drafts import (
     Adaptive,
@@ -62,25 +63,31 @@ class Completion:
 
 class Engine:
     def __init__(self, target: Model, draft: DraftSource | None = None,
-                 draft_params: DraftParams | None = None):
+                 draft_params: DraftParams | None = None, ngram: NgramParams | None = None):
         self.target = target
         self.draft = draft
         self.draft_params = draft_params or DraftParams()
+        self.ngram = ngram or NgramParams()
+        self._sources: dict[tuple[str, ...], DraftSource | None] = {}  # per-request types
 
     @classmethod
     def load(cls, target: ModelParams, draft: ModelParams | None = None,
              draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
-             ngram: NgramParams | None = None) -> Engine:
+             ngram: NgramParams | None = None, share: Engine | None = None) -> Engine:
         """Check the pair from GGUF metadata first (refuse before loading weights), then load.
 
         spec_types: llama.cpp's --spec-type names; n-gram types take precedence over the draft
-        model, which is used whenever `draft` is given."""
+        model, which is used whenever `draft` is given. share: an Engine over the same files
+        whose weights the new one reuses, with contexts and draft state of its own (a server
+        slot)."""
         draft_params = draft_params or DraftParams()
         ngram = ngram or NgramParams()
         # the target's header is read once, before any weights: a damaged one is one clear
         # error; the tokenizer is parsed only when a pair or a lookup cache needs it
         n_vocab = None
-        if draft is not None or "ngram-cache" in spec_types:
+        if share is not None:
+            n_vocab = share.target.n_vocab
+        elif draft is not None or "ngram-cache" in spec_types:
             info = pairing.read_tokenizer(target.path)
             n_vocab = info.n_vocab
             if draft is not None:
@@ -89,16 +96,43 @@ class Engine:
             read_header(target.path)
         ngram_sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
                                      cap=draft_params.cap_ngram)
-        t = Model(target)
+        t = Model(target, share=share.target if share is not None else None)
         try:
-            dm = ModelDraft(Model(draft), draft_params.p_min, n_vocab_target=t.n_vocab,
-                            n_max=draft_params.n_max) if draft is not None else None
+            shared_dm = _model_draft(share.draft) if share is not None else None
+            dm = ModelDraft(Model(draft, share=shared_dm), draft_params.p_min,
+                            n_vocab_target=t.n_vocab, n_max=draft_params.n_max) \
+                if draft is not None else None
         except BaseException:
             t.close()
             raise
         source = combine([*ngram_sources, *([dm] if dm else [])], draft_params.adaptive,
                          draft_params.n_min)
-        return cls(t, source, draft_params)
+        engine = cls(t, source, draft_params, ngram)
+        engine._sources[spec_key([*spec_types, *(["draft-simple"] if dm else [])])] = source
+        return engine
+
+    def source_for(self, spec_types: Sequence[str]) -> DraftSource | None:
+        """The draft source for a request's own --spec-type list, built once per engine (an
+        n-gram type's memory lasts across requests, as in llama.cpp); the draft model, if
+        loaded, is shared. UsageError for a type this engine cannot serve."""
+        key = spec_key(spec_types)
+        if key not in self._sources:
+            dm = self.model_draft
+            if "draft-simple" in key and dm is None:
+                raise UsageError("speculative type draft-simple needs a draft model",
+                                 hint="start the server with -md")
+            p = self.draft_params
+            sources = ngram_drafts(key, self.ngram, self.target.n_vocab, p.n_max,
+                                   cap=p.cap_ngram)
+            self._sources[key] = combine(
+                [*sources, *([dm] if dm is not None and "draft-simple" in key else [])],
+                p.adaptive, p.n_min)
+        return self._sources[key]
+
+    @property
+    def model_draft(self) -> ModelDraft | None:
+        """The draft model's source, whichever types the engine was loaded with."""
+        return _model_source(self.draft)
 
     def close(self) -> None:
         self.target.close()
@@ -109,24 +143,35 @@ class Engine:
     # -- prompt -----------------------------------------------------------------------------
     def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
-            from specli.chat import render_chat
-
-            text = render_chat(self.target.chat_template(), prompt,
-                               bos=self.target.special_text("bos"),
-                               eos=self.target.special_text("eos"))
-            bos = self.target.special_text("bos")
-            return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+            return self.tokenize_messages([{"role": "user", "content": prompt}])
         return self.target.tokenize(prompt)
+
+    def tokenize_messages(self, messages: list[dict]) -> list[int]:
+        """A conversation rendered with the target's chat template (sandboxed; ChatML when the
+        file has none), tokenized with special tokens parsed."""
+        from specli.chat import render_messages
+
+        bos = self.target.special_text("bos")
+        text = render_messages(self.target.chat_template(), messages, bos=bos,
+                               eos=self.target.special_text("eos"))
+        return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
-              speculative: bool = True) -> Iterator[tuple[int, bool]]:
+              speculative: bool = True,
+              spec: SpecRequest | None = None) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) for each emitted token; fills `stats` as it goes.
 
-        n_predict < 0 means until an end-of-generation token or a full context.
+        n_predict < 0 means until an end-of-generation token or a full context. spec: this
+        request's own draft types and lengths (the server's `speculative` object).
         """
         tgt = self.target
-        draft = self.draft if speculative else None
+        spec = spec or SpecRequest()
+        draft = None
+        if speculative:
+            draft = self.draft if spec.types is None else self.source_for(spec.types)
+        n_cap = spec.n_max if spec.n_max is not None else tgt.n_ctx
+        n_min = max(spec.n_min if spec.n_min is not None else self.draft_params.n_min, 1)
         if not prompt:
             raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
         if len(prompt) >= tgt.n_ctx:
@@ -135,12 +180,16 @@ class Engine:
                 hint="raise -c/--ctx-size or shorten the prompt")
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
-        stats.n_draft = self.draft_params.n_max if draft else 0
+        stats.n_draft = min(self.draft_params.n_max, n_cap) if draft else 0
         stats.n_prompt = len(prompt)
         stats.target = ModelPerf(load_ms=tgt.load_ms)
         dm = _model_draft(draft)
         if dm is not None:
             stats.draft = ModelPerf(load_ms=dm.load_ms)
+        md = self.model_draft if dm is not None else None
+        p_min = md.p_min if md is not None else 0.0
+        if md is not None and spec.p_min is not None:
+            md.p_min = spec.p_min  # this engine serves one request at a time: restored below
 
         t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
@@ -161,8 +210,9 @@ class Engine:
             while n_left > 0 and n_past < tgt.n_ctx:
                 # draft at most what the budget, the context and one target batch can take;
                 # each source applies its own cap (--draft, an n-gram type's m)
-                k = min(n_left - 1, tgt.n_ctx - n_past - 1, tgt.n_batch - 1) if draft else 0
-                proposal, n_acc, token = self._step(draft, context, n_past, k, sp, rng)
+                k = min(n_left - 1, tgt.n_ctx - n_past - 1, tgt.n_batch - 1, n_cap) \
+                    if draft else 0
+                proposal, n_acc, token = self._step(draft, context, n_past, k, n_min, sp, rng)
                 if proposal.tokens:
                     stats.record_step(len(proposal.tokens), n_acc, proposal.source)
                     draft.observe(n_acc)  # 5. observe: where adaptive draft lengths live
@@ -176,6 +226,8 @@ class Engine:
                     n_left -= 1
                     yield t, i < n_acc
         finally:
+            if md is not None:
+                md.p_min = p_min
             if draft:
                 draft.end()
             stats.t_decode_s = time.perf_counter() - t0
@@ -188,11 +240,11 @@ class Engine:
                 stats.draft.eval_ms = 1e3 * stats.t_draft_decode_s
 
     def _step(self, draft: DraftSource | None, context: list[int], n_past: int, k: int,
-              sp: SamplingParams, rng: np.random.Generator) -> tuple[Proposal, int, int]:
+              n_min: int, sp: SamplingParams,
+              rng: np.random.Generator) -> tuple[Proposal, int, int]:
         """One speculative step: (proposal, accepted count, next token). Whatever happens,
         both caches end at a committed length: the accepted prefix on success, the previous
         one on an exception (a failed decode, a closed stream)."""
-        n_min = max(self.draft_params.n_min, 1)
         n_keep = n_past
         try:
             # 1. propose; a draft shorter than --draft-min is not worth a verification
@@ -217,10 +269,10 @@ class Engine:
 
     # -- layer 2: text ----------------------------------------------------------------------
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
-               speculative: bool = True) -> Iterator[Chunk]:
+               speculative: bool = True, spec: SpecRequest | None = None) -> Iterator[Chunk]:
         stats = Stats()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for token, _ in self.steps(prompt, n_predict, sp, stats, speculative):
+        for token, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec):
             text = utf8.decode(self.target.token_bytes(token))
             if text:
                 yield Chunk(text)
@@ -228,11 +280,16 @@ class Engine:
 
     # -- layer 3: the whole answer ----------------------------------------------------------
     def complete(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
-                 speculative: bool = True) -> Completion:
+                 speculative: bool = True, spec: SpecRequest | None = None) -> Completion:
         stats = Stats()
-        tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative)]
+        tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
+
+
+def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
+    """A --spec-type list in llama.cpp's order of precedence, each type once."""
+    return tuple(t for t in SPEC_TYPES if t in spec_types)
 
 
 def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None = None,
@@ -278,10 +335,15 @@ def combine(sources: Sequence[DraftSource], adaptive: bool = False,
 
 def _model_draft(draft: DraftSource | None) -> Model | None:
     """The draft model's backend, if a model drafts (alone or in a chain)."""
+    src = _model_source(draft)
+    return src.model if src is not None else None
+
+
+def _model_source(draft: DraftSource | None) -> ModelDraft | None:
     for s in draft.sources if isinstance(draft, Chain) else [draft]:
         s = s.source if isinstance(s, Adaptive) else s
         if isinstance(s, ModelDraft):
-            return s.model
+            return s
     return None
 
 

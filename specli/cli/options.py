@@ -217,3 +217,33 @@ def ngram_params(size_n: int | None, size_m: int | None, min_hits: int | None,
         map_k4v_min_hits=pick(k4v_hits, min_hits, d.map_k4v_min_hits),
         mod_n_match=mod_match, mod_n_max=mod_max, mod_n_min=mod_min,
         lookup_static=lookup_static, lookup_dynamic=lookup_dynamic)
+
+
+def spec_types(value: str | None) -> list[str]:
+    if value is None:
+        return []
+    types = [t.strip() for t in value.split(",") if t.strip()]
+    unknown = [t for t in types if t not in config.SPEC_TYPES]
+    if unknown or not types:
+        raise UsageError(f"unknown --spec-type {', '.join(unknown) or repr(value)}",
+                         hint="one or more of: " + ", ".join(config.SPEC_TYPES))
+    return types
+
+
+def check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp: float,
+                  ctx: int, threads: int) -> None:
+    if draft < 1:
+        raise UsageError(f"--draft must be at least 1 (got {draft})",
+                         hint="use --no-spec to decode without a draft")
+    if draft_min < 0 or draft_min > draft:
+        raise UsageError(f"--draft-min must be between 0 and --draft ({draft}), got {draft_min}")
+    if not 0.0 <= p_min <= 1.0:
+        raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
+    if n_predict < -1:
+        raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
+    if temp < 0:
+        raise UsageError(f"--temp must be 0 or more, got {temp}")
+    if ctx < 16:
+        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
+    if threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {threads}")

@@ -13,7 +13,7 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err, spinner
-from specli.config import SPEC_TYPES, DraftParams, ModelParams, SamplingParams
+from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
@@ -86,7 +86,7 @@ def run(
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
     k, adaptive = o.parse_draft(draft if draft is not None else o.DEFAULTS["draft_max"])
-    _check_ranges(k, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
+    o.check_ranges(k, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
     if simple_min_hits is not None and simple_min_hits < 1:
         raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
     ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
@@ -94,7 +94,7 @@ def run(
                            map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits, ngram_mod_n_match,
                            ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
                            lookup_cache_dynamic)
-    types = _spec_types(spec_type)
+    types = o.spec_types(spec_type)
     if lookup_cache_static or lookup_cache_dynamic:
         if spec_type is None:
             types = ["ngram-cache"]
@@ -192,36 +192,6 @@ def _report(out_text: str, stats, baseline_match: bool | None, json_out: bool, m
     sys.stderr.write("\n" + format_llama(stats))
     if baseline_match is not None:
         sys.stderr.write(f"baseline output identical = {'yes' if baseline_match else 'no'}\n")
-
-
-def _spec_types(value: str | None) -> list[str]:
-    if value is None:
-        return []
-    types = [t.strip() for t in value.split(",") if t.strip()]
-    unknown = [t for t in types if t not in SPEC_TYPES]
-    if unknown or not types:
-        raise UsageError(f"unknown --spec-type {', '.join(unknown) or repr(value)}",
-                         hint="one or more of: " + ", ".join(SPEC_TYPES))
-    return types
-
-
-def _check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp: float,
-                  ctx: int, threads: int) -> None:
-    if draft < 1:
-        raise UsageError(f"--draft must be at least 1 (got {draft})",
-                         hint="use --no-spec to decode without a draft")
-    if draft_min < 0 or draft_min > draft:
-        raise UsageError(f"--draft-min must be between 0 and --draft ({draft}), got {draft_min}")
-    if not 0.0 <= p_min <= 1.0:
-        raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
-    if n_predict < -1:
-        raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
-    if temp < 0:
-        raise UsageError(f"--temp must be 0 or more, got {temp}")
-    if ctx < 16:
-        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
-    if threads < 1:
-        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
 
 
 def _prompt(prompt: str | None, file: Path | None, chat: bool) -> tuple[str, bool]:
