@@ -3,6 +3,7 @@
 # sdist (the same llama.cpp commit specli runs on), for side-by-side benchmarks and the
 # acceptance-parity test. Binaries land in the user cache, never in the repository.
 #   usage: scripts/build_native.sh [VERSION]     (default: the installed llama-cpp-python)
+#   SPECLI_NATIVE_SERVER=1 also builds llama-server (for scripts/bench_serve.py)
 set -euo pipefail
 py=${PYTHON:-python3}
 version=${1:-$("$py" -c 'import importlib.metadata as m; print(m.version("llama-cpp-python"))')}
@@ -15,8 +16,12 @@ if [ ! -d "$src" ]; then
   tar -xzf "$cache/llama_cpp_python-$version.tar.gz" -C "$cache"
 fi
 cmake -S "$src/vendor/llama.cpp" -B "$out" -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_SERVER="$([ "${SPECLI_NATIVE_SERVER:-0}" = 1 ] && echo ON || echo OFF)" \
   ${CMAKE_ARGS:-} >"$cache/build-$version.log" 2>&1
-cmake --build "$out" -j"${JOBS:-2}" --target llama-speculative-simple llama-speculative llama-simple llama-lookup llama-lookup-create \
+targets="llama-speculative-simple llama-speculative llama-simple llama-lookup llama-lookup-create"
+[ "${SPECLI_NATIVE_SERVER:-0}" = 1 ] && targets="$targets llama-server"
+# shellcheck disable=SC2086
+cmake --build "$out" -j"${JOBS:-2}" --target $targets \
   >>"$cache/build-$version.log" 2>&1 || { echo "build failed: see $cache/build-$version.log" >&2; exit 1; }
 echo "$out/bin"

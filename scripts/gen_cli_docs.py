@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-COMMANDS = [[], ["run"], ["check-pair"], ["info"], ["lookup"], ["lookup", "create"],
+COMMANDS = [[], ["run"], ["serve"], ["check-pair"], ["info"], ["lookup"], ["lookup", "create"],
             ["lookup", "merge"], ["lookup", "stats"]]
 
 

@@ -12,6 +12,7 @@ from specli.cli import check_pair as check_pair_cmd
 from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
 from specli.cli import run as run_cmd
+from specli.cli import serve as serve_cmd
 from specli.cli.console import err
 from specli.errors import SpecliError
 
@@ -25,6 +26,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run_cmd.run)
+app.command("serve")(serve_cmd.serve)
 app.command("check-pair")(check_pair_cmd.check_pair)
 app.command("info")(info_cmd.info)
 app.add_typer(lookup_cmd.app, name="lookup")

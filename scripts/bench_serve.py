@@ -1,0 +1,146 @@
+"""Aggregate throughput of `specli serve` against native llama-server (issue 5's benchmark).
+
+Both serve the same draft/target pair with the same flags (-np, -c, --draft, -t, greedy);
+1, 2 and 4 clients stream chat completions at once; the figure is generated tokens (from each
+stream's usage chunk) over the wall time of the round. Rounds alternate between the servers.
+Prints a Markdown table for docs/performance.md.
+
+    SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh    # builds llama-server once
+    python scripts/bench_serve.py [-m T -md D] [--clients 1,2,4] [-n 128] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from specli import defaults
+
+PROMPTS = [
+    "Write a binary search in Python.",
+    "Explain how a hash map works.",
+    "Write a JavaScript function that debounces another function.",
+    "What is the difference between TCP and UDP?",
+    "Write a SQL query that finds the top 3 customers by total order value.",
+    "List five tips for better sleep.",
+    "Write a haiku about autumn.",
+    "Summarize the causes of World War I in three sentences.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 180) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("server did not become healthy")
+
+
+def stream(url: str, prompt: str, n: int, out: list[int]) -> None:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                doc = json.loads(line[6:])
+                if doc.get("usage"):
+                    out.append(doc["usage"]["completion_tokens"])
+
+
+def round_tps(url: str, clients: int, n: int, offset: int) -> float:
+    counts: list[int] = []
+    threads = [threading.Thread(target=stream, args=(
+        url, PROMPTS[(offset + i) % len(PROMPTS)], n, counts)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if len(counts) != clients:
+        raise RuntimeError("a stream did not report its usage")
+    return sum(counts) / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model")
+    ap.add_argument("-md", "--model-draft")
+    ap.add_argument("--clients", default="1,2,4")
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--draft", type=int, default=8)
+    ap.add_argument("-c", type=int, default=4096)
+    ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--native", default=str(Path(defaults.cache_dir()) / "native"))
+    args = ap.parse_args()
+    target, draft = (args.model, args.model_draft) if args.model else defaults.default_pair()
+    clients = [int(c) for c in args.clients.split(",")]
+    n_parallel = max(clients)
+    import llama_cpp
+
+    native = Path(args.native) / f"llama.cpp-{llama_cpp.__version__}" / "bin" / "llama-server"
+    if not native.exists():
+        sys.exit(f"no {native}: run SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh")
+    common = ["-m", target, "-md", draft, "-np", str(n_parallel), "-c", str(args.c),
+              "-t", str(args.t), "--temp", "0"]
+    servers = {}
+    port = free_port()
+    servers["specli"] = (subprocess.Popen(
+        [sys.executable, "-m", "specli", "serve", *common, "--draft", str(args.draft),
+         "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
+        f"http://127.0.0.1:{port}")
+    port = free_port()
+    servers["llama-server"] = (subprocess.Popen(
+        [str(native), *common, "--spec-draft-n-max", str(args.draft), "-td", str(args.t),
+         "--port", str(port), "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
+    try:
+        for proc, url in servers.values():
+            wait_healthy(url, proc)
+            round_tps(url, 1, 8, 0)  # warm up: weights paged in
+        results: dict[tuple[str, int], list[float]] = {}
+        for r in range(args.rounds):
+            for c in clients:
+                for name, (_, url) in servers.items():
+                    tps = round_tps(url, c, args.n, r)
+                    results.setdefault((name, c), []).append(tps)
+                    print(f"round {r + 1}: {name:12s} {c} clients: {tps:7.1f} t/s",
+                          file=sys.stderr)
+    finally:
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait(30)
+    print(f"| clients | specli serve (t/s) | llama-server (t/s) | ratio |  \n"
+          f"|---:|---:|---:|---:|")
+    for c in clients:
+        s = statistics.median(results[("specli", c)])
+        n = statistics.median(results[("llama-server", c)])
+        print(f"| {c} | {s:.1f} | {n:.1f} | {s / n:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""`specli serve`: an OpenAI-compatible HTTP server with speculative decoding (llama-server -md)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specli.cli import options as o
+from specli.cli.console import err
+from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.errors import SpecliError, UsageError
+
+SERVER = "Server"
+
+
+def serve(
+    model: o.Model = None,
+    model_draft: o.ModelDraft = None,
+    host: Annotated[str, typer.Option(
+        "--host", help="Address to listen on. 0.0.0.0 exposes the server to the network.",
+        rich_help_panel=SERVER)] = "127.0.0.1",
+    port: Annotated[int, typer.Option(
+        "--port", help="Port to listen on (0: any free port).", rich_help_panel=SERVER)] = 8080,
+    parallel: Annotated[int, typer.Option(
+        "-np", "--parallel", help="Requests decoded at once (slots); -c is divided among them, "
+        "as llama-server does.", rich_help_panel=SERVER)] = 1,
+    api_key: Annotated[list[str] | None, typer.Option(
+        "--api-key", help="Require this key (Authorization: Bearer KEY or X-Api-Key); "
+        "repeat or comma-separate for several.", rich_help_panel=SERVER,
+        show_default=False)] = None,
+    api_key_file: Annotated[Path | None, typer.Option(
+        "--api-key-file", help="Read keys from a file, one per line.", rich_help_panel=SERVER,
+        show_default=False)] = None,
+    metrics: Annotated[bool, typer.Option(
+        "--metrics", help="Serve Prometheus metrics at /metrics.", rich_help_panel=SERVER)] = False,
+    timeout: Annotated[float, typer.Option(
+        "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
+        rich_help_panel=SERVER)] = 600.0,
+    max_queue: Annotated[int, typer.Option(
+        "--max-queue", help="Requests that may wait for a slot; one more gets a 503 with "
+        "Retry-After.", rich_help_panel=SERVER)] = 16,
+    alias: Annotated[str | None, typer.Option(
+        "-a", "--alias", help="Model name in /v1/models and responses. Default: the file name.",
+        rich_help_panel=SERVER, show_default=False)] = None,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Default tokens per request when it sets no max_tokens; -1 "
+        "until end of generation or a full context.", rich_help_panel=SERVER)] = -1,
+    spec_type: o.SpecTypeOpt = None,
+    ngram_size_n: o.NgramSizeN = None,
+    ngram_size_m: o.NgramSizeM = None,
+    ngram_min_hits: o.NgramMinHits = None,
+    simple_size_n: o.SimpleSizeN = None,
+    simple_size_m: o.SimpleSizeM = None,
+    simple_min_hits: o.SimpleMinHits = None,
+    map_k_size_n: o.MapKSizeN = None,
+    map_k_size_m: o.MapKSizeM = None,
+    map_k_min_hits: o.MapKMinHits = None,
+    map_k4v_size_n: o.MapK4vSizeN = None,
+    map_k4v_size_m: o.MapK4vSizeM = None,
+    map_k4v_min_hits: o.MapK4vMinHits = None,
+    ngram_mod_n_match: o.NgramModMatch = 24,
+    ngram_mod_n_max: o.NgramModMax = 64,
+    ngram_mod_n_min: o.NgramModMin = 48,
+    lookup_cache_static: o.LookupStatic = None,
+    lookup_cache_dynamic: o.LookupDynamic = None,
+    draft: o.DraftMax = None,
+    draft_min: o.DraftMin = 0,
+    draft_p_min: o.DraftPMin = 0.0,
+    temp: o.Temp = 0.8,
+    top_k: o.TopK = 40,
+    top_p: o.TopP = 0.95,
+    min_p: o.MinP = 0.05,
+    seed: o.Seed = -1,
+    ctx_size: o.CtxSize = o.DEFAULTS["ctx"],
+    ctx_size_draft: o.CtxSizeDraft = None,
+    n_gpu_layers: o.GpuLayers = 0,
+    n_gpu_layers_draft: o.GpuLayersDraft = 0,
+    threads: o.Threads = o.DEFAULTS["threads"],
+    threads_draft: o.ThreadsDraft = None,
+    threads_batch: o.ThreadsBatch = None,
+    threads_batch_draft: o.ThreadsBatchDraft = None,
+    cache_type_k: o.CacheTypeK = None,
+    cache_type_v: o.CacheTypeV = None,
+    cache_type_k_draft: o.CacheTypeKDraft = None,
+    cache_type_v_draft: o.CacheTypeVDraft = None,
+    flash_attn: o.FlashAttnOpt = o.FlashAttn.auto,
+    verbose: o.Verbose = False,
+) -> None:
+    """Serve the target over HTTP (OpenAI and llama-server routes) with speculative decoding.
+
+    /v1/chat/completions, /v1/completions, /v1/models, /completion, /props, /health and (with
+    --metrics) /metrics. A request may carry its own `speculative` object ({"n_max", "n_min",
+    "p_min", "type"}, or false). With no -m, the embedded SmolLM2 pair is served.
+    """
+    k, adaptive = o.parse_draft(draft if draft is not None else o.DEFAULTS["draft_max"])
+    o.check_ranges(k, draft_min, draft_p_min, 1, temp, ctx_size, threads)
+    if parallel < 1 or max_queue < 0 or timeout <= 0:
+        raise UsageError("-np/--parallel must be at least 1, --max-queue at least 0 and "
+                         "--timeout more than 0")
+    if n_predict < -1 or n_predict == 0:
+        raise UsageError(f"-n/--n-predict must be -1 or at least 1, got {n_predict}")
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    if simple_min_hits is not None and simple_min_hits < 1:
+        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
+    ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
+                           simple_size_m, map_k_size_n, map_k_size_m, map_k_min_hits,
+                           map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits, ngram_mod_n_match,
+                           ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
+                           lookup_cache_dynamic)
+    types = o.spec_types(spec_type)
+    if (lookup_cache_static or lookup_cache_dynamic) and "ngram-cache" not in types:
+        types.append("ngram-cache")
+    if model is None:
+        if model_draft is not None:
+            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
+        from specli.defaults import default_pair
+
+        model, model_draft = default_pair()
+    if "draft-simple" in types and model_draft is None:
+        raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
+    keys = _keys(api_key or [], api_key_file)
+
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise SpecliError("specli serve needs the server extra",
+                          hint="pip install 'specli[server]'") from None
+    from specli import pairing
+    from specli.ggufmeta import read_header
+    from specli.server import ServerConfig
+
+    # refuse a bad pair or file before listening, from the headers alone
+    if model_draft is not None:
+        pairing.ensure_compatible(model, model_draft)
+    else:
+        read_header(model)
+    target = ModelParams(
+        path=model, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
+        n_threads_batch=threads_batch, type_k=cache_type_k, type_v=cache_type_v,
+        flash_attn=flash_attn.value, verbose=verbose)
+    draft_model = None
+    if model_draft is not None:
+        td = threads_draft or threads
+        draft_model = ModelParams(
+            path=model_draft, n_ctx=ctx_size_draft or ctx_size, n_gpu_layers=n_gpu_layers_draft,
+            n_threads=td, n_threads_batch=threads_batch_draft or td, type_k=cache_type_k_draft,
+            type_v=cache_type_v_draft, flash_attn=flash_attn.value, verbose=verbose)
+    config = ServerConfig(
+        target=target, draft=draft_model,
+        draft_params=DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min, adaptive=adaptive,
+                                 cap_ngram=draft is not None and not adaptive),
+        spec_types=tuple(types), ngram=ngram,
+        sampling=SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                seed=None if seed < 0 else seed),
+        n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), alias=alias,
+        metrics=metrics, timeout=timeout, max_queue=max_queue)
+    _run(config, host, port)
+
+
+def _keys(given: list[str], path: Path | None) -> list[str]:
+    keys = [k.strip() for v in given for k in v.split(",") if k.strip()]
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise SpecliError(f"cannot read --api-key-file {path}: {e.strerror or e}") from None
+        keys += [line.strip() for line in text.splitlines() if line.strip()]
+        if not keys:
+            raise UsageError(f"--api-key-file {path} holds no key")
+    return keys
+
+
+def _run(config, host: str, port: int) -> None:
+    import uvicorn
+
+    from specli.server import create_app
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+    except OSError as e:
+        raise SpecliError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                          hint="choose another --port or --host") from None
+    failure: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def fatal(e: BaseException) -> None:
+        failure.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    def ready(slots: int) -> None:
+        bound = sock.getsockname()
+        err.print(f"specli serve: listening on http://{host}:{bound[1]} ({config.model_id}, "
+                  f"{'draft ' + Path(config.draft.path).name if config.draft else 'no draft'}"
+                  f", {slots} slot{'s' * (slots != 1)})", markup=False)
+
+    app = create_app(config, on_fatal=fatal, on_ready=ready)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30))
+    server.run(sockets=[sock])
+    if failure:
+        e = failure[0]
+        if isinstance(e, SpecliError):
+            raise e
+        raise SpecliError(f"the server could not load the models: {e}") from e

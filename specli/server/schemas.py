@@ -1,0 +1,112 @@
+"""Request bodies, validated by pydantic (and published in the OpenAPI schema).
+
+Every field specli honours is declared; a known OpenAI or llama-server parameter that specli
+cannot honour is declared too, so that a request using it is refused (400) rather than
+silently ignored; any other field is refused as unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specli.config import SPEC_TYPES
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Speculative(Strict):
+    """This request's own speculative settings (beyond llama.cpp): draft length bounds,
+    the draft model's probability floor, and the --spec-type list to draft with."""
+
+    n_max: Annotated[int, Field(ge=1, le=64)] | None = None
+    n_min: Annotated[int, Field(ge=0, le=64)] | None = None
+    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    type: Annotated[str, Field(
+        description="llama.cpp --spec-type names, comma-separated: "
+        + ", ".join(SPEC_TYPES))] | None = None
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Sampling(Strict):
+    """What every generation route shares."""
+
+    model: str | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None  # -1: a random seed
+    stop: str | Annotated[list[str], Field(max_length=16)] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    speculative: Speculative | bool | None = None
+    # known, not served: refused with 400 when set to anything but their neutral value
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_call_id...: passed to the template
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+
+class ChatRequest(Sampling):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    response_format: dict | None = None
+    parallel_tool_calls: bool | None = None
+
+
+class CompletionRequest(Sampling):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | \
+        Annotated[list[int], Field(min_length=1)]
+    max_tokens: int | None = None
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class LlamaCompletionRequest(Strict):
+    """llama-server's own /completion."""
+
+    prompt: str | Annotated[list[int], Field(min_length=1)]
+    n_predict: int | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    seed: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None
+    stop: Annotated[list[str], Field(max_length=16)] | None = None
+    stream: bool = False
+    cache_prompt: bool | None = None  # the slot keeps its cache anyway
+    speculative: Speculative | bool | None = None
+    # llama-server's flat spellings of the same (compiled out there, honoured here)
+    spec_n_max: Annotated[int | None, Field(ge=1, le=64, alias="speculative.n_max")] = None
+    spec_n_min: Annotated[int | None, Field(ge=0, le=64, alias="speculative.n_min")] = None
+    spec_p_min: Annotated[float | None, Field(ge=0.0, le=1.0,
+                                              alias="speculative.p_min")] = None
+    spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
+    n_probs: int | None = None

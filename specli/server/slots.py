@@ -1,0 +1,204 @@
+"""Slots: N engines over shared weights, a bounded wait for a free one, and a generation that
+runs on the slot's own thread and streams to the event loop.
+
+A slot is one Engine (its own target and draft contexts, over the weights the first slot
+loaded). llama_decode releases the GIL, so slots decode in parallel. A request waits for a
+free slot in a bounded queue; when the queue is full, or the wait exceeds the timeout, it is
+refused (503). A generation checks a cancel flag between tokens: a client that goes away
+frees its slot after at most one speculative step, with both KV caches rewound by the
+engine's own try/finally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import threading
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from specli.config import SamplingParams, SpecRequest
+from specli.engine import Engine
+from specli.stats import Stats
+
+
+class Busy(Exception):
+    """No slot is free and the queue is full (or the wait timed out): answer 503."""
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    n_predict: int
+    sampling: SamplingParams
+    speculative: bool = True
+    spec: SpecRequest | None = None
+    stop: Sequence[str] = ()
+
+
+@dataclass
+class Piece:
+    text: str
+
+
+@dataclass
+class Done:
+    finish_reason: str  # stop, length, or cancelled
+    stats: Stats
+    text: str
+
+
+@dataclass
+class Slot:
+    id: int
+    engine: Engine
+    busy: bool = False
+    n_requests: int = 0
+
+
+class StopMatcher:
+    """Holds back as much text as could be the start of a stop string; cuts at the first."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.buf = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to emit, whether a stop string was reached)."""
+        self.buf += text
+        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.buf = self.buf[:min(hits)], ""
+            return out, True
+        cut = max(len(self.buf) - self.hold, 0)
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+class Generation:
+    """One request on one slot; started at once, so the slot is released even if nobody
+    reads the events."""
+
+    def __init__(self, pool: SlotPool, slot: Slot, job: Job):
+        self.slot, self.job = slot, job
+        self._on_done = pool.on_done
+        self._cancel = threading.Event()
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        fut = self._loop.run_in_executor(pool.executor, self._work)
+        fut.add_done_callback(lambda _: pool.release(slot))
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def events(self) -> AsyncIterator[Piece | Done]:
+        """The text as it is generated, then Done; raises what the engine raised."""
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            self._cancel.set()  # the reader left (or finished): stop at the next token
+
+    def _push(self, item) -> None:
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _work(self) -> None:
+        engine, job = self.slot.engine, self.job
+        stats = Stats()
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        stop = StopMatcher(job.stop)
+        pieces: list[str] = []
+        finish = None
+        try:
+            steps = engine.steps(job.prompt, job.n_predict, job.sampling, stats,
+                                 job.speculative, job.spec)
+            try:
+                for token, _ in steps:
+                    if self._cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    text, hit = stop.feed(utf8.decode(engine.target.token_bytes(token)))
+                    if text:
+                        pieces.append(text)
+                        self._push(Piece(text))
+                    if hit:
+                        finish = "stop"
+                        break
+            finally:
+                steps.close()  # the engine's finally: caches rewound, stats complete
+            if finish is None:
+                text, hit = stop.feed(utf8.decode(b"", final=True))
+                text += "" if hit else stop.flush()
+                if text:
+                    pieces.append(text)
+                    self._push(Piece(text))
+                finish = "stop" if hit else stats.finish_reason
+            if self._on_done:
+                self._on_done(stats)
+            self._push(Done(finish, stats, "".join(pieces)))
+        except BaseException as e:  # handed to the event loop, which answers the client
+            self._push(e)
+
+
+@dataclass
+class SlotPool:
+    slots: list[Slot]
+    max_queue: int = 16
+    wait_s: float = 600.0
+    on_done: Callable[[Stats], None] | None = None  # each generation's stats (metrics)
+    waiting: int = 0
+    executor: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.executor = ThreadPoolExecutor(max_workers=len(self.slots),
+                                           thread_name_prefix="specli-slot")
+        self._free: asyncio.Queue | None = None
+
+    def _queue(self) -> asyncio.Queue:
+        if self._free is None:  # made on the event loop that uses it
+            self._free = asyncio.Queue()
+            for s in self.slots:
+                self._free.put_nowait(s)
+        return self._free
+
+    @property
+    def idle(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    async def acquire(self) -> Slot:
+        free = self._queue()
+        if free.empty() and self.waiting >= self.max_queue:
+            raise Busy(f"all {len(self.slots)} slots are busy and {self.waiting} requests wait")
+        self.waiting += 1
+        try:
+            slot = await asyncio.wait_for(free.get(), self.wait_s)
+        except TimeoutError:
+            raise Busy(f"no slot became free within {self.wait_s:g} s") from None
+        finally:
+            self.waiting -= 1
+        slot.busy = True
+        slot.n_requests += 1
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        slot.busy = False
+        self._queue().put_nowait(slot)
+
+    def start(self, slot: Slot, job: Job) -> Generation:
+        return Generation(self, slot, job)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        for s in self.slots:
+            s.engine.close()

@@ -1,0 +1,321 @@
+"""`specli serve` through real clients: the `openai` package, httpx and curl-like raw requests,
+against a server started with the real SmolLM2 pair on a free loopback port (issue 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+KEY = "test-key-123"
+PROMPT = "Write a Python function that adds two numbers."
+
+
+class Server:
+    def __init__(self, *args: str):
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specli", "serve", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        line = self._ready_line(timeout=120)
+        self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def _ready_line(self, timeout: float) -> str:
+        out: list[str] = []
+
+        def read() -> None:
+            for line in self.proc.stderr:
+                out.append(line)
+                if "listening on" in line:
+                    return
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(timeout)
+        if not out or "listening on" not in out[-1]:
+            self.proc.kill()
+            raise RuntimeError("server did not start: " + "".join(out))
+        return out[-1]
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0,
+                             timeout=120)
+
+    def http(self, key: str | None = KEY) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(f16, q4_1):
+    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "-t", "2", "--api-key", KEY,
+               "--metrics", "-a", "smollm2-f16", "--temp", "0")
+    yield s
+    s.stop()
+
+
+def chat(client, content: str = PROMPT, **kw):
+    return client.chat.completions.create(
+        model="smollm2-f16", messages=[{"role": "user", "content": content}],
+        max_tokens=kw.pop("max_tokens", 32), temperature=0, **kw)
+
+
+# -- the openai package ------------------------------------------------------------------------
+
+def test_chat_completion_with_usage(server):
+    r = chat(server.client())
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    u = r.usage
+    assert u.prompt_tokens > 0 and 0 < u.completion_tokens <= 32
+    assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+    spec = u.model_extra["speculative"]
+    assert spec["draft_n"] >= spec["draft_n_accepted"] >= 0
+
+
+def test_completion(server):
+    r = server.client().completions.create(model="smollm2-f16", prompt="def add(a, b):",
+                                           max_tokens=16, temperature=0)
+    assert r.choices[0].text and r.usage.completion_tokens <= 16
+
+
+def test_streaming_reassembles_to_the_plain_answer(server):
+    client = server.client()
+    plain = chat(client).choices[0].message.content
+    pieces, usage = [], None
+    for chunk in chat(client, stream=True, stream_options={"include_usage": True}):
+        if chunk.choices:
+            pieces.append(chunk.choices[0].delta.content or "")
+        if chunk.usage:
+            usage = chunk.usage
+    assert "".join(pieces) == plain
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_models_list(server):
+    ids = [m.id for m in server.client().models.list()]
+    assert ids == ["smollm2-f16"]
+
+
+def test_a_wrong_key_is_an_authentication_error(server):
+    with pytest.raises(openai.AuthenticationError):
+        chat(server.client(key="wrong"))
+    assert server.http(key=None).get("/v1/models").status_code == 401
+    r = httpx.get(f"{server.url}/v1/models", headers={"X-Api-Key": KEY})
+    assert r.status_code == 200
+    assert httpx.get(f"{server.url}/health").status_code == 200  # public
+
+
+# -- greedy fidelity and per-request speculation ---------------------------------------------
+
+def test_with_and_without_speculation_the_text_is_identical(server):
+    client = server.client()
+    base = chat(client, max_tokens=48, extra_body={"speculative": False})
+    assert base.usage.model_extra["speculative"]["draft_n"] == 0
+    for spec in (None, {"n_max": 3}, {"type": "ngram-simple"},
+                 {"type": "ngram-mod,draft-simple", "n_max": 5, "p_min": 0.3}):
+        r = chat(client, max_tokens=48, extra_body={"speculative": spec} if spec else None)
+        assert r.choices[0].message.content == base.choices[0].message.content, spec
+
+
+def test_per_request_n_max_caps_every_draft(server):
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 32,
+                                        "speculative": {"n_max": 2}}).json()
+        assert r["timings"]["draft_n"] > 0
+        assert len(r["timings"]["draft_accepted_per_position"]) <= 2
+        flat = h.post("/completion", json={"prompt": PROMPT, "n_predict": 32,
+                                           "speculative.n_max": 2}).json()
+        assert flat["content"] == r["content"]
+
+
+def test_llama_server_completion_and_its_timings(server):
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 24, "temperature": 0})
+        assert r.status_code == 200
+        doc = r.json()
+        t = doc["timings"]
+        for key in ("prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+                    "predicted_per_second", "draft_n", "draft_n_accepted"):
+            assert key in t, key
+        assert doc["stop"] is True and doc["tokens_predicted"] == t["predicted_n"] <= 24
+        events = []
+        with h.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 24,
+                                                   "temperature": 0, "stream": True}) as s:
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+        assert "".join(e["content"] for e in events) == doc["content"]
+        assert events[-1]["stop"] is True and "timings" in events[-1]
+
+
+def test_stop_strings_cut_the_text(server):
+    client = server.client()
+    full = chat(client, max_tokens=40).choices[0].message.content
+    word = full.split()[3]
+    cut = chat(client, max_tokens=40, stop=[word])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == full[:full.index(word)]
+
+
+# -- metrics and props ---------------------------------------------------------------------------
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_metrics_move_by_exactly_one_requests_figures(server):
+    with server.http() as h:
+        before = h.get("/metrics").text
+        t = h.post("/completion", json={"prompt": PROMPT, "n_predict": 20}).json()["timings"]
+        after = h.get("/metrics").text
+    for name, value in (("specli_draft_tokens_total", t["draft_n"]),
+                        ("specli_draft_tokens_accepted_total", t["draft_n_accepted"]),
+                        ("specli_tokens_predicted_total", t["predicted_n"])):
+        assert _metric(after, name) - _metric(before, name) == value, name
+    pos1 = 'specli_draft_tokens_accepted_per_position_total{position="1"}'
+    assert _metric(after, pos1) >= _metric(before, pos1)
+    assert "specli_requests_total" in after
+
+
+def test_props_state_slots_and_template(server):
+    with server.http() as h:
+        p = h.get("/props").json()
+    assert p["total_slots"] == 2 and p["slots_idle"] == 2
+    assert p["chat_template_fallback"] is False
+    assert p["speculative"]["types"] == ["draft-simple"]
+    assert p["default_generation_settings"]["n_ctx"] == 512  # -c 1024 over 2 slots
+
+
+# -- errors: the OpenAI envelope, 4xx for bad input ----------------------------------------------
+
+@pytest.mark.parametrize("body,param", [
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 99999}, "max_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, "model"),
+    ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, "temperature"),
+    ({"messages": [{"role": "user", "content": "hi " * 2000}]}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}], "speculative": {"type": "magic"}},
+     "speculative.type"),
+])
+def test_bad_input_is_a_400_in_the_openai_envelope(server, body, param):
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+
+
+def test_invalid_json_too_large_and_unknown_routes(server):
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", content=b"{not json",
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+        r = h.post("/v1/completions", content=b"x" * (9 << 20),
+                   headers={"Content-Type": "application/json"})
+        assert r.status_code == 413 and "error" in r.json()
+        r = h.get("/v1/nothing")
+        assert r.status_code == 404 and "error" in r.json()
+
+
+# -- slots: concurrency, disconnects, the queue ---------------------------------------------------
+
+def test_eight_streaming_clients_half_leaving_leak_nothing(server):
+    with server.http() as h:  # warm up, then measure
+        h.post("/completion", json={"prompt": PROMPT, "n_predict": 8})
+    rss_before = server.rss_kb()
+    errors: list[str] = []
+
+    def client(i: int) -> None:
+        try:
+            with httpx.Client(base_url=server.url, timeout=120,
+                              headers={"Authorization": f"Bearer {KEY}"}) as c, \
+                    c.stream("POST", "/v1/chat/completions", json={
+                        "messages": [{"role": "user", "content": f"Count to {i + 20}."}],
+                        "max_tokens": 48, "stream": True}) as r:
+                if r.status_code != 200:
+                    errors.append(f"{i}: {r.status_code}")
+                    return
+                for n, _ in enumerate(r.iter_lines()):
+                    if i % 2 and n == 4:
+                        return  # leave mid-stream: the slot must be freed at once
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"{i}: {e!r}")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert not errors
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        health = httpx.get(f"{server.url}/health").json()
+        if health["slots_idle"] == 2:
+            break
+        time.sleep(0.2)
+    assert health == {"status": "ok", "slots_idle": 2, "slots_processing": 0}
+    assert abs(server.rss_kb() - rss_before) <= 0.1 * rss_before
+
+
+def test_a_full_queue_answers_503_with_retry_after(q4_1):
+    s = Server("-m", q4_1, "-np", "1", "--max-queue", "0", "-c", "512", "-t", "2")
+    try:
+        codes: list[int] = []
+        retry: list[str | None] = []
+
+        def call() -> None:
+            r = httpx.post(f"{s.url}/completion", json={"prompt": PROMPT, "n_predict": 64},
+                           timeout=120)
+            codes.append(r.status_code)
+            retry.append(r.headers.get("retry-after"))
+
+        threads = [threading.Thread(target=call) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert sorted(codes)[0] == 200 and 503 in codes
+        assert all(r == "1" for c, r in zip(codes, retry, strict=True) if c == 503)
+    finally:
+        s.stop()
+
+
+def test_an_incompatible_pair_is_refused_before_listening(gemma, q4_1):
+    r = subprocess.run([sys.executable, "-m", "specli", "serve", "-m", gemma, "-md", q4_1,
+                        "--port", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: incompatible draft/target pair (vocab-type)")
+
+
+def test_a_busy_port_is_a_clear_error(server):
+    r = subprocess.run([sys.executable, "-m", "specli", "serve", "--port", str(server.port)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "cannot listen on 127.0.0.1" in r.stderr
