@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import llama_cpp as ll
 import numpy as np
 
 from specli.config import ModelParams
-from specli.errors import BackendError, ContextOverflowError, ModelFileError
+from specli.errors import BackendError, ContextOverflowError, ModelFileError, SpecliError
 
 _KV_TYPES = {
     "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -146,7 +147,9 @@ class Model:
     `share`: another Model of the same file whose weights this one reuses (a second context
     for a server slot, without loading the weights twice)."""
 
-    def __init__(self, params: ModelParams, share: Model | None = None):
+    seq = 0  # the sequence id this model's tokens live in
+
+    def __init__(self, params: ModelParams, share: Model | None = None, n_seq_max: int = 1):
         _check_gguf(params.path)
         self.params = params
         set_verbose(params.verbose)
@@ -158,7 +161,7 @@ class Model:
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
-        cp.n_seq_max = 1
+        cp.n_seq_max = n_seq_max  # > 1: a SharedContext's sequences, n_ctx / n_seq_max each
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads_batch or params.n_threads
         cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
@@ -259,7 +262,7 @@ class Model:
             b.token[j] = tokens[i]
             b.pos[j] = pos0 + j
             b.n_seq_id[j] = 1
-            b.seq_id[j][0] = 0
+            b.seq_id[j][0] = self.seq
             b.logits[j] = 1 if i >= first_out else 0
         b.n_tokens = end - start
 
@@ -269,9 +272,9 @@ class Model:
             self._truncate(n_keep)
 
     def _truncate(self, n_keep: int) -> None:
-        if not ll.llama_memory_seq_rm(self._mem, 0, n_keep, -1):
+        if not ll.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
             # partial removal refused (recurrent models): start over rather than lie
-            ll.llama_memory_clear(self._mem, True)
+            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
             self.tokens.clear()
             raise BackendError("this model's cache cannot be rolled back partially",
                                hint="speculative decoding needs a transformer KV cache")
@@ -279,7 +282,7 @@ class Model:
 
     def kv_pos_max(self) -> int:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
-        return int(ll.llama_memory_seq_pos_max(self._mem, 0))
+        return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
 
     def sync(self, tokens: Sequence[int]) -> int:
         """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.
@@ -307,6 +310,223 @@ class Model:
 
     def __del__(self):
         self.close()
+
+
+class Gate:
+    """The slots generating right now, and how many of them wait at a SharedContext. A decode
+    starts once no running slot can still join it: every running slot is parked at one of
+    the contexts (its tokens already queued), so batches are as large as they can be without
+    a timing guess. One Gate serves a pool's target and draft contexts."""
+
+    MAX_WAIT = 0.05  # seconds: a safety net, should a running slot stall outside a decode
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.running = 0
+        self.parked = 0
+        self.contexts: list[SharedContext] = []
+
+    def enter(self) -> None:
+        with self.cond:
+            self.running += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def busy(self, ctx: SharedContext) -> bool:
+        """Another context is decoding: one llama_decode at a time, or the two would share
+        the CPU's threads and each run slower."""
+        return any(c.decoding for c in self.contexts if c is not ctx)
+
+    def gather(self, ctx: SharedContext) -> bool:
+        """Whether a decode at ctx should wait for more slots to join: while a running slot
+        is still in Python (it may come here), or, when every running slot is parked, while
+        a context ahead of ctx (the draft's) holds slots: they draft first, so that every
+        slot arrives at the verification together, and slots fall into step, as in
+        llama-server's one loop (draft everyone, then verify everyone in one batch)."""
+        if ctx.inside >= self.running:
+            return False
+        if self.parked < self.running:
+            return True
+        return any(c.inside for c in self.contexts[:self.contexts.index(ctx)])
+
+
+class SharedContext:
+    """One llama_context holding several sequences (server slots), as llama-server does.
+
+    Each slot decodes through its own SeqModel from its own thread; decodes that arrive
+    together are combined into one llama_decode (a batch of several sequences costs much less
+    than as many single decodes on this CPU, and more so on a GPU). The first caller leads:
+    it waits (Gate) until every other running slot is parked at a context, decodes everyone's
+    tokens queued here at once, and hands each caller a copy of its own logits rows."""
+
+    def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
+                 first: bool = False):
+        self.params = params
+        self.n_seq = n_seq
+        self.gate = gate or Gate()
+        # the context as Model builds it, with n_seq sequences over n_ctx each
+        self._model = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
+        self.n_ctx_seq = int(ll.llama_n_ctx_seq(self._model._ctx))
+        self._pending: list[_Request] = []
+        self._leading = False
+        self.inside = 0  # slots parked here: queued, or in the batch being decoded
+        self.decoding = False
+        # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
+        self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
+
+    def view(self, seq: int) -> SeqModel:
+        return SeqModel(self, seq)
+
+    def close(self) -> None:
+        self._model.close()
+
+    def decode(self, req: _Request) -> None:
+        g = self.gate
+        with g.cond:
+            self._pending.append(req)
+            g.parked += 1
+            self.inside += 1
+            g.cond.notify_all()
+            try:
+                while not req.done and self._leading:
+                    g.cond.wait()
+                if req.done:
+                    return
+                self._leading = True  # lead: wait until nobody else can still join
+                deadline = time.perf_counter() + g.MAX_WAIT
+                while True:
+                    if g.busy(self):
+                        g.cond.wait()
+                        continue
+                    left = deadline - time.perf_counter()
+                    if left <= 0 or not g.gather(self):
+                        break
+                    g.cond.wait(left)
+                batch, size = [], 0
+                for r in list(self._pending):
+                    if r is req or size + len(r.tokens) <= self._model.n_batch:
+                        batch.append(r)
+                        size += len(r.tokens)
+                for r in batch:
+                    self._pending.remove(r)
+                self.decoding = True
+                g.cond.release()  # decode without the lock: others may queue meanwhile
+                try:
+                    self._run(batch)
+                finally:
+                    g.cond.acquire()
+                    for r in batch:
+                        r.done = True
+                    self._leading = self.decoding = False
+                    g.cond.notify_all()
+            finally:
+                g.parked -= 1
+                self.inside -= 1
+                g.cond.notify_all()
+
+    def _run(self, batch: list[_Request]) -> None:
+        m = self._model
+        if len(batch) == 1 or sum(len(r.tokens) for r in batch) > m.n_batch:
+            for r in batch:  # alone (a long prompt is decoded in chunks)
+                self._run_one(r)
+            return
+        b = m._batch
+        j = 0
+        for r in batch:
+            first_out = len(r.tokens) - r.n_out
+            for i, t in enumerate(r.tokens):
+                b.token[j] = t
+                b.pos[j] = r.pos0 + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = r.seq
+                b.logits[j] = 1 if i >= first_out else 0
+                j += 1
+        b.n_tokens = j
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(m._ctx, b)
+        dt = time.perf_counter() - t0
+        if rc != 0:
+            for r in batch:
+                r.error = BackendError(f"llama_decode failed with code {rc}",
+                                       hint="rerun with -v")
+            return
+        n_rows = sum(r.n_out for r in batch)
+        rows = np.ctypeslib.as_array(ll.llama_get_logits(m._ctx), shape=(n_rows, m.n_vocab))
+        off = 0
+        for r in batch:
+            r.rows = np.array(rows[off:off + r.n_out])  # a copy: the next decode reuses these
+            off += r.n_out
+            r.seconds = dt
+
+    def _run_one(self, r: _Request) -> None:
+        m = self._model
+        m.seq, m.tokens = r.seq, r.view.tokens  # borrow the single-sequence path
+        try:
+            t0 = time.perf_counter()
+            rows = m.decode(r.tokens, logits=r.n_out)
+            r.rows = np.array(rows)
+            r.seconds = time.perf_counter() - t0
+        except SpecliError as e:
+            r.error = e
+        finally:
+            del r.view.tokens[r.pos0:]  # the view appends what was decoded itself
+            m.seq, m.tokens = 0, []
+
+
+@dataclass
+class _Request:
+    view: SeqModel
+    seq: int
+    tokens: Sequence[int]
+    pos0: int
+    n_out: int
+    done: bool = False
+    rows: np.ndarray | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
+
+
+class SeqModel(Model):
+    """One sequence of a SharedContext, with Model's interface (a slot's target or draft)."""
+
+    def __init__(self, shared: SharedContext, seq: int):  # shares, so no Model.__init__
+        base = shared._model
+        self._shared, self.seq, self.params = shared, seq, shared.params
+        self.gate = shared.gate
+        self._model, self._ctx, self._vocab, self._mem = (base._model, base._ctx, base._vocab,
+                                                          base._mem)
+        self.load_ms = base.load_ms
+        self.n_vocab, self.n_ctx, self.n_batch = base.n_vocab, shared.n_ctx_seq, base.n_batch
+        self.tokens = []
+        self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
+        self._local = threading.local()
+
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
+        n = len(tokens)
+        if n == 0:
+            raise BackendError("internal: decode of zero tokens")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context full: {len(self.tokens) + n} tokens do not fit -c {self.n_ctx}",
+                hint="raise -c/--ctx-size")
+        n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
+        req = _Request(self, self.seq, list(tokens), len(self.tokens), n_out)
+        self._shared.decode(req)
+        self.t_decode_s += req.seconds
+        self.n_decode_calls += 1
+        self.n_decode_tokens += n
+        if req.error is not None:
+            self._truncate(len(self.tokens))
+            raise req.error
+        self.tokens.extend(tokens)
+        return req.rows if n_out else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def close(self) -> None:  # the shared context is closed by its owner
+        self._ctx = None
+        self._model = None
 
 
 def quantize(src: str, dst: str, ftype: str) -> None:

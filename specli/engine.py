@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import pairing
-from specli.backend import Model
+from specli.backend import Gate, Model, SharedContext
 from specli.config import (
     DEFAULT_DRAFT_MAX,
     SPEC_TYPES,
@@ -73,40 +73,62 @@ class Engine:
     @classmethod
     def load(cls, target: ModelParams, draft: ModelParams | None = None,
              draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
-             ngram: NgramParams | None = None, share: Engine | None = None) -> Engine:
+             ngram: NgramParams | None = None) -> Engine:
         """Check the pair from GGUF metadata first (refuse before loading weights), then load.
 
         spec_types: llama.cpp's --spec-type names; n-gram types take precedence over the draft
-        model, which is used whenever `draft` is given. share: an Engine over the same files
-        whose weights the new one reuses, with contexts and draft state of its own (a server
-        slot)."""
+        model, which is used whenever `draft` is given."""
         draft_params = draft_params or DraftParams()
         ngram = ngram or NgramParams()
-        # the target's header is read once, before any weights: a damaged one is one clear
-        # error; the tokenizer is parsed only when a pair or a lookup cache needs it
-        n_vocab = None
-        if share is not None:
-            n_vocab = share.target.n_vocab
-        elif draft is not None or "ngram-cache" in spec_types:
-            info = pairing.read_tokenizer(target.path)
-            n_vocab = info.n_vocab
-            if draft is not None:
-                pairing.ensure_compatible(info, draft.path)
-        else:
-            read_header(target.path)
-        ngram_sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
-                                     cap=draft_params.cap_ngram)
-        t = Model(target, share=share.target if share is not None else None)
+        n_vocab = _check_files(target, draft, spec_types)
+        t = Model(target)
         try:
-            shared_dm = _model_draft(share.draft) if share is not None else None
-            dm = ModelDraft(Model(draft, share=shared_dm), draft_params.p_min,
-                            n_vocab_target=t.n_vocab, n_max=draft_params.n_max) \
-                if draft is not None else None
+            dm = Model(draft) if draft is not None else None
         except BaseException:
             t.close()
             raise
-        source = combine([*ngram_sources, *([dm] if dm else [])], draft_params.adaptive,
-                         draft_params.n_min)
+        try:
+            return cls._assemble(t, dm, draft_params, spec_types, ngram, n_vocab)
+        except BaseException:
+            t.close()
+            if dm is not None:
+                dm.close()
+            raise
+
+    @classmethod
+    def load_slots(cls, n: int, target: ModelParams, draft: ModelParams | None = None,
+                   draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
+                   ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
+        """n engines (server slots) over one target context and one draft context, a sequence
+        each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
+        engines and the shared contexts, which the caller closes. A generation on a slot runs
+        between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
+        draft_params = draft_params or DraftParams()
+        ngram = ngram or NgramParams()
+        n_vocab = _check_files(target, draft, spec_types)
+        gate = Gate()
+        shared = [SharedContext(target, n, gate)]
+        try:
+            if draft is not None:
+                shared.append(SharedContext(draft, n, gate, first=True))
+            engines = [cls._assemble(shared[0].view(i), shared[1].view(i) if draft else None,
+                                     draft_params, spec_types, ngram, n_vocab)
+                       for i in range(n)]
+        except BaseException:
+            for c in shared:
+                c.close()
+            raise
+        return engines, shared
+
+    @classmethod
+    def _assemble(cls, t: Model, dm: Model | None, draft_params: DraftParams,
+                  spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None) -> Engine:
+        sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
+                               cap=draft_params.cap_ngram)
+        if dm is not None:
+            sources.append(ModelDraft(dm, draft_params.p_min, n_vocab_target=t.n_vocab,
+                                      n_max=draft_params.n_max))
+        source = combine(sources, draft_params.adaptive, draft_params.n_min)
         engine = cls(t, source, draft_params, ngram)
         engine._sources[spec_key([*spec_types, *(["draft-simple"] if dm else [])])] = source
         return engine
@@ -285,6 +307,20 @@ class Engine:
         tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
+
+
+def _check_files(target: ModelParams, draft: ModelParams | None,
+                 spec_types: Sequence[str]) -> int | None:
+    """The target's header is read once, before any weights: a damaged one is one clear error,
+    an incompatible draft is refused; the tokenizer is parsed only when a pair or a lookup
+    cache needs it. Returns the target's vocabulary size when it was read."""
+    if draft is None and "ngram-cache" not in spec_types:
+        read_header(target.path)
+        return None
+    info = pairing.read_tokenizer(target.path)
+    if draft is not None:
+        pairing.ensure_compatible(info, draft.path)
+    return info.n_vocab
 
 
 def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:

@@ -204,7 +204,8 @@ def _run(config, host: str, port: int) -> None:
                   f", {slots} slot{'s' * (slots != 1)})", markup=False)
 
     app = create_app(config, on_fatal=fatal, on_ready=ready)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
+                                           timeout_graceful_shutdown=5))
     server.run(sockets=[sock])
     if failure:
         e = failure[0]

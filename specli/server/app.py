@@ -106,17 +106,10 @@ class State:
         n_ctx = max(c.target.n_ctx // c.parallel, 16)  # llama-server divides -c among slots
         target = replace(c.target, n_ctx=n_ctx)
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
-        engines: list[Engine] = []
-        try:
-            for _ in range(c.parallel):
-                engines.append(Engine.load(target, draft, c.draft_params, c.spec_types, c.ngram,
-                                           share=engines[0] if engines else None))
-        except BaseException:
-            for e in engines:
-                e.close()
-            raise
+        engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
+                                            c.spec_types, c.ngram)
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
-                             c.timeout, on_done=self.metrics.observe)
+                             c.timeout, on_done=self.metrics.observe, contexts=shared)
 
 
 async def _ready(request: Request) -> SlotPool:

@@ -1,8 +1,9 @@
-"""Slots: N engines over shared weights, a bounded wait for a free one, and a generation that
-runs on the slot's own thread and streams to the event loop.
+"""Slots: N engines, a bounded wait for a free one, and a generation that runs on the slot's
+own thread and streams to the event loop.
 
-A slot is one Engine (its own target and draft contexts, over the weights the first slot
-loaded). llama_decode releases the GIL, so slots decode in parallel. A request waits for a
+A slot is one Engine whose target and draft are sequences of two shared contexts (as in
+llama-server); decodes that slots make at the same time are batched into one llama_decode
+(backend.SharedContext). A request waits for a
 free slot in a bounded queue; when the queue is full, or the wait exceeds the timeout, it is
 refused (503). A generation checks a cancel flag between tokens: a client that goes away
 frees its slot after at most one speculative step, with both KV caches rewound by the
@@ -91,8 +92,9 @@ class Generation:
         self._cancel = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
+        pool.active.add(self)
         fut = self._loop.run_in_executor(pool.executor, self._work)
-        fut.add_done_callback(lambda _: pool.release(slot))
+        fut.add_done_callback(lambda _: (pool.active.discard(self), pool.release(slot)))
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -120,6 +122,9 @@ class Generation:
         stop = StopMatcher(job.stop)
         pieces: list[str] = []
         finish = None
+        gate = getattr(engine.target, "gate", None)
+        if gate is not None:
+            gate.enter()  # batched decodes wait for this slot while it runs
         try:
             steps = engine.steps(job.prompt, job.n_predict, job.sampling, stats,
                                  job.speculative, job.spec)
@@ -149,6 +154,9 @@ class Generation:
             self._push(Done(finish, stats, "".join(pieces)))
         except BaseException as e:  # handed to the event loop, which answers the client
             self._push(e)
+        finally:
+            if gate is not None:
+                gate.leave()
 
 
 @dataclass
@@ -157,12 +165,14 @@ class SlotPool:
     max_queue: int = 16
     wait_s: float = 600.0
     on_done: Callable[[Stats], None] | None = None  # each generation's stats (metrics)
+    contexts: list = field(default_factory=list)  # the SharedContexts the slots decode in
     waiting: int = 0
     executor: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.executor = ThreadPoolExecutor(max_workers=len(self.slots),
                                            thread_name_prefix="specli-slot")
+        self.active: set[Generation] = set()
         self._free: asyncio.Queue | None = None
 
     def _queue(self) -> asyncio.Queue:
@@ -199,6 +209,10 @@ class SlotPool:
         return Generation(self, slot, job)
 
     def close(self) -> None:
+        for g in list(self.active):
+            g.cancel()  # generations stop at their next token
         self.executor.shutdown(wait=True, cancel_futures=True)
         for s in self.slots:
             s.engine.close()
+        for c in self.contexts:
+            c.close()
