@@ -70,6 +70,14 @@ def stream(url: str, prompt: str, n: int, out: list[int]) -> None:
                     out.append(doc["usage"]["completion_tokens"])
 
 
+def drafted(url: str) -> int:
+    """Draft tokens one request used (llama-server's timings.draft_n): both must speculate."""
+    r = httpx.post(f"{url}/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 32,
+        "temperature": 0}, timeout=600)
+    return r.json().get("timings", {}).get("draft_n", 0)
+
+
 def round_tps(url: str, clients: int, n: int, offset: int) -> float:
     counts: list[int] = []
     threads = [threading.Thread(target=stream, args=(
@@ -115,13 +123,16 @@ def main() -> None:
         f"http://127.0.0.1:{port}")
     port = free_port()
     servers["llama-server"] = (subprocess.Popen(
-        [str(native), *common, "--spec-draft-n-max", str(args.draft), "-td", str(args.t),
-         "--port", str(port), "--no-webui"],
+        # without --spec-type draft-simple, this llama-server loads -md and never drafts
+        [str(native), *common, "--spec-type", "draft-simple", "--spec-draft-n-max",
+         str(args.draft), "-td", str(args.t), "--port", str(port), "--no-webui"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     try:
-        for proc, url in servers.values():
+        for name, (proc, url) in servers.items():
             wait_healthy(url, proc)
             round_tps(url, 1, 8, 0)  # warm up: weights paged in
+            if not drafted(url):
+                sys.exit(f"{name} does not speculate: no draft tokens in its timings")
         results: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):
             for c in clients:
@@ -134,8 +145,8 @@ def main() -> None:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-    print(f"| clients | specli serve (t/s) | llama-server (t/s) | ratio |  \n"
-          f"|---:|---:|---:|---:|")
+    print("| clients | specli serve (t/s) | llama-server (t/s) | ratio |\n"
+          "|---:|---:|---:|---:|")
     for c in clients:
         s = statistics.median(results[("specli", c)])
         n = statistics.median(results[("llama-server", c)])
