@@ -416,9 +416,14 @@ class SharedContext:
                 g.cond.release()  # decode without the lock: others may queue meanwhile
                 try:
                     self._run(batch)
+                except BaseException as e:  # noqa: BLE001 - handed to every caller
+                    for r in batch:
+                        r.error = r.error or e
                 finally:
                     g.cond.acquire()
                     for r in batch:
+                        if r.rows is None and r.error is None:
+                            r.error = BackendError("a decode did not complete")
                         r.done = True
                     self._leading = self.decoding = False
                     g.cond.notify_all()
@@ -523,6 +528,21 @@ class SeqModel(Model):
             raise req.error
         self.tokens.extend(tokens)
         return req.rows if n_out else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def _truncate(self, n_keep: int) -> None:
+        # llama.cpp contexts are not thread-safe: edit the cache only between decodes
+        g, shared = self._shared.gate, self._shared
+        with g.cond:
+            while shared.decoding:
+                g.cond.wait()
+            super()._truncate(n_keep)
+
+    def kv_pos_max(self) -> int:
+        g, shared = self._shared.gate, self._shared
+        with g.cond:
+            while shared.decoding:
+                g.cond.wait()
+            return super().kv_pos_max()
 
     def close(self) -> None:  # the shared context is closed by its owner
         self._ctx = None

@@ -41,6 +41,7 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
     try:
         return _compile(template or FALLBACK_TEMPLATE).render(
             messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
-    except TemplateError as e:
-        raise UsageError(f"the model's chat template failed: {e}",
+    except Exception as e:  # noqa: BLE001 - the sandbox stops anything worse than a failure
+        kind = "" if isinstance(e, TemplateError) else f"{type(e).__name__}: "
+        raise UsageError(f"the model's chat template failed: {kind}{e}",
                          hint="run without --chat and format the prompt yourself") from e

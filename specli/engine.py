@@ -210,8 +210,6 @@ class Engine:
             stats.draft = ModelPerf(load_ms=dm.load_ms)
         md = self.model_draft if dm is not None else None
         p_min = md.p_min if md is not None else 0.0
-        if md is not None and spec.p_min is not None:
-            md.p_min = spec.p_min  # this engine serves one request at a time: restored below
 
         t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
@@ -228,6 +226,8 @@ class Engine:
         n_left = n_predict if n_predict >= 0 else tgt.n_ctx
         t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         stats.finish_reason = "length"
+        if md is not None and spec.p_min is not None:
+            md.p_min = spec.p_min  # this engine serves one request at a time: restored below
         try:
             while n_left > 0 and n_past < tgt.n_ctx:
                 # draft at most what the budget, the context and one target batch can take;

@@ -10,6 +10,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from schemathesis import GenerationMode
 
 from specli.config import ModelParams, SamplingParams
 from specli.server.app import ServerConfig, State, create_app
@@ -71,13 +72,15 @@ def operations(loaded_app):
     return [result.ok() for result in schema.get_all_operations()]
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_fuzzed_requests_never_get_a_5xx(operations, data):
-    """Cases drawn from the app's own OpenAPI schema, across every route (pytest's own
-    schemathesis plugin does not run on this pytest, so the strategies are drawn directly)."""
+    """Cases drawn from the app's own OpenAPI schema, across every route, schema-valid and
+    schema-violating (pytest's own schemathesis plugin does not run on this pytest, so the
+    strategies are drawn directly)."""
     op = data.draw(st.sampled_from(operations))
-    case = data.draw(op.as_strategy())
+    mode = data.draw(st.sampled_from(list(GenerationMode)))  # valid and invalid input
+    case = data.draw(op.as_strategy(generation_mode=mode))
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)

@@ -112,6 +112,9 @@ def serve(
                            ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
                            lookup_cache_dynamic)
     types = o.spec_types(spec_type)
+    if lookup_cache_dynamic and parallel > 1:
+        raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
+                         "overwrite the others' cache", hint="use -lcs, or -np 1")
     if (lookup_cache_static or lookup_cache_dynamic) and "ngram-cache" not in types:
         types.append("ngram-cache")
     if model is None:

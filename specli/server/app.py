@@ -157,6 +157,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
                   description="OpenAI-compatible speculative decoding server (llama.cpp).")
     app.state.specli = st
     app.add_middleware(BodyLimit, limit=config.max_body)
+    app.add_middleware(CountRequests, metrics=st.metrics)
     _handlers(app, st)
 
     async def auth(request: Request) -> None:
@@ -488,9 +489,11 @@ def _sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) 
                 yield line
             if done_marker:
                 yield "data: [DONE]\n\n"
-        except SpecliError as e:
-            yield _data({"error": {"message": e.message, "type": "invalid_request_error",
-                                   "param": None, "code": None}})
+        except Exception as e:  # noqa: BLE001 - the status line is sent: say it in the stream
+            kind = "invalid_request_error" if isinstance(e, SpecliError) and not isinstance(
+                e, BackendError) else "server_error"
+            yield _data({"error": {"message": getattr(e, "message", None) or str(e),
+                                   "type": kind, "param": None, "code": None}})
         finally:
             gen.cancel()  # a client that went away frees its slot at the next token
 
@@ -576,9 +579,12 @@ def _handlers(app: FastAPI, st: State) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
-        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
-            e.status_code, "invalid_request_error")
-        return envelope(e.status_code, str(e.detail), kind, code=e.status_code,
+        if e.status_code == 400 and "parsing the body" in str(e.detail):
+            return envelope(400, "the body is not valid JSON", code="invalid_json")
+        kind, code = {404: ("not_found_error", "not_found"),
+                      405: ("invalid_request_error", "method_not_allowed")}.get(
+            e.status_code, ("invalid_request_error", None))
+        return envelope(e.status_code, str(e.detail), kind, code=code,
                         headers=getattr(e, "headers", None))
 
     @app.exception_handler(SpecliError)
@@ -587,13 +593,33 @@ def _handlers(app: FastAPI, st: State) -> None:
             return envelope(500, e.message, "server_error")
         return envelope(400, e.message)
 
-    @app.middleware("http")
-    async def count(request: Request, call_next):
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "other")
-        st.metrics.requests.labels(route=path, code=str(response.status_code)).inc()
-        return response
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception) -> JSONResponse:
+        return envelope(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
+class CountRequests:
+    """specli_requests_total by route and status: a pure ASGI middleware (Starlette's
+    BaseHTTPMiddleware would hide a client's disconnect from the routes)."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = [500]
+
+        async def sent(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sent)
+        finally:
+            path = getattr(scope.get("route"), "path", "other")
+            self.metrics.requests.labels(route=path, code=str(status[0])).inc()
 
 
 class BodyLimit:
