@@ -38,3 +38,10 @@ def test_the_core_never_imports_the_faces():
         bad = {n for n in imports(p) if n.split(".")[0] in {"typer", "rich", "fastapi"}
                or n.startswith(("specli.cli", "specli.server"))}
         assert not bad, f"{p.name} imports {bad}"
+
+
+def test_only_hub_imports_huggingface_hub():
+    """hub.py is the one module that may open a network connection (design.md)."""
+    users = {p.name for p in PKG.rglob("*.py") if any(
+        n.split(".")[0] == "huggingface_hub" for n in imports(p))}
+    assert users == {"hub.py"}

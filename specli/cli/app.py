@@ -9,6 +9,7 @@ import typer
 
 from specli import __version__
 from specli.cli import check_pair as check_pair_cmd
+from specli.cli import download as download_cmd
 from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
 from specli.cli import run as run_cmd
@@ -29,6 +30,7 @@ app.command("run")(run_cmd.run)
 app.command("serve")(serve_cmd.serve)
 app.command("check-pair")(check_pair_cmd.check_pair)
 app.command("info")(info_cmd.info)
+app.command("download")(download_cmd.download)
 app.add_typer(lookup_cmd.app, name="lookup")
 
 

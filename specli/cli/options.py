@@ -30,6 +30,22 @@ Model = Annotated[str | None, typer.Option(
 ModelDraft = Annotated[str | None, typer.Option(
     "-md", "--model-draft", help="Draft GGUF model (same tokenizer as the target).",
     rich_help_panel=MODELS, show_default=False)]
+HfRepo = Annotated[str | None, typer.Option(
+    "-hf", "-hfr", "--hf-repo", help="Target from Hugging Face: owner/name[:QUANT] (like "
+    "llama.cpp's -hf; Q4_K_M, then Q8_0, when no quant is given).",
+    rich_help_panel=MODELS, show_default=False)]
+HfFile = Annotated[str | None, typer.Option(
+    "-hff", "--hf-file", help="The target's file in the -hf repository, instead of a quant.",
+    rich_help_panel=MODELS, show_default=False)]
+HfRepoDraft = Annotated[str | None, typer.Option(
+    "-hfd", "-hfrd", "--hf-repo-draft", help="Draft from Hugging Face: owner/name[:QUANT].",
+    rich_help_panel=MODELS, show_default=False)]
+HfFileDraft = Annotated[str | None, typer.Option(
+    "-hffd", "--hf-file-draft", help="The draft's file in the -hfd repository.",
+    rich_help_panel=MODELS, show_default=False)]
+HfToken = Annotated[str | None, typer.Option(
+    "-hft", "--hf-token", help="Hugging Face token (default: HF_TOKEN or the saved login).",
+    rich_help_panel=MODELS, show_default=False)]
 SpecTypeOpt = Annotated[str | None, typer.Option(
     "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
     + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "

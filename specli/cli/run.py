@@ -22,6 +22,11 @@ DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime.
 def run(
     model: o.Model = None,
     model_draft: o.ModelDraft = None,
+    hf_repo: o.HfRepo = None,
+    hf_file: o.HfFile = None,
+    hf_repo_draft: o.HfRepoDraft = None,
+    hf_file_draft: o.HfFileDraft = None,
+    hf_token: o.HfToken = None,
     prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="Prompt text. Default: a built-in chat prompt.",
         rich_help_panel="Input", show_default=False)] = None,
@@ -103,6 +108,11 @@ def run(
                              hint="add ngram-cache to --spec-type")
     text, chat = _prompt(prompt, file, chat)
 
+    from specli.cli.download import resolve_models
+
+    model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
+                                        hf_file_draft, hf_token,
+                                        quiet=json_out)
     if model is None:
         if model_draft is not None:
             raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")

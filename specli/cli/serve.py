@@ -19,6 +19,11 @@ SERVER = "Server"
 def serve(
     model: o.Model = None,
     model_draft: o.ModelDraft = None,
+    hf_repo: o.HfRepo = None,
+    hf_file: o.HfFile = None,
+    hf_repo_draft: o.HfRepoDraft = None,
+    hf_file_draft: o.HfFileDraft = None,
+    hf_token: o.HfToken = None,
     host: Annotated[str, typer.Option(
         "--host", help="Address to listen on. 0.0.0.0 exposes the server to the network.",
         rich_help_panel=SERVER)] = "127.0.0.1",
@@ -117,6 +122,10 @@ def serve(
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
     if (lookup_cache_static or lookup_cache_dynamic) and "ngram-cache" not in types:
         types.append("ngram-cache")
+    from specli.cli.download import resolve_models
+
+    model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
+                                        hf_file_draft, hf_token)
     if model is None:
         if model_draft is not None:
             raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")

@@ -1,0 +1,141 @@
+"""`specli download`: GGUF models (or a recommended pair) from Hugging Face, into the standard
+cache; and the -hf/-hfd resolution that `run` and `serve` share."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from specli.cli import options as o
+from specli.cli.console import err, out
+from specli.errors import UsageError
+
+HUB = "Hugging Face"
+
+HfToken = Annotated[str | None, typer.Option(
+    "-hft", "--hf-token", help="Hugging Face token (default: HF_TOKEN or the saved login).",
+    rich_help_panel=HUB, show_default=False)]
+
+
+def download(
+    ref: Annotated[str | None, typer.Argument(
+        help="owner/name[:QUANT], e.g. bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M. Without "
+        "a quant: Q4_K_M, then Q8_0, then the first GGUF.", metavar="REPO[:QUANT]",
+        show_default=False)] = None,
+    file: Annotated[str | None, typer.Option(
+        "-hff", "--file", "--hf-file", help="A file of the repository, instead of a quant tag.",
+        show_default=False)] = None,
+    pair_name: Annotated[str | None, typer.Option(
+        "--pair", help="Download a recommended target + draft pair, then check it.",
+        show_default=False)] = None,
+    list_pairs: Annotated[bool, typer.Option(
+        "--list-pairs", help="Show the pair presets and exit.")] = False,
+    local_dir: Annotated[Path | None, typer.Option(
+        "--local-dir", help="Download into this folder (like `hf download --local-dir`) "
+        "instead of the Hugging Face cache.", show_default=False)] = None,
+    revision: Annotated[str | None, typer.Option(
+        "--revision", help="A branch, tag or commit of the repository.",
+        show_default=False)] = None,
+    hf_token: HfToken = None,
+    quiet: Annotated[bool, typer.Option(
+        "-q", "--quiet", help="No progress bars.")] = False,
+    json_out: o.Json = False,
+) -> None:
+    """Download GGUF files from Hugging Face into the cache other tools share.
+
+    The last line on stdout is the local path of the model (the first part of a split one),
+    so `path=$(specli download REPO:Q4_K_M | tail -1)` works. Interrupted downloads resume;
+    each file is checked against the hub's sha256. HF_HOME, HF_HUB_CACHE, HF_ENDPOINT,
+    HF_TOKEN and HF_HUB_OFFLINE are honoured.
+    """
+    from specli import hub
+
+    if list_pairs:
+        return _list_pairs(json_out)
+    if (ref is None) == (pair_name is None):
+        raise UsageError("give a repository (REPO[:QUANT]) or --pair NAME",
+                         hint="specli download --list-pairs shows the presets")
+    progress = not quiet and not json_out and err.is_terminal
+    if pair_name is not None:
+        if file is not None or revision is not None:
+            raise UsageError("--file and --revision name one repository's file or version: "
+                             "they do not go with --pair")
+        return _pair(hub.pair(pair_name), revision, hf_token, local_dir, progress, json_out)
+    r = hub.parse_ref(ref)
+    paths = hub.fetch(r, file, revision, hf_token, str(local_dir) if local_dir else None,
+                      progress, on_file=None if progress or json_out else _say)
+    if json_out:
+        out.print_json(json.dumps({"repo": r.repo, "tag": r.tag, "revision": revision,
+                                   "files": [str(p) for p in paths], "path": str(paths[0])}))
+        return
+    sys.stdout.write(str(paths[0]) + "\n")
+
+
+def _say(name: str) -> None:
+    err.print(f"downloading {name}", markup=False)
+
+
+def _list_pairs(json_out: bool) -> None:
+    from rich.table import Table
+
+    from specli import hub
+
+    presets = hub.pairs()
+    if json_out:
+        out.print_json(json.dumps([{"name": p.name, "target": str(p.target),
+                                    "draft": str(p.draft), "note": p.note} for p in presets]))
+        return
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("pair", "target", "draft", "note"):
+        table.add_column(name)
+    for p in presets:
+        table.add_row(p.name, str(p.target), str(p.draft), p.note)
+    out.print(table)
+
+
+def _pair(p, revision, token, local_dir, progress: bool, json_out: bool) -> None:
+    from specli import hub
+    from specli.pairing import compare, read_model_info
+
+    got = {}
+    for role, ref in (("target", p.target), ("draft", p.draft)):
+        paths = hub.fetch(ref, None, revision, token, str(local_dir) if local_dir else None,
+                          progress, on_file=None if progress or json_out else _say)
+        got[role] = str(paths[0])
+    report = compare(read_model_info(got["target"]), read_model_info(got["draft"]))
+    if json_out:
+        out.print_json(json.dumps({"pair": p.name, **got, "check_pair": report.to_dict()}))
+    else:
+        v = report.verdict
+        err.print(f"check-pair: {'compatible' if v.ok else f'incompatible ({v.rule}): '}"
+                  f"{'' if v.ok else v.message}", markup=False)
+        sys.stdout.write(f"{got['target']}\n{got['draft']}\n")
+    if not report.verdict.ok:
+        raise typer.Exit(1)
+
+
+def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
+                   hf_file: str | None, hf_draft: str | None, hf_file_draft: str | None,
+                   token: str | None, quiet: bool = False) -> tuple[str | None, str | None]:
+    """-m/-md, or -hf/-hff and -hfd/-hffd resolved through the hub (llama.cpp's spellings)."""
+    from specli import hub
+
+    progress = not quiet and err.is_terminal
+    if hf is not None or hf_file is not None:
+        if model is not None:
+            raise UsageError("give -m or -hf, not both")
+        if hf is None:
+            raise UsageError("-hff/--hf-file needs -hf REPO")
+        model = str(hub.fetch(hub.parse_ref(hf), hf_file, token=token, progress=progress)[0])
+    if hf_draft is not None or hf_file_draft is not None:
+        if model_draft is not None:
+            raise UsageError("give -md or -hfd, not both")
+        if hf_draft is None:
+            raise UsageError("-hffd/--hf-file-draft needs -hfd REPO")
+        model_draft = str(hub.fetch(hub.parse_ref(hf_draft), hf_file_draft, token=token,
+                                    progress=progress)[0])
+    return model, model_draft

@@ -1,0 +1,335 @@
+"""The only module that may open a network connection: GGUF files from Hugging Face.
+
+Everything goes through huggingface_hub (tree listing, hf_hub_download), so files land in the
+standard cache every other tool shares, and HF_HOME, HF_HUB_CACHE, HF_ENDPOINT, HF_TOKEN and
+HF_HUB_OFFLINE mean what they mean there. `repo:TAG` resolves as llama.cpp resolves `-hf`:
+the tag matched case-insensitively as TAG followed by `.` or `-` in the repository's GGUF model
+file names; with no tag, Q4_K_M, then Q8_0, then the first GGUF. Split GGUFs
+(`-00001-of-0000N.gguf`) come whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlparse
+
+from specli.errors import SpecliError, UsageError
+
+DEFAULT_TAGS = ("Q4_K_M", "Q8_0")  # llama.cpp's order when no tag is given
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+# GGUF files in model repos that are not the model (llama.cpp's gguf_filename_is_model)
+_NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
+_REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+class HubError(SpecliError):
+    """The hub or the cache could not provide a file (exit 2)."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    repo: str
+    tag: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.repo}:{self.tag}" if self.tag else self.repo
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int | None = None
+    sha256: str | None = None  # the LFS object id: what the downloaded bytes must hash to
+
+
+def parse_ref(text: str) -> Ref:
+    """`owner/name[:TAG]`, as llama.cpp's -hf takes it."""
+    repo, _, tag = text.strip().partition(":")
+    if not _REPO.match(repo):
+        raise UsageError(f"not a Hugging Face repository: {text!r}",
+                         hint="give owner/name, optionally :QUANT (e.g. "
+                              "bartowski/Llama-3.2-1B-Instruct-GGUF:Q4_K_M)")
+    return Ref(repo, tag or None)
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _endpoint() -> str | None:
+    return os.environ.get("HF_ENDPOINT") or None
+
+
+def list_files(repo: str, revision: str | None = None, token: str | None = None,
+               cache_dir: str | None = None) -> list[RemoteFile]:
+    """Every file of the repository: from the hub, or, offline, from the local cache."""
+    if offline():
+        return _cached_files(repo, revision, cache_dir)
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.hf_api import RepoFile
+
+    try:
+        tree = HfApi(endpoint=_endpoint(), token=token).list_repo_tree(
+            repo, recursive=True, revision=revision)
+        return [RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None)
+                for f in tree if isinstance(f, RepoFile)]
+    except HfHubHTTPError as e:  # the hub answered: no
+        raise _hub_error(e, repo) from None
+    except Exception as e:  # noqa: BLE001 - unreachable: the cache, as llama.cpp falls back
+        try:
+            return _cached_files(repo, revision, cache_dir)
+        except HubError:
+            raise _hub_error(e, repo) from None
+
+
+def _cached_files(repo: str, revision: str | None, cache_dir: str | None) -> list[RemoteFile]:
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        cache = scan_cache_dir(cache_dir)
+    except CacheNotFound:
+        cache = None
+    for r in cache.repos if cache else ():
+        if r.repo_id == repo and r.repo_type == "model":
+            want = revision or "main"
+            revs = [v for v in r.revisions if v.commit_hash == want or want in v.refs]
+            if revs:
+                v = revs[0]
+                return [RemoteFile(f.file_path.relative_to(v.snapshot_path).as_posix(),
+                                   f.size_on_disk) for f in v.files]
+    raise HubError(f"{repo} is not in the local cache and HF_HUB_OFFLINE is set",
+                   hint="download it once online, or unset HF_HUB_OFFLINE")
+
+
+def is_model(path: str) -> bool:
+    name = path.rsplit("/", 1)[-1]
+    return name.lower().endswith(".gguf") and not any(x in name for x in _NOT_MODEL)
+
+
+def split_parts(path: str, files: Sequence[str]) -> list[str]:
+    """All parts of a split GGUF, given any file name; [path] when it is not split."""
+    m = _SPLIT.search(path)
+    if not m:
+        return [path]
+    stem, count = path[:m.start()], int(m.group(2))
+    parts = [f"{stem}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+    present = {f.lower(): f for f in files}
+    missing = [p for p in parts if p.lower() not in present]
+    if missing:
+        raise HubError(f"split GGUF {path} is incomplete in the repository: "
+                       f"{len(missing)} of {count} parts missing (first: {missing[0]})")
+    return [present[p.lower()] for p in parts]
+
+
+def choose(files: Sequence[str], tag: str | None, repo: str = "") -> list[str]:
+    """The model file (all parts of a split one) that `repo:tag` names, by llama.cpp's rules;
+    HubError listing the candidates when nothing or more than one model matches."""
+    models = [f for f in files if is_model(f)]
+    firsts = [f for f in models if not (m := _SPLIT.search(f)) or int(m.group(1)) == 1]
+    if not firsts:
+        raise HubError(f"no GGUF model files in {repo or 'the repository'}"
+                       + _listing(files, "files"))
+    for t in [tag] if tag else DEFAULT_TAGS:
+        pattern = re.compile(re.escape(t) + r"[.-]", re.IGNORECASE)
+        hits = [f for f in firsts if pattern.search(f)]
+        # llama.cpp takes the first hit; of several, keep those where the tag starts a
+        # name part (F16 is not BF16)
+        bounded = re.compile(r"(?<![A-Za-z0-9])" + pattern.pattern, re.IGNORECASE)
+        hits = [f for f in hits if bounded.search(f)] or hits
+        if len(hits) == 1:
+            return split_parts(hits[0], files)
+        if len(hits) > 1:
+            raise HubError(f"{repo}:{t} matches {len(hits)} models" + _listing(hits),
+                           hint="name one with --file (-hff)")
+    if tag:
+        raise HubError(f"no GGUF file in {repo} matches the tag {tag}" + _listing(firsts),
+                       hint="tags are quantization names such as Q4_K_M or Q8_0")
+    return split_parts(sorted(firsts)[0], files)
+
+
+def _listing(names: Sequence[str], what: str = "candidates") -> str:
+    shown = sorted(names)[:20]
+    more = f", ... ({len(names) - 20} more)" if len(names) > 20 else ""
+    return f"; {what}: {', '.join(shown)}{more}" if names else ""
+
+
+def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None,
+             local_dir: str | None = None, token: str | None = None,
+             cache_dir: str | None = None, progress: bool = True,
+             on_file: Callable[[str], None] | None = None) -> list[Path]:
+    """Download (or find in the cache) each file; each is checked against the hub's sha256
+    before it is returned, and a mismatch deletes it. An interrupted download resumes where
+    it stopped on the next call (huggingface_hub's .incomplete files)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    (enable_progress_bars if progress else disable_progress_bars)()
+    paths = []
+    for f in files:
+        if on_file:
+            on_file(f.path)
+        try:
+            if local_dir is None and not offline():
+                _fetch_blob(repo, f, revision, token, cache_dir)
+            # with the blob in place, this only links it into the snapshot (or, with
+            # --local-dir, downloads there; offline, finds the cached file)
+            p = Path(hf_hub_download(repo, f.path, revision=revision, local_dir=local_dir,
+                                     token=token, cache_dir=cache_dir, endpoint=_endpoint()))
+        except HubError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise _hub_error(e, repo, f.path) from None
+        if f.sha256 and local_dir is not None and not offline():
+            _verify(p, f.sha256, repo, f.path)
+        paths.append(p)
+    return paths
+
+
+def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | None,
+                cache_dir: str | None) -> None:
+    """Download one file into the cache's blob store, resumably: the bytes go to
+    `blobs/<etag>.incomplete`, kept when the transfer fails or is interrupted, and the next
+    call asks for the rest with a Range request (huggingface_hub 2 restarts from zero in a
+    new temporary file instead). The blob is checked against the hub's sha256 before it gets
+    its final name; hf_hub_download then only links it into the snapshot."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.utils import WeakFileLock, build_hf_headers
+
+    url = hf_hub_url(repo, f.path, revision=revision, endpoint=_endpoint())
+    meta = get_hf_file_metadata(url, token=token, endpoint=_endpoint())
+    if not meta.etag:
+        return  # nothing to key a blob on: let hf_hub_download handle it
+    storage = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(
+        repo_id=repo, repo_type="model")
+    blob = storage / "blobs" / meta.etag
+    if blob.exists():
+        return
+    partial = blob.with_name(blob.name + ".incomplete")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    target = meta.location or url
+    # the hub's own token never goes to the storage host a download redirects to
+    same_host = urlparse(target).netloc == urlparse(url).netloc
+    headers = build_hf_headers(token=token) if same_host else {}
+    with WeakFileLock(partial.with_name(partial.name + ".lock")):  # one writer per partial
+        if blob.exists():
+            return
+        if meta.size is not None and partial.exists() and partial.stat().st_size > meta.size:
+            partial.unlink()  # longer than the file: not a prefix of it, start over
+        with open(partial, "ab") as fh:
+            have = fh.tell()
+            if meta.size is None or have < meta.size:
+                http_get(target, fh, resume_size=have, headers=headers,
+                         expected_size=meta.size, displayed_filename=f.path.rsplit("/", 1)[-1])
+        if f.sha256:
+            _verify(partial, f.sha256, repo, f.path)
+        elif meta.size is not None and partial.stat().st_size != meta.size:
+            partial.unlink()
+            raise HubError(f"{repo}/{f.path}: got a different size than the hub lists: the "
+                           "partial was deleted", hint="download it again")
+        os.replace(partial, blob)
+
+
+def _verify(path: Path, sha256: str, repo: str, name: str) -> None:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    if h.hexdigest() != sha256:
+        real = path.resolve()
+        path.unlink(missing_ok=True)
+        if real != path:
+            real.unlink(missing_ok=True)
+        raise HubError(f"{repo}/{name}: sha256 mismatch (got {h.hexdigest()[:16]}..., the hub "
+                       f"lists {sha256[:16]}...): the damaged file was deleted",
+                       hint="download it again")
+
+
+def _hub_error(e: Exception, repo: str, file: str | None = None) -> HubError:
+    from huggingface_hub import errors
+
+    what = f"{repo}/{file}" if file else repo
+    if isinstance(e, errors.GatedRepoError):
+        return HubError(f"{repo} is gated: accept its terms on huggingface.co",
+                        hint="then set HF_TOKEN (or pass --hf-token)")
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return HubError(f"repository not found (or private): {repo}",
+                        hint="check the name; for a private repo set HF_TOKEN")
+    if isinstance(e, errors.RevisionNotFoundError):
+        return HubError(f"revision not found in {repo}")
+    if isinstance(e, errors.LocalEntryNotFoundError):  # (a subclass of EntryNotFoundError)
+        return HubError(f"{what} is not in the local cache"
+                        + (" and HF_HUB_OFFLINE is set" if offline() else
+                           " and the hub could not be reached"),
+                        hint="download it once online" if offline() else
+                        "check the network or HF_ENDPOINT; run again to resume")
+    if isinstance(e, errors.EntryNotFoundError):
+        return HubError(f"file not found: {what}")
+    if isinstance(e, errors.HfHubHTTPError):
+        status = getattr(getattr(e, "response", None), "status_code", None)
+        return HubError(f"the hub refused {what} (HTTP {status})" if status else
+                        f"the hub failed for {what}: {str(e).splitlines()[0]}")
+    return HubError(f"could not download {what}: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0] if str(e) else ''}",
+                    hint="run again to resume where it stopped")
+
+
+# -- pair presets -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Pair:
+    name: str
+    target: Ref
+    draft: Ref
+    note: str
+
+
+def pairs() -> list[Pair]:
+    """The seeds' recommended draft/target pairs (specli/pairs.toml)."""
+    doc = tomllib.loads(resources.files("specli").joinpath("pairs.toml").read_text())
+    return [Pair(name, parse_ref(p["target"]), parse_ref(p["draft"]), p.get("note", ""))
+            for name, p in doc["pair"].items()]
+
+
+def pair(name: str) -> Pair:
+    for p in pairs():
+        if p.name == name:
+            return p
+    raise UsageError(f"unknown pair preset {name!r}",
+                     hint="specli download --list-pairs shows them: "
+                          + ", ".join(p.name for p in pairs()))
+
+
+def fetch(ref: Ref, file: str | None = None, revision: str | None = None,
+          token: str | None = None, local_dir: str | None = None, progress: bool = True,
+          on_file: Callable[[str], None] | None = None) -> list[Path]:
+    """The model `ref` (or its `file`) as local paths, the first part of a split model first."""
+    files = list_files(ref.repo, revision, token)
+    by_path = {f.path: f for f in files}
+    ggufs = [f for f in by_path if f.lower().endswith(".gguf")]
+    try:
+        if file is not None:
+            if file not in by_path:
+                raise HubError(f"file not found: {ref.repo}/{file}" + _listing(ggufs,
+                                                                               "GGUF files"))
+            names = split_parts(file, list(by_path))
+        else:
+            names = choose(list(by_path), ref.tag, ref.repo)
+    except HubError:
+        if offline():  # the cache is all there is: say so, rather than "no such file"
+            what = f"{ref.repo}/{file}" if file else str(ref)
+            raise HubError(f"{what} is not in the local cache and HF_HUB_OFFLINE is set"
+                           + _listing(ggufs, "cached"),
+                           hint="download it once online, or unset HF_HUB_OFFLINE") from None
+        raise
+    return download(ref.repo, [by_path[n] for n in names], revision, local_dir, token,
+                    progress=progress, on_file=on_file)
