@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-COMMANDS = [[], ["run"], ["serve"], ["download"], ["check-pair"], ["info"], ["lookup"],
+COMMANDS = [[], ["run"], ["serve"], ["download"], ["tune-draft"], ["check-pair"], ["info"],
+            ["lookup"],
             ["lookup", "create"],
             ["lookup", "merge"], ["lookup", "stats"]]
 

@@ -178,43 +178,52 @@ def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None
         if on_file:
             on_file(f.path)
         try:
-            if local_dir is None and not offline():
-                _fetch_blob(repo, f, revision, token, cache_dir)
-            # with the blob in place, this only links it into the snapshot (or, with
-            # --local-dir, downloads there; offline, finds the cached file)
-            p = Path(hf_hub_download(repo, f.path, revision=revision, local_dir=local_dir,
-                                     token=token, cache_dir=cache_dir, endpoint=_endpoint()))
+            if local_dir is not None and not offline():
+                p = _fetch_blob(repo, f, revision, token, cache_dir, local_dir)
+            else:
+                if not offline():
+                    _fetch_blob(repo, f, revision, token, cache_dir)
+                # with the blob in place, this only links it into the snapshot (offline, it
+                # finds the cached file)
+                p = Path(hf_hub_download(repo, f.path, revision=revision, local_dir=local_dir,
+                                         token=token, cache_dir=cache_dir,
+                                         endpoint=_endpoint()))
         except HubError:
             raise
         except Exception as e:  # noqa: BLE001
             raise _hub_error(e, repo, f.path) from None
-        if f.sha256 and local_dir is not None and not offline():
-            _verify(p, f.sha256, repo, f.path)
         paths.append(p)
     return paths
 
 
 def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | None,
-                cache_dir: str | None) -> None:
-    """Download one file into the cache's blob store, resumably: the bytes go to
-    `blobs/<etag>.incomplete`, kept when the transfer fails or is interrupted, and the next
-    call asks for the rest with a Range request (huggingface_hub 2 restarts from zero in a
-    new temporary file instead). The blob is checked against the hub's sha256 before it gets
-    its final name; hf_hub_download then only links it into the snapshot."""
+                cache_dir: str | None, local_dir: str | None = None) -> Path:
+    """Download one file into the cache's blob store (or, with local_dir, to its place
+    there), resumably: the bytes go to a `.incomplete` file, kept when the transfer fails or
+    is interrupted, and the next call asks for the rest with a Range request
+    (huggingface_hub 2 restarts from zero in a new temporary file instead). The file is
+    checked against the hub's sha256 before it gets its final name; in the cache,
+    hf_hub_download then only links the blob into the snapshot."""
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.file_download import http_get, repo_folder_name
     from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
     url = hf_hub_url(repo, f.path, revision=revision, endpoint=_endpoint())
     meta = get_hf_file_metadata(url, token=token, endpoint=_endpoint())
-    if not meta.etag:
-        return  # nothing to key a blob on: let hf_hub_download handle it
-    storage = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(
-        repo_id=repo, repo_type="model")
-    blob = storage / "blobs" / meta.etag
+    etag = meta.etag or hashlib.sha256(url.encode()).hexdigest()
+    if local_dir is None:
+        storage = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(
+            repo_id=repo, repo_type="model")
+        blob = storage / "blobs" / etag
+        partial = blob.with_name(blob.name + ".incomplete")
+    else:  # --local-dir: the file itself, its partial kept beside, as resumable
+        blob = Path(local_dir) / f.path
+        if blob.exists() and (meta.size is None or blob.stat().st_size == meta.size):
+            return blob
+        partial = Path(local_dir) / ".cache" / "specli" / (
+            f.path.replace("/", "--") + f".{etag}.incomplete")
     if blob.exists():
-        return
-    partial = blob.with_name(blob.name + ".incomplete")
+        return blob
     partial.parent.mkdir(parents=True, exist_ok=True)
     target = meta.location or url
     # the hub's own token never goes to the storage host a download redirects to
@@ -222,7 +231,7 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
     headers = build_hf_headers(token=token) if same_host else {}
     with WeakFileLock(partial.with_name(partial.name + ".lock")):  # one writer per partial
         if blob.exists():
-            return
+            return blob
         if meta.size is not None and partial.exists() and partial.stat().st_size > meta.size:
             partial.unlink()  # longer than the file: not a prefix of it, start over
         with open(partial, "ab") as fh:
@@ -236,7 +245,9 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
             partial.unlink()
             raise HubError(f"{repo}/{f.path}: got a different size than the hub lists: the "
                            "partial was deleted", hint="download it again")
+        blob.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, blob)
+    return blob
 
 
 def _verify(path: Path, sha256: str, repo: str, name: str) -> None:

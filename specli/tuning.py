@@ -8,10 +8,13 @@ the target alone is E(k) / cost(k) times the target's time per token.
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from specli.config import SamplingParams
+from specli.config import SamplingParams, SpecRequest
+from specli.errors import UsageError
 from specli.stats import Stats
 
 # a few prompts of the kinds the seeds' acceptance tables distinguish
@@ -153,3 +156,219 @@ def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PRO
         accept_rate=accepted / drafted if drafted else 0.0, accept_rate_per_pos=s_j,
         speedup=speedup, suggested_draft=k, estimated_speedup=est,
         worth_it=max(est, speedup) >= WORTH_IT, costs=c)
+
+
+# -- tune-draft: a sweep over draft settings, against a baseline measured in the same run ----
+
+# a few prompts per kind of text, after the seeds' acceptance table (seed 000)
+PROMPT_SETS: dict[str, tuple[str, ...]] = {
+    "code-completion": (
+        "Complete this Python function:\n\ndef merge_sorted(a: list[int], b: list[int]) -> "
+        "list[int]:\n    \"\"\"Merge two sorted lists into one sorted list.\"\"\"\n",
+        "Complete this JavaScript:\n\nfunction debounce(fn, ms) {\n  let timer;\n",
+    ),
+    "code-generation": (
+        "Write a Python function that checks whether a string is a palindrome.",
+        "Write a Rust function that parses an IPv4 address from a string.",
+    ),
+    "structured": (
+        'Return a JSON object describing three books, with the keys "title", "author" and '
+        '"year".',
+        "Write a SQL query that finds the top 3 customers by total order value.",
+    ),
+    "summarisation": (
+        "Summarize in three sentences: The printing press, invented by Johannes Gutenberg "
+        "around 1440, made books cheaper and faster to produce. Literacy spread, ideas "
+        "travelled further, and the Reformation and the Scientific Revolution followed.",
+    ),
+    "chat": (
+        "What should I pack for a weekend hiking trip?",
+        "How do I make my morning routine more productive?",
+    ),
+    "creative": (
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+        "Write a poem about the first snow of winter.",
+    ),
+}
+MAX_POINTS = 64  # the grid's guard: a sweep longer than this is a mistake, not a plan
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point of the grid: the draft length, the draft's probability floor, the sources."""
+
+    k: int
+    p_min: float
+    types: tuple[str, ...]
+
+    @property
+    def label(self) -> str:
+        p = f" p-min {self.p_min:g}" if self.p_min else ""
+        return f"{'+'.join(self.types)} k={self.k}{p}"
+
+
+@dataclass
+class Point:
+    setting: Setting | None  # None: the baseline (target alone)
+    tps: list[float] = field(default_factory=list)  # one figure per repeat, all prompts
+    n_drafted: int = 0
+    n_accept: int = 0
+    n_steps: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    speedup: float = 0.0
+    predicted: float | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.tps) if self.tps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return self.n_accept / self.n_drafted if self.n_drafted else 0.0
+
+    @property
+    def mean_accept_len(self) -> float:
+        return 1 + self.n_accept / self.n_steps if self.n_steps else 1.0
+
+    def add(self, s: Stats) -> None:
+        self.n_drafted += s.n_drafted
+        self.n_accept += s.n_accept
+        self.n_steps += s.n_steps
+        for j, a in enumerate(s.accepted_per_pos):
+            if j >= len(self.accepted_per_pos):
+                self.accepted_per_pos.append(0)
+            self.accepted_per_pos[j] += a
+
+    def to_dict(self) -> dict:
+        st = self.setting
+        return {"baseline": st is None, "label": st.label if st else "target alone",
+                "draft": st.k if st else None, "draft_p_min": st.p_min if st else None,
+                "spec_types": list(st.types) if st else [],
+                "tps_median": self.median, "tps_min": min(self.tps, default=0.0),
+                "tps_max": max(self.tps, default=0.0), "tps_runs": self.tps,
+                "accept_rate": self.accept_rate, "mean_accept_len": self.mean_accept_len,
+                "speedup": self.speedup, "predicted_speedup": self.predicted}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured on this machine: the draft's seconds per token (c) and the target's seconds to
+    verify a batch of n tokens, v[n - 1] for n = 1..k+1."""
+
+    c: float
+    v: tuple[float, ...]
+
+    def speedup(self, s: Sequence[float], k: int) -> float:
+        """Leviathan et al.: E[accepted + 1] tokens per step for k·c + v(k + 1) seconds,
+        against v(1) seconds per token for the target alone. s[j - 1] = S(j)."""
+        if k == 0:
+            return 1.0
+        step = k * self.c + self.v[min(k, len(self.v) - 1)]
+        return expected_tokens(s, k) * self.v[0] / step if step > 0 else 0.0
+
+
+def grid(drafts: Sequence[int], p_mins: Sequence[float],
+         types: Sequence[tuple[str, ...]]) -> list[Setting]:
+    points = [Setting(k, p, t) for t in types for p in p_mins for k in drafts]
+    if len(points) > MAX_POINTS:
+        raise UsageError(f"the sweep has {len(points)} settings (at most {MAX_POINTS})",
+                         hint="fewer --draft, --draft-p-min or --spec-type values")
+    return points
+
+
+def measure_costs(engine, prompt: Sequence[int], k_max: int, repeat: int = 3) -> CostModel:
+    """Time target decodes of 1..k_max+1 tokens and single draft decodes after `prompt`,
+    rewinding after each: the inputs of the cost model."""
+    tgt = engine.target
+    dm = engine.model_draft.model if engine.model_draft is not None else None
+    tgt.sync(prompt)
+    base = len(tgt.tokens)
+    filler = list(prompt[-1:]) * (k_max + 1)
+    v = []
+    for n in range(1, k_max + 2):
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            tgt.decode(filler[:n], logits="all")
+            times.append(time.perf_counter() - t0)
+            tgt.rewind(base)
+        v.append(statistics.median(times))
+    c = 0.0
+    if dm is not None:
+        dm.sync(prompt)
+        times = []
+        for _ in range(repeat * 2):
+            t0 = time.perf_counter()
+            dm.decode(filler[:1], logits="last")
+            times.append(time.perf_counter() - t0)
+            dm.rewind(len(prompt))
+        c = statistics.median(times)
+    return CostModel(c, tuple(v))
+
+
+@dataclass
+class Sweep:
+    baseline: Point
+    points: list[Point]
+    costs: CostModel | None = None
+
+    @property
+    def best(self) -> Point:
+        return max(self.points, key=lambda p: p.median)
+
+    @property
+    def predicted_best(self) -> int | None:
+        pts = [p for p in self.points if p.predicted is not None]
+        return max(pts, key=lambda p: p.predicted).setting.k if pts else None
+
+    def to_dict(self) -> dict:
+        b = self.best
+        return {"baseline": self.baseline.to_dict(), "points": [p.to_dict() for p in self.points],
+                "best": b.to_dict(), "beats_baseline": b.speedup > 1.0,
+                "predicted_best_draft": self.predicted_best,
+                "costs": {"draft_s_per_token": self.costs.c,
+                          "verify_s_by_batch": list(self.costs.v)} if self.costs else None}
+
+
+def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_predict: int,
+          repeat: int, progress: Callable[[str], None] | None = None) -> Sweep:
+    """Greedy generation on every prompt for every setting and for the target alone, `repeat`
+    times. Each repeat runs the baseline and the settings in a rotated order, so that a drift
+    in the machine's speed hits them all alike."""
+    greedy = SamplingParams(temp=0.0, seed=0)
+    engine.complete(prompts[0], 4, greedy, speculative=False)  # page the weights in
+    base = Point(None)
+    points = [Point(s) for s in settings]
+    runs: list[Point] = [base, *points]
+    total, done = repeat * len(runs), 0
+    for r in range(repeat):
+        shift = r % len(runs)
+        for point in runs[shift:] + runs[:shift]:
+            tokens, seconds = 0, 0.0
+            for ids in prompts:
+                s = point.setting
+                spec = SpecRequest(types=s.types, n_max=s.k, p_min=s.p_min) if s else None
+                stats = engine.complete(ids, n_predict, greedy, speculative=s is not None,
+                                        spec=spec).stats
+                tokens += stats.n_predict
+                seconds += stats.t_decode_s
+                point.add(stats)
+            point.tps.append(tokens / seconds if seconds else 0.0)
+            done += 1
+            if progress:
+                progress(f"{point.setting.label if point.setting else 'target alone'} "
+                         f"({done}/{total})")
+    for p in points:
+        p.speedup = p.median / base.median if base.median else 0.0
+    return Sweep(base, points)
+
+
+def predict(sw: Sweep, costs: CostModel) -> None:
+    """Fill each point's predicted speedup from its own measured S(j) and the cost model."""
+    sw.costs = costs
+    for p in sw.points:
+        if p.n_steps:
+            s = [a / p.n_steps for a in p.accepted_per_pos]
+            # an n-gram lookup costs next to nothing: only a draft model pays c per token
+            c = costs if "draft-simple" in p.setting.types else CostModel(0.0, costs.v)
+            p.predicted = c.speedup(s, p.setting.k)

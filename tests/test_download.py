@@ -160,6 +160,23 @@ def test_a_partial_from_an_interrupted_run_is_resumed(fake, tmp_path):
     assert (gets[0].get("Range") or gets[0].get("range")) == "bytes=700000-"
 
 
+def test_local_dir_downloads_resume_too(fake, tmp_path):
+    fake.drops["acme/tiny-GGUF/big-Q6_K.gguf"] = 6
+    where = tmp_path / "models"
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
+    assert r.returncode == 2
+    partial = list(where.rglob("*.incomplete"))
+    assert len(partial) == 1 and partial[0].stat().st_size > 0
+    fake.requests.clear()
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
+    assert r.returncode == 0, r.stderr
+    assert Path(r.stdout.strip()) == where / "big-Q6_K.gguf"
+    assert (where / "big-Q6_K.gguf").read_bytes() == BIG
+    gets = [h for m, p, h in fake.requests if m == "GET" and p.endswith("big-Q6_K.gguf")]
+    assert (gets[0].get("Range") or gets[0].get("range", "")).startswith("bytes=")
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("big*"))
+
+
 def test_a_sha256_mismatch_deletes_the_file_and_exits_2(fake, tmp_path):
     fake.repos["acme/tiny-GGUF"].tampered["tiny-Q8_0.gguf"] = b"GGUF-evil"
     r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q8_0")

@@ -14,6 +14,7 @@ from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
 from specli.cli import run as run_cmd
 from specli.cli import serve as serve_cmd
+from specli.cli import tune as tune_cmd
 from specli.cli.console import err
 from specli.errors import SpecliError
 
@@ -31,6 +32,7 @@ app.command("serve")(serve_cmd.serve)
 app.command("check-pair")(check_pair_cmd.check_pair)
 app.command("info")(info_cmd.info)
 app.command("download")(download_cmd.download)
+app.command("tune-draft")(tune_cmd.tune_draft)
 app.add_typer(lookup_cmd.app, name="lookup")
 
 

@@ -1,0 +1,318 @@
+"""`specli tune-draft`: sweep the draft settings on this machine and this kind of text, against
+the target alone measured in the same run."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from specli.cli import options as o
+from specli.cli.console import err, out, spinner
+from specli.config import SPEC_TYPES, DraftParams, ModelParams
+from specli.errors import SpecliError, UsageError
+
+SWEEP = "Sweep"
+TASKS = ("mixed", "all", "code-completion", "code-generation", "structured", "summarisation",
+         "chat", "creative")
+
+
+def tune_draft(
+    model: o.Model = None,
+    model_draft: o.ModelDraft = None,
+    hf_repo: o.HfRepo = None,
+    hf_file: o.HfFile = None,
+    hf_repo_draft: o.HfRepoDraft = None,
+    hf_file_draft: o.HfFileDraft = None,
+    hf_token: o.HfToken = None,
+    drafts: Annotated[str, typer.Option(
+        "--draft", "--draft-max", "--spec-draft-n-max", help="Draft lengths to sweep, "
+        "comma-separated.", rich_help_panel=SWEEP)] = "4,6,8,10,12,16",
+    p_mins: Annotated[str, typer.Option(
+        "--draft-p-min", "--spec-draft-p-min", help="Draft probability floors to sweep, "
+        "comma-separated.", rich_help_panel=SWEEP)] = "0",
+    spec_type: Annotated[str | None, typer.Option(
+        "--spec-type", help="Speculation types to sweep, comma-separated; join types with + "
+        "to combine them (ngram-mod+draft-simple). Default: draft-simple with -md.",
+        rich_help_panel=SWEEP, show_default=False)] = None,
+    task: Annotated[str, typer.Option(
+        "--task", help="Built-in prompts: " + ", ".join(TASKS) + " (mixed: one of each kind).",
+        rich_help_panel=SWEEP)] = "mixed",
+    file: Annotated[Path | None, typer.Option(
+        "-f", "--file", help="Your prompts: one per line, or JSONL with a \"prompt\" field.",
+        rich_help_panel=SWEEP, show_default=False)] = None,
+    n_predict: Annotated[int, typer.Option(
+        "-n", "--n-predict", help="Tokens generated per prompt.", rich_help_panel=SWEEP)] = 128,
+    repeat: Annotated[int, typer.Option(
+        "--repeat", help="Runs per setting; the median is reported.",
+        rich_help_panel=SWEEP)] = 2,
+    chat: Annotated[bool, typer.Option(
+        "--chat/--no-chat", help="Wrap prompts in the target's chat template.",
+        rich_help_panel=SWEEP)] = True,
+    ctx_size: o.CtxSize = o.DEFAULTS["ctx"],
+    n_gpu_layers: o.GpuLayers = 0,
+    n_gpu_layers_draft: o.GpuLayersDraft = 0,
+    threads: o.Threads = o.DEFAULTS["threads"],
+    json_out: o.Json = False,
+    csv_out: Annotated[bool, typer.Option(
+        "--csv", help="Print the points as CSV on stdout.", rich_help_panel=o.OUTPUT)] = False,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Draw speedup against the draft length into a PNG (needs matplotlib: "
+        "pip install 'specli[plot]').", rich_help_panel=o.OUTPUT, show_default=False)] = None,
+    verbose: o.Verbose = False,
+) -> None:
+    """Find the fastest draft setting for this machine and this kind of text.
+
+    Every setting of the grid (--draft × --draft-p-min × --spec-type) and the target alone
+    generate greedily on the same prompts, interleaved, --repeat times; each gets its median
+    tokens/s, range, acceptance and speedup, next to the speedup a cost model measured here
+    predicts. The best setting is printed with the command that uses it.
+    """
+    from specli import tuning
+
+    ks = _ints(drafts, "--draft")
+    ps = _floats(p_mins, "--draft-p-min")
+    if n_predict < 1 or repeat < 1:
+        raise UsageError("-n/--n-predict and --repeat must be at least 1")
+    if task not in TASKS:
+        raise UsageError(f"unknown --task {task!r}", hint="one of " + ", ".join(TASKS))
+    if json_out and csv_out:
+        raise UsageError("give --json or --csv, not both")
+    from specli.cli.download import resolve_models
+
+    model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
+                                        hf_file_draft, hf_token, quiet=json_out or csv_out)
+    if model is None:
+        if model_draft is not None:
+            raise UsageError("-md/--model-draft needs -m/--model")
+        from specli.defaults import default_pair
+
+        model, model_draft = default_pair()
+    types = _types(spec_type, model_draft)
+    settings = tuning.grid(ks, ps, types)
+    texts = _prompts(file, task)
+    loaded = sorted({t for combo in types for t in combo if t != "draft-simple"})
+
+    from specli.engine import Engine
+
+    def params(path: str, ngl: int) -> ModelParams:
+        return ModelParams(path=path, n_ctx=ctx_size, n_gpu_layers=ngl, n_threads=threads,
+                           verbose=verbose)
+
+    quiet = json_out or csv_out
+    with spinner("loading models", quiet):
+        engine = Engine.load(params(model, n_gpu_layers),
+                             params(model_draft, n_gpu_layers_draft) if model_draft else None,
+                             DraftParams(n_max=max(ks)), spec_types=loaded)
+    try:
+        prompts = [engine.tokenize(t, chat=chat) for t in texts]
+        with _progress(len(settings) + 1, repeat, quiet) as advance:
+            result = tuning.sweep(engine, prompts, settings, n_predict, repeat,
+                                  progress=advance)
+        if model_draft is not None:
+            tuning.predict(result, tuning.measure_costs(engine, prompts[0], max(ks)))
+    finally:
+        engine.close()
+    if json_out:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=2) + "\n")
+    elif csv_out:
+        sys.stdout.write(_csv(result))
+    else:
+        _print(result, model, model_draft)
+    if plot is not None:
+        _plot(result, plot)
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes whole numbers, comma-separated: {text!r}") from None
+    if not values or any(v < 1 or v > 64 for v in values):
+        raise UsageError(f"{flag} values must be between 1 and 64: {text!r}")
+    return sorted(set(values))
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} takes numbers, comma-separated: {text!r}") from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise UsageError(f"{flag} values must be between 0 and 1: {text!r}")
+    return sorted(set(values))
+
+
+def _types(text: str | None, model_draft: str | None) -> list[tuple[str, ...]]:
+    if text is None:
+        if model_draft is None:
+            raise UsageError("nothing to sweep: give a draft model (-md) or --spec-type")
+        return [("draft-simple",)]
+    combos = []
+    for item in text.split(","):
+        parts = tuple(t for t in SPEC_TYPES if t in item.split("+"))
+        unknown = [t for t in item.split("+") if t.strip() and t not in SPEC_TYPES]
+        if unknown or not parts:
+            raise UsageError(f"unknown --spec-type {item!r}", hint="one or more of: "
+                             + ", ".join(SPEC_TYPES))
+        if "draft-simple" in parts and model_draft is None:
+            raise UsageError("--spec-type draft-simple needs a draft model (-md)")
+        combos.append(parts)
+    return combos
+
+
+def _prompts(file: Path | None, task: str) -> list[str]:
+    from specli.tuning import PROMPT_SETS
+
+    if file is None:
+        if task == "mixed":
+            return [prompts[0] for prompts in PROMPT_SETS.values()]
+        if task == "all":
+            return [p for prompts in PROMPT_SETS.values() for p in prompts]
+        return list(PROMPT_SETS[task])
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecliError(f"cannot read prompt file {file}: {e}") from None
+    prompts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{file}:{n}: not valid JSON ({e.msg})") from None
+            if not isinstance(doc, dict) or not isinstance(doc.get("prompt"), str):
+                raise UsageError(f'{file}:{n}: a JSONL line needs a "prompt" string')
+            line = doc["prompt"]
+        prompts.append(line)
+    if not prompts:
+        raise UsageError(f"prompt file is empty: {file}")
+    return prompts
+
+
+class _progress:
+    """A Rich progress bar on stderr on a terminal; the callback advances it."""
+
+    def __init__(self, settings: int, repeat: int, quiet: bool):
+        self.total, self.bar = settings * repeat, None
+        if not quiet and err.is_terminal:
+            from rich.progress import Progress
+
+            self.bar = Progress(console=err, transient=True)
+
+    def __enter__(self):
+        if self.bar is None:
+            return None
+        self.bar.start()
+        task = self.bar.add_task("sweeping", total=self.total)
+        return lambda label: self.bar.update(task, advance=1, description=label)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _print(result, model: str, model_draft: str | None) -> None:
+    base = result.baseline
+    table = Table(show_edge=False, pad_edge=False)
+    for name in ("setting", "t/s", "range", "accept", "len", "speedup", "predicted"):
+        table.add_column(name, justify="left" if name == "setting" else "right", no_wrap=True)
+    rows = [base, *result.points]
+    for p in rows:
+        table.add_row(
+            _label(p), f"{p.median:.1f}", f"{min(p.tps):.1f}-{max(p.tps):.1f}",
+            "-" if p.setting is None else f"{p.accept_rate:.1%}",
+            "-" if p.setting is None else f"{p.mean_accept_len:.2f}",
+            "1.00x" if p.setting is None else f"{p.speedup:.2f}x",
+            "" if p.predicted is None else f"{p.predicted:.2f}x")
+    out.print(table)
+    top = max(p.median for p in rows) or 1.0
+    width = max(len(_label(p)) for p in rows)
+    for p in rows:  # tokens/s per setting, as bars
+        out.print(f"{_label(p):<{width}} {'█' * max(1, round(40 * p.median / top))} "
+                  f"{p.median:.1f} t/s", markup=False)
+    if result.predicted_best is not None:
+        out.print(f"cost model: draft {1e3 * result.costs.c:.2f} ms/token, target "
+                  f"{1e3 * result.costs.v[0]:.2f} ms for 1 token, "
+                  f"{1e3 * result.costs.v[-1]:.2f} ms for {len(result.costs.v)}; "
+                  f"predicted best --draft {result.predicted_best}", markup=False)
+    best = result.best
+    if best.speedup <= 1.0:
+        out.print(f"no setting beats the target alone (best: {best.setting.label}, "
+                  f"{best.speedup:.2f}x): run without speculation (--no-spec)", markup=False)
+        return
+    s = best.setting
+    out.print(f"best: {s.label}: {best.median:.1f} t/s, {best.speedup:.2f}x the target alone "
+              f"({base.median:.1f} t/s)", markup=False)
+    args = ["-m", model]
+    if "draft-simple" in s.types:
+        args += ["-md", model_draft]
+    ngram = [t for t in s.types if t != "draft-simple"]
+    if ngram:
+        args += ["--spec-type", ",".join(s.types)]
+    args += ["--draft", str(s.k)]
+    if s.p_min:
+        args += ["--draft-p-min", f"{s.p_min:g}"]
+    out.print("  specli run " + shlex.join(args), markup=False)
+    out.print("  specli serve " + shlex.join(args), markup=False)
+
+
+def _label(p) -> str:
+    return p.setting.label if p.setting else "target alone"
+
+
+def _csv(result) -> str:
+    buf = io.StringIO()
+    fields = ["label", "baseline", "draft", "draft_p_min", "spec_types", "tps_median", "tps_min",
+              "tps_max", "accept_rate", "mean_accept_len", "speedup", "predicted_speedup"]
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
+    w.writeheader()
+    for p in [result.baseline, *result.points]:
+        row = p.to_dict()
+        row["spec_types"] = "+".join(row["spec_types"])
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def _plot(result, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SpecliError("--plot needs matplotlib", hint="pip install 'specli[plot]'") from None
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    series: dict[tuple, list] = {}
+    for p in result.points:
+        series.setdefault((p.setting.types, p.setting.p_min), []).append(p)
+    for (types, p_min), pts in series.items():
+        pts.sort(key=lambda p: p.setting.k)
+        label = "+".join(types) + (f" p-min {p_min:g}" if p_min else "")
+        ax.plot([p.setting.k for p in pts], [p.speedup for p in pts], marker="o", label=label)
+        pred = [(p.setting.k, p.predicted) for p in pts if p.predicted is not None]
+        if pred:
+            ax.plot(*zip(*pred, strict=True), linestyle="--", marker="x",
+                    label=label + " (predicted)")
+    ax.set_xticks(sorted({p.setting.k for p in result.points}))
+    ax.axhline(1.0, color="gray", linewidth=1, label="target alone")
+    ax.set_xlabel("draft length k (--draft)")
+    ax.set_ylabel("speedup vs the target alone")
+    ax.set_title(f"tune-draft: baseline {result.baseline.median:.1f} t/s")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    try:
+        fig.savefig(path, format="png")
+    except OSError as e:
+        raise SpecliError(f"cannot write {path}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,106 @@
+"""`specli tune-draft` (issue 7): a tiny sweep on the real SmolLM2 pair, the cost model on
+textbook inputs, and the ways its input can be wrong."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from conftest import specli
+
+from specli.tuning import CostModel, Point, Setting, Sweep, grid
+
+
+def test_a_tiny_sweep_reports_every_point_against_a_baseline(f16, q4_1, tmp_path):
+    png = tmp_path / "sweep.png"
+    r = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2,3", "--draft-p-min", "0,0.5",
+               "--repeat", "1", "-n", "8", "--task", "chat", "-t", "2", "--json",
+               "--plot", str(png), timeout=600)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    base = doc["baseline"]
+    assert base["baseline"] and base["tps_median"] > 0
+    labels = [p["label"] for p in doc["points"]]
+    assert labels == ["draft-simple k=2", "draft-simple k=3", "draft-simple k=2 p-min 0.5",
+                      "draft-simple k=3 p-min 0.5"]
+    for p in doc["points"]:
+        assert p["speedup"] == pytest.approx(p["tps_median"] / base["tps_median"])
+        assert p["tps_min"] <= p["tps_median"] <= p["tps_max"]
+        assert 0 <= p["accept_rate"] <= 1 and p["mean_accept_len"] >= 1
+        assert p["predicted_speedup"] is not None
+    assert doc["best"]["tps_median"] == max(p["tps_median"] for p in doc["points"])
+    assert doc["predicted_best_draft"] in (2, 3)
+    assert len(doc["costs"]["verify_s_by_batch"]) == 4  # batches of 1..k_max+1
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_csv_and_the_text_report(f16, q4_1):
+    r = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n", "6",
+               "--task", "structured", "-t", "2", "--csv", timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert [row["label"] for row in rows] == ["target alone", "draft-simple k=2"]
+    assert float(rows[1]["speedup"]) > 0
+
+
+def test_the_cost_model_gives_the_textbook_values():
+    # iid acceptance a: S(j) = a^j, E(k) = (1 - a^(k+1)) / (1 - a) (Leviathan et al. 2023)
+    a, c, v = 0.8, 0.1, (1.0, 1.1, 1.2, 1.3)
+    model = CostModel(c, v)
+    s = [a ** j for j in range(1, 4)]
+    expected = (1 - a ** 4) / (1 - a)
+    assert model.speedup(s, 3) == pytest.approx(expected * 1.0 / (3 * c + 1.3))
+    assert model.speedup(s, 1) == pytest.approx((1 + a) / (c + 1.1))
+    assert model.speedup([], 0) == 1.0
+    free = CostModel(0.0, (1.0, 1.0, 1.0, 1.0))  # free drafts, flat verification
+    assert free.speedup([1.0, 1.0, 1.0], 3) == pytest.approx(4.0)
+
+
+def test_no_setting_beating_the_baseline_is_said_plainly(capsys):
+    from specli.cli.tune import _print
+
+    base = Point(None, tps=[100.0])
+    slow = Point(Setting(4, 0.0, ("draft-simple",)), tps=[80.0], n_drafted=8, n_accept=2,
+                 n_steps=2, speedup=0.8)
+    _print(Sweep(base, [slow]), "t.gguf", "d.gguf")
+    text = capsys.readouterr().out
+    assert "no setting beats the target alone" in text and "--no-spec" in text
+    assert "specli run" not in text
+
+
+def test_the_grid_has_a_guard():
+    from specli.errors import UsageError
+
+    with pytest.raises(UsageError, match="at most 64"):
+        grid(range(1, 17), [0.0, 0.1, 0.2, 0.3, 0.4], [("draft-simple",)])
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--draft", "4,x"], "whole numbers"),
+    (["--draft", "0,4"], "between 1 and 64"),
+    (["--draft-p-min", "2"], "between 0 and 1"),
+    (["--task", "poetry"], "unknown --task"),
+    (["--spec-type", "magic"], "unknown --spec-type"),
+])
+def test_bad_sweep_input_is_exit_2(q4_1, args, needle):
+    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, *args)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+
+
+def test_prompt_files_lines_and_jsonl(q4_1, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n \n")
+    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(empty))
+    assert r.returncode == 2 and "prompt file is empty" in r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(bad))
+    assert r.returncode == 2 and 'needs a "prompt" string' in r.stderr
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "Say hi."}\nWrite one word.\n')
+    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(good), "--draft", "2",
+               "--repeat", "1", "-n", "4", "-t", "2", "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["points"][0]["label"] == "draft-simple k=2"
