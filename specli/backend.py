@@ -116,47 +116,23 @@ class Tokenizer:
         self.close()
 
 
-class _Weights:
-    """A loaded llama_model, shared by every context made from it; freed with the last one."""
-
-    def __init__(self, params: ModelParams):
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = params.n_gpu_layers
-        self.ptr = ll.llama_model_load_from_file(params.path.encode(), mp)
-        if not self.ptr:
-            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
-                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
-        self.users = 0
-        self._lock = threading.Lock()
-
-    def acquire(self) -> None:
-        with self._lock:
-            self.users += 1
-
-    def release(self) -> None:
-        with self._lock:
-            self.users -= 1
-            if self.users == 0 and self.ptr:
-                ll.llama_model_free(self.ptr)
-                self.ptr = None
-
-
 class Model:
-    """One GGUF model, one context, one sequence (seq 0).
-
-    `share`: another Model of the same file whose weights this one reuses (a second context
-    for a server slot, without loading the weights twice)."""
+    """One GGUF model, one context, one sequence (seq 0); a SharedContext's base model holds
+    n_seq_max sequences."""
 
     seq = 0  # the sequence id this model's tokens live in
 
-    def __init__(self, params: ModelParams, share: Model | None = None, n_seq_max: int = 1):
+    def __init__(self, params: ModelParams, n_seq_max: int = 1):
         _check_gguf(params.path)
         self.params = params
         set_verbose(params.verbose)
         t0 = time.perf_counter()
-        self._weights = share._weights if share is not None else _Weights(params)
-        self._weights.acquire()
-        self._model = self._weights.ptr
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
+        if not self._model:
+            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
+                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
         cp = ll.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
@@ -171,7 +147,7 @@ class Model:
             cp.type_v = kv_type(params.type_v)
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
-            self._weights.release()
+            ll.llama_model_free(self._model)
             self._model = None
             raise BackendError(f"llama.cpp could not create a context for {params.path}",
                                hint="try a smaller -c or another KV cache type; rerun with -v")
@@ -305,7 +281,7 @@ class Model:
             ll.llama_free(self._ctx)
             self._ctx = None
         if getattr(self, "_model", None):
-            self._weights.release()
+            ll.llama_model_free(self._model)
             self._model = None
 
     def __del__(self):
