@@ -21,7 +21,7 @@ import llama_cpp as ll
 import numpy as np
 
 from specli.config import ModelParams
-from specli.errors import BackendError, ContextOverflowError, ModelFileError, SpecliError
+from specli.errors import BackendError, ContextOverflowError, ModelFileError
 
 _KV_TYPES = {
     "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -199,6 +199,20 @@ class Model:
         logits: "last" (one row), "all" (a row per token), "none", or an int n for the last n.
         The view is only valid until the next decode on this model.
         """
+        n_out = self._plan(tokens, logits)
+        try:
+            secs, calls = self._decode_chunked(tokens, len(self.tokens), self.seq, n_out)
+        except BackendError:
+            self._truncate(len(self.tokens))  # drop what a failed chunk left in the cache
+            raise
+        self.t_decode_s += secs
+        self.n_decode_calls += calls
+        self.n_decode_tokens += len(tokens)
+        self.tokens.extend(tokens)
+        return self._rows(n_out)
+
+    def _plan(self, tokens: Sequence[int], logits: str | int) -> int:
+        """The number of logits rows a decode returns, after checking that it can run."""
         n = len(tokens)
         if n == 0:
             raise BackendError("internal: decode of zero tokens")
@@ -207,40 +221,51 @@ class Model:
                 f"context full: {len(self.tokens) + n} tokens do not fit -c {self.n_ctx}",
                 hint="raise -c/--ctx-size",
             )
-        n_out = {"last": 1, "all": n, "none": 0}.get(logits, logits)
-        n_out = min(int(n_out), n)
+        n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
         if n_out > (n - 1) % self.n_batch + 1:  # llama.cpp keeps only the last chunk's rows
             raise BackendError(f"internal: {n_out} logits rows asked of a {n}-token decode "
                                f"larger than n_batch {self.n_batch}")
-        start = 0
-        while start < n:  # chunks of n_batch; only the final chunk can ask for outputs
+        return n_out
+
+    def _decode_chunked(self, tokens: Sequence[int], pos0: int, seq: int,
+                        n_out: int) -> tuple[float, int]:
+        """One sequence's tokens in chunks of n_batch; only the last chunk asks for rows.
+        Returns (seconds inside llama_decode, decode calls)."""
+        n, secs, calls, start = len(tokens), 0.0, 0, 0
+        while start < n:
             end = min(start + self.n_batch, n)
-            self._fill(tokens, start, end, n - n_out)
-            t0 = time.perf_counter()
-            rc = ll.llama_decode(self._ctx, self._batch)
-            self.t_decode_s += time.perf_counter() - t0
-            self.n_decode_calls += 1
-            self.n_decode_tokens += end - start
-            if rc != 0:
-                self._truncate(len(self.tokens))
-                raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
-            self.tokens.extend(tokens[start:end])
+            secs += self._decode_segments([(tokens[start:end], pos0 + start, seq,
+                                            n_out if end == n else 0)])
+            calls += 1
             start = end
+        return secs, calls
+
+    def _decode_segments(self, segments: Sequence[tuple[Sequence[int], int, int, int]]) -> float:
+        """One llama_decode of (tokens, first position, sequence, rows wanted) segments that
+        fit one batch together; the rows come back in segment order. Returns the seconds."""
+        b, j = self._batch, 0
+        for tokens, pos0, seq, n_out in segments:
+            first_out = len(tokens) - n_out
+            for i, t in enumerate(tokens):
+                b.token[j] = t
+                b.pos[j] = pos0 + i
+                b.n_seq_id[j] = 1
+                b.seq_id[j][0] = seq
+                b.logits[j] = 1 if i >= first_out else 0
+                j += 1
+        b.n_tokens = j
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
+        return time.perf_counter() - t0
+
+    def _rows(self, n_out: int) -> np.ndarray:
+        """A zero-copy view of the last decode's n_out logits rows."""
         if n_out == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = ll.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-
-    def _fill(self, tokens: Sequence[int], start: int, end: int, first_out: int) -> None:
-        b = self._batch
-        pos0 = len(self.tokens)
-        for j, i in enumerate(range(start, end)):
-            b.token[j] = tokens[i]
-            b.pos[j] = pos0 + j
-            b.n_seq_id[j] = 1
-            b.seq_id[j][0] = self.seq
-            b.logits[j] = 1 if i >= first_out else 0
-        b.n_tokens = end - start
 
     def rewind(self, n_keep: int) -> None:
         """Drop every cached token from position n_keep on."""
@@ -412,54 +437,32 @@ class SharedContext:
         m = self._model
         if len(batch) == 1 or sum(len(r.tokens) for r in batch) > m.n_batch:
             for r in batch:  # alone (a long prompt is decoded in chunks)
-                self._run_one(r)
+                try:
+                    r.seconds, _ = m._decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
+                    r.rows = np.array(m._rows(r.n_out))  # a copy: see below
+                except BackendError as e:
+                    r.error = e
             return
-        b = m._batch
-        j = 0
-        for r in batch:
-            first_out = len(r.tokens) - r.n_out
-            for i, t in enumerate(r.tokens):
-                b.token[j] = t
-                b.pos[j] = r.pos0 + i
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = r.seq
-                b.logits[j] = 1 if i >= first_out else 0
-                j += 1
-        b.n_tokens = j
-        t0 = time.perf_counter()
-        rc = ll.llama_decode(m._ctx, b)
-        dt = time.perf_counter() - t0
-        if rc != 0:
+        try:
+            dt = m._decode_segments([(r.tokens, r.pos0, r.seq, r.n_out) for r in batch])
+        except BackendError as e:
             for r in batch:
-                r.error = BackendError(f"llama_decode failed with code {rc}",
-                                       hint="rerun with -v")
+                r.error = e
             return
-        n_rows = sum(r.n_out for r in batch)
-        rows = np.ctypeslib.as_array(ll.llama_get_logits(m._ctx), shape=(n_rows, m.n_vocab))
+        rows = m._rows(sum(r.n_out for r in batch))
         off = 0
         for r in batch:
-            r.rows = np.array(rows[off:off + r.n_out])  # a copy: the next decode reuses these
+            # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
+            # before this slot has read its rows
+            r.rows = np.array(rows[off:off + r.n_out])
             off += r.n_out
             r.seconds = dt
-
-    def _run_one(self, r: _Request) -> None:
-        m = self._model
-        m.seq, m.tokens = r.seq, r.view.tokens  # borrow the single-sequence path
-        try:
-            t0 = time.perf_counter()
-            rows = m.decode(r.tokens, logits=r.n_out)
-            r.rows = np.array(rows)
-            r.seconds = time.perf_counter() - t0
-        except SpecliError as e:
-            r.error = e
-        finally:
-            del r.view.tokens[r.pos0:]  # the view appends what was decoded itself
-            m.seq, m.tokens = 0, []
 
 
 @dataclass
 class _Request:
-    view: SeqModel
+    """One slot's decode, queued at a SharedContext until a leader runs it."""
+
     seq: int
     tokens: Sequence[int]
     pos0: int
@@ -486,19 +489,12 @@ class SeqModel(Model):
         self._local = threading.local()
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
-        n = len(tokens)
-        if n == 0:
-            raise BackendError("internal: decode of zero tokens")
-        if len(self.tokens) + n > self.n_ctx:
-            raise ContextOverflowError(
-                f"context full: {len(self.tokens) + n} tokens do not fit -c {self.n_ctx}",
-                hint="raise -c/--ctx-size")
-        n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
-        req = _Request(self, self.seq, list(tokens), len(self.tokens), n_out)
+        n_out = self._plan(tokens, logits)
+        req = _Request(self.seq, list(tokens), len(self.tokens), n_out)
         self._shared.decode(req)
         self.t_decode_s += req.seconds
         self.n_decode_calls += 1
-        self.n_decode_tokens += n
+        self.n_decode_tokens += len(tokens)
         if req.error is not None:
             self._truncate(len(self.tokens))
             raise req.error
