@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from specli.config import SamplingParams, SpecRequest
 from specli.errors import UsageError
@@ -42,15 +42,24 @@ class ProbeRow:
 
 
 @dataclass(frozen=True)
-class Costs:
-    """Seconds per target token alone, per drafted token, and the extra cost of each token in a
-    verification batch relative to a batch of one; Python's overhead per step and per token."""
+class CostModel:
+    """Seconds on this machine: the draft's per drafted token (c), the target's to verify a
+    batch of n tokens (v[n - 1], n = 1..k+1), and Python's overhead per step and per token
+    of the target alone."""
 
-    t_target: float
-    t_draft: float
-    slope: float
-    overhead_step: float
-    overhead_token: float
+    c: float
+    v: tuple[float, ...]
+    overhead_step: float = 0.0
+    overhead_token: float = 0.0
+
+    def speedup(self, s: Sequence[float], k: int) -> float:
+        """Leviathan et al.: E[accepted + 1] tokens per step for k·c + v(k + 1) seconds,
+        against v(1) seconds per token for the target alone. s[j - 1] = S(j)."""
+        if k == 0:
+            return 1.0
+        step = k * self.c + self.v[min(k, len(self.v) - 1)] + self.overhead_step
+        per_token = self.v[0] + self.overhead_token
+        return expected_tokens(s, k) * per_token / step if step > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ class ProbeResult:
     suggested_draft: int
     estimated_speedup: float  # at suggested_draft, from the cost model
     worth_it: bool
-    costs: Costs | None = field(default=None, repr=False)
+    costs: CostModel | None = field(default=None, repr=False)
 
     @property
     def recommendation(self) -> str:
@@ -87,19 +96,15 @@ def expected_tokens(s: Sequence[float], k: int) -> float:
     return 1.0 + sum(s[:k])
 
 
-def estimated_speedup(s: Sequence[float], c: Costs, k: int) -> float:
-    step = k * c.t_draft + c.t_target * (1 + c.slope * k) + c.overhead_step
-    return expected_tokens(s, k) * (c.t_target + c.overhead_token) / step if step > 0 else 0.0
+def best_draft(s: Sequence[float], c: CostModel, k_max: int) -> tuple[int, float]:
+    """The k in 1..k_max with the highest predicted speedup, and that speedup."""
+    return max(((k, c.speedup(s, k)) for k in range(1, k_max + 1)), key=lambda kv: kv[1])
 
 
-def best_draft(s: Sequence[float], c: Costs, k_max: int) -> tuple[int, float]:
-    """The k in 1..k_max with the highest estimated speedup, and that speedup."""
-    return max(((k, estimated_speedup(s, c, k)) for k in range(1, k_max + 1)),
-               key=lambda kv: kv[1])
-
-
-def costs(spec: Sequence[Stats], base: Sequence[Stats]) -> Costs:
-    """The cost model's figures from speculative and target-alone runs of the same prompts."""
+def costs(spec: Sequence[Stats], base: Sequence[Stats], k_max: int) -> CostModel:
+    """The cost model from speculative and target-alone runs of the same prompts: the
+    verification cost v(n) as a line through the target-alone token cost and the mean
+    verification batch actually run."""
     runs = sum(b.target.eval_runs for b in base)
     t1 = sum(b.t_target_decode_s for b in base) / max(runs, 1)
     base_tokens = sum(b.n_predict for b in base)
@@ -110,10 +115,10 @@ def costs(spec: Sequence[Stats], base: Sequence[Stats]) -> Costs:
     v_tokens = sum(s.target.eval_n for s in spec)
     t_verify = sum(s.t_target_decode_s for s in spec) / max(v_runs, 1)
     batch = v_tokens / max(v_runs, 1)
-    slope = max(0.0, (t_verify / t1 - 1) / (batch - 1)) if batch > 1 and t1 > 0 else 0.0
+    slope = max(0.0, (t_verify - t1) / (batch - 1)) if batch > 1 and t1 > 0 else 0.0
     steps = sum(s.n_steps for s in spec)
     o_step = sum(s.overhead_s for s in spec) / max(steps, 1)
-    return Costs(t1, t_draft, slope, o_step, o_token)
+    return CostModel(t_draft, tuple(t1 + slope * n for n in range(k_max + 1)), o_step, o_token)
 
 
 def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PROMPTS,
@@ -143,8 +148,8 @@ def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PRO
     steps = sum(s.n_steps for s in spec)
     s_j = tuple(sum(s.accepted_per_pos[j] for s in spec if j < len(s.accepted_per_pos))
                 / steps for j in range(depth)) if steps else ()
-    c = costs(spec, base)
     n_draft = engine.draft_params.n_max
+    c = costs(spec, base, n_draft)
     k, est = best_draft(s_j, c, min(n_draft, len(s_j)) or 1)
     n_spec = sum(s.n_predict for s in spec)
     spec_tps = n_spec / max(sum(s.t_decode_s for s in spec), 1e-9)
@@ -250,23 +255,6 @@ class Point:
                 "speedup": self.speedup, "predicted_speedup": self.predicted}
 
 
-@dataclass(frozen=True)
-class CostModel:
-    """Measured on this machine: the draft's seconds per token (c) and the target's seconds to
-    verify a batch of n tokens, v[n - 1] for n = 1..k+1."""
-
-    c: float
-    v: tuple[float, ...]
-
-    def speedup(self, s: Sequence[float], k: int) -> float:
-        """Leviathan et al.: E[accepted + 1] tokens per step for k·c + v(k + 1) seconds,
-        against v(1) seconds per token for the target alone. s[j - 1] = S(j)."""
-        if k == 0:
-            return 1.0
-        step = k * self.c + self.v[min(k, len(self.v) - 1)]
-        return expected_tokens(s, k) * self.v[0] / step if step > 0 else 0.0
-
-
 def grid(drafts: Sequence[int], p_mins: Sequence[float],
          types: Sequence[tuple[str, ...]]) -> list[Setting]:
     points = [Setting(k, p, t) for t in types for p in p_mins for k in drafts]
@@ -363,12 +351,12 @@ def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_p
     return Sweep(base, points)
 
 
-def predict(sw: Sweep, costs: CostModel) -> None:
+def predict(sw: Sweep, model: CostModel) -> None:
     """Fill each point's predicted speedup from its own measured S(j) and the cost model."""
-    sw.costs = costs
+    sw.costs = model
     for p in sw.points:
         if p.n_steps:
             s = [a / p.n_steps for a in p.accepted_per_pos]
             # an n-gram lookup costs next to nothing: only a draft model pays c per token
-            c = costs if "draft-simple" in p.setting.types else CostModel(0.0, costs.v)
-            p.predicted = c.speedup(s, p.setting.k)
+            m = model if "draft-simple" in p.setting.types else replace(model, c=0.0)
+            p.predicted = m.speedup(s, p.setting.k)

@@ -262,3 +262,25 @@ def test_run_resolves_hf_and_hfd_through_the_same_code(fake, tmp_path, q4_1):
     assert doc["model_draft"] == doc["model"] and doc["stats"]["n_predict"] == 4
     r = run(fake, tmp_path, "run", "-m", q4_1, "-hf", "acme/smol-GGUF", "-p", "x")
     assert r.returncode == 2 and "give -m or -hf, not both" in r.stderr
+
+
+def test_progress_bars_show_on_a_terminal(fake, tmp_path):
+    """On a terminal (a pseudo-terminal through util-linux `script`) huggingface_hub's bars
+    are shown; off one, none (test_download_prints_the_cached_path_last)."""
+    import os
+    import shlex
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux script is not installed")
+    env = {**os.environ, "HF_ENDPOINT": fake.url, "HF_HUB_CACHE": str(tmp_path / "cache"),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", "HF_HUB_OFFLINE": "0",
+           "TERM": "xterm", "COLUMNS": "100"}
+    cmd = shlex.join([sys.executable, "-m", "specli", "download", "acme/tiny-GGUF:Q6_K"])
+    # a pty from `script` has no size until told: tqdm would draw a bar 0 columns wide
+    r = subprocess.run(["script", "-qec", f"stty cols 100 rows 40; {cmd}", "/dev/null"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "big-Q6_K.gguf" in r.stdout and "100%" in r.stdout  # the bar, completed

@@ -372,3 +372,18 @@ def test_a_busy_port_is_a_clear_error(server):
     r = subprocess.run([sys.executable, "-m", "specli", "serve", "--port", str(server.port)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cannot listen on 127.0.0.1" in r.stderr
+
+
+def test_api_keys_from_flags_and_a_file(tmp_path):
+    from specli.cli.serve import _keys
+    from specli.errors import SpecliError
+
+    f = tmp_path / "keys.txt"
+    f.write_text("file-key-1\n\n  file-key-2  \n")
+    assert _keys(["a,b", "c"], f) == ["a", "b", "c", "file-key-1", "file-key-2"]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(SpecliError, match="holds no key"):
+        _keys([], empty)
+    with pytest.raises(SpecliError, match="cannot read --api-key-file"):
+        _keys([], tmp_path / "missing.txt")
