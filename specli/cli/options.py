@@ -263,3 +263,24 @@ def check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
     if threads < 1:
         raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+
+
+def model_params(model: str, model_draft: str | None, ctx: int, ctx_draft: int | None,
+                 ngl: int, ngld: int, threads: int, threads_draft: int | None,
+                 threads_batch: int | None, threads_batch_draft: int | None,
+                 ctk: str | None, ctv: str | None, ctkd: str | None, ctvd: str | None,
+                 flash_attn: FlashAttn,
+                 verbose: bool) -> tuple[config.ModelParams, config.ModelParams | None]:
+    """The target's and the draft's ModelParams from llama.cpp's flags; a draft flag left out
+    takes the target's value, as in llama.cpp."""
+    target = config.ModelParams(
+        path=model, n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads,
+        n_threads_batch=threads_batch, type_k=ctk, type_v=ctv, flash_attn=flash_attn.value,
+        verbose=verbose)
+    if model_draft is None:
+        return target, None
+    td = threads_draft or threads
+    return target, config.ModelParams(
+        path=model_draft, n_ctx=ctx_draft or ctx, n_gpu_layers=ngld, n_threads=td,
+        n_threads_batch=threads_batch_draft or td, type_k=ctkd, type_v=ctvd,
+        flash_attn=flash_attn.value, verbose=verbose)

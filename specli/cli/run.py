@@ -13,7 +13,7 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err, spinner
-from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.config import DraftParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
@@ -125,18 +125,10 @@ def run(
     if no_spec:
         model_draft, types = None, []
 
-    target_params = ModelParams(
-        path=model, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-        n_threads_batch=threads_batch, type_k=cache_type_k, type_v=cache_type_v,
-        flash_attn=flash_attn.value, verbose=verbose)
-    draft_params = None
-    if model_draft is not None:
-        td = threads_draft or threads
-        draft_params = ModelParams(
-            path=model_draft, n_ctx=ctx_size_draft or ctx_size, n_gpu_layers=n_gpu_layers_draft,
-            n_threads=td, n_threads_batch=threads_batch_draft or td,
-            type_k=cache_type_k_draft, type_v=cache_type_v_draft, flash_attn=flash_attn.value,
-            verbose=verbose)
+    target_params, draft_params = o.model_params(
+        model, model_draft, ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
+        threads_draft, threads_batch, threads_batch_draft, cache_type_k, cache_type_v,
+        cache_type_k_draft, cache_type_v_draft, flash_attn, verbose)
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                               seed=None if seed < 0 else seed)
 

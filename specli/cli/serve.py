@@ -10,7 +10,7 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err
-from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.config import DraftParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 SERVER = "Server"
@@ -151,17 +151,10 @@ def serve(
         pairing.ensure_compatible(model, model_draft)
     else:
         read_header(model)
-    target = ModelParams(
-        path=model, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-        n_threads_batch=threads_batch, type_k=cache_type_k, type_v=cache_type_v,
-        flash_attn=flash_attn.value, verbose=verbose)
-    draft_model = None
-    if model_draft is not None:
-        td = threads_draft or threads
-        draft_model = ModelParams(
-            path=model_draft, n_ctx=ctx_size_draft or ctx_size, n_gpu_layers=n_gpu_layers_draft,
-            n_threads=td, n_threads_batch=threads_batch_draft or td, type_k=cache_type_k_draft,
-            type_v=cache_type_v_draft, flash_attn=flash_attn.value, verbose=verbose)
+    target, draft_model = o.model_params(
+        model, model_draft, ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
+        threads_draft, threads_batch, threads_batch_draft, cache_type_k, cache_type_v,
+        cache_type_k_draft, cache_type_v_draft, flash_attn, verbose)
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min, adaptive=adaptive,
