@@ -1,12 +1,14 @@
 """Aggregate throughput of `specli serve` against native llama-server (issue 5's benchmark).
 
 Both serve the same draft/target pair with the same flags (-np, -c, --draft, -t, greedy);
-1, 2 and 4 clients stream chat completions at once; the figure is generated tokens (from each
-stream's usage chunk) over the wall time of the round. Rounds alternate between the servers.
+1, 2 and 4 clients stream chat completions at once, each several requests in turn; the
+figure is generated tokens (from each stream's usage chunk) over the wall time of the
+round. Rounds alternate between the servers.
 Prints a Markdown table for docs/performance.md.
 
     SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh    # builds llama-server once
     python scripts/bench_serve.py [-m T -md D] [--clients 1,2,4] [-n 128] [--rounds 2]
+                                   [--per-client 4]
 """
 
 from __future__ import annotations
@@ -78,17 +80,25 @@ def drafted(url: str) -> int:
     return r.json().get("timings", {}).get("draft_n", 0)
 
 
-def round_tps(url: str, clients: int, n: int, offset: int) -> float:
+def client(url: str, prompts: list[str], n: int, out: list[int]) -> None:
+    for p in prompts:
+        stream(url, p, n, out)
+
+
+def round_tps(url: str, clients: int, n: int, offset: int, per_client: int = 1) -> float:
+    """Tokens/s of `clients` clients streaming at once, each `per_client` requests in turn
+    (several: one prompt's output length and acceptance swing a round by ±20%)."""
     counts: list[int] = []
-    threads = [threading.Thread(target=stream, args=(
-        url, PROMPTS[(offset + i) % len(PROMPTS)], n, counts)) for i in range(clients)]
+    threads = [threading.Thread(target=client, args=(
+        url, [PROMPTS[(offset + i * per_client + j) % len(PROMPTS)] for j in range(per_client)],
+        n, counts)) for i in range(clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
-    if len(counts) != clients:
+    if len(counts) != clients * per_client:
         raise RuntimeError("a stream did not report its usage")
     return sum(counts) / wall
 
@@ -103,6 +113,8 @@ def main() -> None:
     ap.add_argument("-c", type=int, default=4096)
     ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--per-client", type=int, default=4,
+                    help="requests each client makes in turn per round")
     ap.add_argument("--native", default=str(Path(defaults.cache_dir()) / "native"))
     args = ap.parse_args()
     target, draft = (args.model, args.model_draft) if args.model else defaults.default_pair()
@@ -137,7 +149,7 @@ def main() -> None:
         for r in range(args.rounds):
             for c in clients:
                 for name, (_, url) in servers.items():
-                    tps = round_tps(url, c, args.n, r)
+                    tps = round_tps(url, c, args.n, r, args.per_client)
                     results.setdefault((name, c), []).append(tps)
                     print(f"round {r + 1}: {name:12s} {c} clients: {tps:7.1f} t/s",
                           file=sys.stderr)
