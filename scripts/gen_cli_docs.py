@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
 COMMANDS = [[], ["run"], ["serve"], ["download"], ["tune-draft"], ["check-pair"], ["info"],
+            ["audit"],
             ["lookup"],
             ["lookup", "create"],
             ["lookup", "merge"], ["lookup", "stats"]]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "specli"
 CORE = ["engine.py", "verify.py", "stats.py", "config.py", "pairing.py", "ggufmeta.py",
-        "tuning.py", "errors.py",
+        "tuning.py", "errors.py", "netguard.py", "_audit_site",
         "backend.py", "chat.py", "defaults.py", "drafts"]
 
 
@@ -45,3 +45,12 @@ def test_only_hub_imports_huggingface_hub():
     users = {p.name for p in PKG.rglob("*.py") if any(
         n.split(".")[0] == "huggingface_hub" for n in imports(p))}
     assert users == {"hub.py"}
+
+
+def test_the_audit_recorder_is_self_contained():
+    """Python children import it as their sitecustomize: it may need only the standard
+    library (a child may be another interpreter, without specli)."""
+    import sys
+
+    names = imports(PKG / "_audit_site" / "sitecustomize.py")
+    assert {n.split(".")[0] for n in names} - {"__future__"} <= set(sys.stdlib_module_names)

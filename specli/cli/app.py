@@ -8,6 +8,7 @@ import sys
 import typer
 
 from specli import __version__
+from specli.cli import audit as audit_cmd
 from specli.cli import check_pair as check_pair_cmd
 from specli.cli import download as download_cmd
 from specli.cli import info as info_cmd
@@ -33,6 +34,7 @@ app.command("check-pair")(check_pair_cmd.check_pair)
 app.command("info")(info_cmd.info)
 app.command("download")(download_cmd.download)
 app.command("tune-draft")(tune_cmd.tune_draft)
+app.command("audit")(audit_cmd.audit)
 app.add_typer(lookup_cmd.app, name="lookup")
 
 
