@@ -39,12 +39,12 @@ from specli.errors import SpecliError
 SITE_DIR = str(Path(recorder.__file__).parent)
 
 EXTERNAL, LOOPBACK, LOCAL, PROCESS = "external", "loopback", "local", "process"
-_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 _AF_UNIX, _AF_NETLINK = 1, 16
 _TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
                6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
                11: "CLOSING", 12: "NEW_SYN_RECV"}
-_INET_TABLES = ("tcp", "tcp6", "udp", "udp6", "raw", "raw6")
+_INET_TABLES = ("tcp", "tcp6", "udp", "udp6", "udplite", "udplite6", "raw", "raw6", "icmp",
+                "icmp6")
 # environment variables that can make a run use the network, or say how it would
 _ENV = re.compile(r"^(HF_|HUGGINGFACE_|HUGGING_FACE_|SPECLI_)|_PROXY$|^(SSL_CERT_FILE|SSL_CERT_DIR|"
                   r"REQUESTS_CA_BUNDLE|CURL_CA_BUNDLE)$", re.IGNORECASE)
@@ -77,7 +77,7 @@ def host_scope(host: str | None, listening: bool = False) -> str:
     if host is None or host == "":
         return EXTERNAL if listening else LOCAL
     name = host.strip("[]").split("%")[0].lower()
-    if name in _LOOPBACK_NAMES or name.endswith(".localhost"):
+    if name == "localhost":  # resolved locally (RFC 6761); any other name may reach a resolver
         return LOOPBACK
     try:
         ip = ipaddress.ip_address(name)
@@ -129,7 +129,9 @@ def _hex_addr(s: str) -> tuple[str, int]:
     """An address of /proc/net/tcp{,6}: hex host words in host byte order, then the port."""
     h, p = s.split(":")
     raw = bytes.fromhex(h)
-    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    if sys.byteorder == "little":
+        raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    words = raw
     return str(ipaddress.ip_address(words)), int(p, 16)
 
 
@@ -155,6 +157,13 @@ def _read_tables(pid: int) -> dict[int, tuple[str, str, str, str]]:
             f = line.split()
             if len(f) >= 7:
                 out[int(f[6])] = ("unix", f[7] if len(f) > 7 else "", "", "")
+    except OSError:
+        pass
+    try:  # raw link-layer sockets: they can send anything anywhere
+        for line in Path(f"/proc/{pid}/net/packet").read_text().splitlines()[1:]:
+            f = line.split()
+            if len(f) >= 9:
+                out[int(f[8])] = ("packet", f"interface {f[4]}", "", "")
     except OSError:
         pass
     return out
@@ -217,16 +226,19 @@ class ProcPoller:
         if not os.path.isdir(f"/proc/{pid}/fd"):
             raise AuditError("/proc is not available: the socket poll cannot run",
                              hint="specli audit needs Linux with /proc mounted")
+        if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
+            raise AuditError("this kernel has no /proc/PID/task/TID/children "
+                             "(CONFIG_PROC_CHILDREN): child processes cannot be followed")
         self.pid, self.t0 = pid, t0
         self.events: list[NetEvent] = []
         self.polls = 0
         self._seen: set[tuple] = set()
-        self._inherited: set[tuple[int, int]] = set()
+        self._inherited: set[int] = set()  # socket inodes (a child inherits its parent's)
 
     def baseline(self) -> None:
         """Sockets held before the audit began (a terminal, a log collector): not counted."""
         for pid in descendants(self.pid):
-            self._inherited |= {(pid, i) for i in _socket_inodes(pid)}
+            self._inherited |= _socket_inodes(pid)
         self.poll()
 
     def poll(self) -> None:
@@ -254,13 +266,18 @@ class ProcPoller:
         if proto == "unix" or not proto:
             scope, address = LOCAL, local or f"socket inode {inode}"
             proto = proto or "socket (unbound, or not inet/unix)"
+        elif proto == "packet":
+            scope, address = EXTERNAL, local
         elif remote and not remote.startswith(("0.0.0.0:0", "[::]:0")):
             scope, address = host_scope(_split(remote)), remote
-        else:  # bound or listening, no peer: reachable from where it listens
-            scope, address = host_scope(_split(local), listening=True), f"{local} (bound)"
+        elif state == "LISTEN":  # reachable from wherever it listens
+            scope, address = host_scope(_split(local), listening=True), f"{local} (listening)"
+        else:  # no peer: a datagram socket (auto-bound to 0.0.0.0 by its first sendto, whose
+            # destination the hook records) or a bound TCP socket not yet connected
+            scope, address = LOCAL, f"{local} (bound, no peer)"
         return NetEvent("socket", scope, pid, time.time() - self.t0, address, proto,
                         _cmdline(pid), state or None, "proc",
-                        inherited=(pid, inode) in self._inherited)
+                        inherited=inode in self._inherited)
 
 
 # --- the guard ------------------------------------------------------------------------------
@@ -278,42 +295,61 @@ class Guard:
     def __enter__(self) -> Guard:
         self._t0 = time.time()
         self._poller = ProcPoller(os.getpid(), self._t0)
+        self._failed: BaseException | None = None
+        _subreaper()
         fd, self._log = tempfile.mkstemp(prefix="specli-audit-", suffix=".jsonl")
         os.close(fd)
         self._env = {k: os.environ.get(k) for k in (recorder.LOG_ENV, "PYTHONPATH")}
         os.environ[recorder.LOG_ENV] = self._log
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (SITE_DIR, os.environ.get("PYTHONPATH")) if p)
-        self._poller.baseline()
-        recorder.install(self._log)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="specli-audit-poll",
                                         daemon=True)
-        self._thread.start()
+        try:
+            self._poller.baseline()
+            recorder.install(self._log)
+            self._thread.start()
+        except BaseException:
+            self._close()
+            raise
         return self
 
     def _poll(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._poller.poll()
+        try:
+            while not self._stop.wait(self.interval):
+                self._poller.poll()
+        except BaseException as e:  # noqa: BLE001 - reported by __exit__: the audit failed
+            self._failed = e
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self._poller.poll()  # a last look, after the run
+        try:
+            self._poller.poll()  # a last look, after the run
+            self.events = sorted(self._recorded() + self._poller.events, key=lambda e: e.t)
+        finally:
+            self._close()
+        self.seconds = time.time() - self._t0
+        self.polls = self._poller.polls
+        if self._failed is not None and exc[0] is None:
+            raise AuditError(f"the /proc poll failed: {self._failed!r}")
+
+    def _close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
         recorder.uninstall()
         for k, v in self._env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        self.seconds = time.time() - self._t0
-        self.polls = self._poller.polls
-        try:
-            self.events = sorted(self._recorded() + self._poller.events, key=lambda e: e.t)
-        finally:
+        if os.path.exists(self._log):
             os.unlink(self._log)
 
     def _recorded(self) -> list[NetEvent]:
+        """The recorder's lines (this process and its Python children) as events."""
         recs, outcomes = [], {}
         with open(self._log, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -339,6 +375,15 @@ class Guard:
             out.append(NetEvent(rec["event"], scope, rec["pid"], rec["t"] - self._t0, address,
                                 proto, rec.get("where", ""), outcomes.get(rec.get("id"))))
         return out
+
+
+def _subreaper() -> None:
+    """Adopt orphaned descendants (a daemon's double fork), so the /proc walk still finds
+    them below this process; best effort (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4+)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def verdict(events: list[NetEvent], strict: bool = False) -> tuple[int, list[NetEvent]]:
@@ -373,13 +418,13 @@ def network_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     env = os.environ if environ is None else environ
     out = {}
     for k in sorted(env):
-        if not _ENV.search(k):
+        if not _ENV.search(k) or k in (recorder.LOG_ENV, ISOLATED_ENV):
             continue
         v = env[k]
         if _SECRET.search(k) and v:
             v = "(set, redacted)"
-        else:
-            v = re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", v)
+        elif "@" in v:  # a proxy URL's user:password (or a token as the user name)
+            v = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)?.*@", r"\1***@", v)  # to the last @
         out[k] = v
     return out
 
@@ -427,7 +472,12 @@ def enter_namespace() -> str:
 
 
 def isolated_command() -> list[str]:
-    """This process's own command line, re-executed in a new network namespace."""
+    """This process's own command line, re-executed in a new network namespace. AuditError
+    when this process is not its own command (the audit called from another program)."""
+    args = sys.argv[1:]
+    if not args or sys.orig_argv[len(sys.orig_argv) - len(args):] != args:
+        raise AuditError("--isolate re-executes the command line, and this process was not "
+                         "started as `specli audit ...`")
     return [sys.executable, "-m", "specli.netguard", sys.executable, *sys.orig_argv[1:]]
 
 
@@ -440,7 +490,7 @@ def isolation() -> dict | None:
     found = interfaces()
     if any(not i.startswith("lo ") for i in found):
         raise AuditError(f"not isolated: this network namespace has {', '.join(found)}")
-    return {"how": how, "interfaces": found}
+    return {"how": how, "interfaces": found, "netns": os.readlink("/proc/self/ns/net")}
 
 
 def interfaces() -> list[str]:

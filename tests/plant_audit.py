@@ -9,10 +9,10 @@ non-loopback address inside `unshare --net`: nothing can leave the machine.
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 from specli import engine
@@ -44,10 +44,12 @@ def _child():
 
 
 def _loopback():
-    with socket.create_server(("127.0.0.1", 0)) as srv:
+    with socket.create_server(("127.0.0.1", 0)) as srv, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         c = socket.create_connection(srv.getsockname())
         peer, _ = srv.accept()
-        time.sleep(0.2)  # long enough for the /proc poll to see both ends
+        udp.sendto(b"x", srv.getsockname())  # auto-binds the UDP socket to 0.0.0.0
+        time.sleep(0.2)  # long enough for the /proc poll to see every socket
         c.close()
         peer.close()
 
@@ -69,24 +71,20 @@ PLANTS = {"connect": _connect, "sendto": _sendto, "getaddrinfo": _getaddrinfo,
 
 def main() -> None:
     kind, args = sys.argv[1], sys.argv[2:]
-    if kind == "thread":  # a thread already running: --isolate must refuse
-        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
-    else:
-        plant, step, done = PLANTS[kind], engine.Engine._step, []
+    plant, step, done = PLANTS[kind], engine.Engine._step, []
 
-        def planted(self, *a, **k):
-            if not done:
-                done.append(1)
-                try:
-                    plant()
-                    outcome = "ok"
-                except OSError as e:
-                    outcome = f"{type(e).__name__}: {e}"
-                print(f"plant: {kind} pid {__import__('os').getpid()}: {outcome}",
-                      file=sys.stderr, flush=True)
-            return step(self, *a, **k)
+    def planted(self, *a, **k):
+        if not done:
+            done.append(1)
+            try:
+                plant()
+                outcome = "ok"
+            except OSError as e:
+                outcome = f"{type(e).__name__}: {e}"
+            print(f"plant: {kind} pid {os.getpid()}: {outcome}", file=sys.stderr, flush=True)
+        return step(self, *a, **k)
 
-        engine.Engine._step = planted
+    engine.Engine._step = planted
     from specli.cli.app import main as specli_main
 
     sys.argv = ["specli", *args]

@@ -70,7 +70,7 @@ def test_clean_run_reports_models_and_no_events(pair, f16, q4_1):
         ("target", f16, os.path.getsize(f16), sha256(f16)),
         ("draft", q4_1, os.path.getsize(q4_1), sha256(q4_1))]
     assert doc["run"]["n_predict"] == 8 and doc["run"]["n_drafted"] > 0
-    assert doc["poll"]["polls"] >= 2 and doc["isolated"] is False
+    assert doc["poll"]["polls"] >= 5 and doc["isolated"] is False  # the thread polled
 
 
 def test_clean_run_text_report(pair):
@@ -81,7 +81,7 @@ def test_clean_run_text_report(pair):
     assert "[ models loaded ]" in out and "sha256 " in out
     assert "no external connections" in out and "accepted tokens: " in out
     assert "HF_TOKEN=(set, redacted)" in out and "hf_secret" not in out
-    assert "HTTPS_PROXY=http://user:***@proxy.example:3128" in out
+    assert "HTTPS_PROXY=http://***@proxy.example:3128" in out and "pw@" not in out
     assert out.rstrip().splitlines()[-1].startswith("verdict: clean")
 
 
@@ -140,9 +140,12 @@ def test_loopback_is_reported_and_fails_only_with_strict(pair):
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["counted"] == []
-    seen = {(e["source"], e["event"], e["scope"]) for e in doc["events"]}
-    assert {("hook", "socket.bind", "loopback"), ("hook", "socket.connect", "loopback"),
-            ("proc", "socket", "loopback")} <= seen
+    seen = {(e["source"], e["event"], e["scope"], e["proto"]) for e in doc["events"]}
+    assert {("hook", "socket.bind", "loopback", "inet/tcp"),
+            ("hook", "socket.connect", "loopback", "inet/tcp"),
+            ("hook", "socket.sendto", "loopback", "inet/udp"),
+            ("proc", "socket", "loopback", "tcp"),
+            ("proc", "socket", "local", "udp")} <= seen  # the UDP socket has no peer
     r = plant("loopback", *pair, "--json", "--strict", netns=False)
     assert r.returncode == 1
     assert json.loads(r.stdout)["counted"]
@@ -176,6 +179,20 @@ def test_isolate_makes_the_attempt_fail_and_reports_it(pair):
 
 
 @needs_netns
+def test_isolate_really_moves_the_run(pair):
+    """Outside any test namespace, the loopback connection that works unisolated (see
+    test_loopback_...) fails under --isolate: the run is in a namespace of its own."""
+    r = plant("loopback", *pair, "--isolate", "--json", netns=False)
+    assert r.returncode == 0, r.stderr
+    _, outcome = planted(r, "loopback")
+    assert "Network is unreachable" in outcome
+    doc = json.loads(r.stdout)
+    assert doc["namespace"]["netns"] != os.readlink("/proc/self/ns/net")
+    [e] = [e for e in doc["events"] if e["event"] == "socket.connect"]
+    assert e["outcome"] == "ENETUNREACH"
+
+
+@needs_netns
 def test_isolate_clean_run(pair):
     r = specli("audit", *pair, "--isolate", "--json")
     assert r.returncode == 0, r.stderr
@@ -183,6 +200,7 @@ def test_isolate_clean_run(pair):
     assert doc["isolated"] and doc["events"] == []
 
 
+@pytest.mark.skipif(os.listdir("/sys/class/net") == ["lo"], reason="this host has only lo")
 def test_isolation_claim_is_checked_not_trusted(pair):
     r = specli("audit", *pair, "--isolate", env={netguard.ISOLATED_ENV: "network namespace"})
     assert r.returncode == 2
@@ -203,6 +221,50 @@ def test_isolation_refused_is_exit_2(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1 and not marker.exists()
 
 
+def test_isolation_needs_a_single_thread():
+    code = ("import threading, time, specli.netguard as g; "
+            "threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); "
+            "g.enter_namespace()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 1 and "AuditError: cannot isolate: this process already runs 2 " \
+        "threads" in r.stderr
+
+
+def test_recorder_outcomes(tmp_path):
+    """The recorder in a fresh interpreter: a refused loopback connect is ECONNREFUSED and a
+    timeout (no errno) is TimeoutError, each on its own event; uninstall stops recording."""
+    log = tmp_path / "log.jsonl"
+    code = f"""
+import socket
+from specli._audit_site import sitecustomize as rec
+rec.install({str(log)!r})
+s = socket.socket(); port = (s.bind(("127.0.0.1", 0)), s.getsockname()[1])[1]; s.close()
+try:
+    socket.create_connection(("127.0.0.1", port))
+except OSError:
+    pass
+def slow(*a):
+    raise TimeoutError("timed out")
+try:
+    rec._outcome(slow)()
+except TimeoutError:
+    pass
+rec._hook("socket.connect", (socket.socket(), ("203.0.113.7", 9)))
+rec._ended(None, TimeoutError())
+rec.uninstall()
+socket.getaddrinfo("localhost", 80)
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    events = [x for x in lines if "event" in x]
+    outcomes = {x["ref"]: x["outcome"] for x in lines if "ref" in x}
+    assert [e["event"] for e in events] == ["socket.bind", "socket.getaddrinfo",
+                                            "socket.connect", "socket.connect"]
+    assert len({e["id"] for e in events}) == 4
+    assert [outcomes.get(e["id"]) for e in events] == [None, "ok", "ECONNREFUSED",
+                                                       "TimeoutError"]
+
+
 def test_poll_interval_must_be_positive(pair):
     r = specli("audit", *pair, "--poll-ms", "0")
     assert r.returncode == 2 and r.stderr.startswith("error: --poll-ms")
@@ -213,7 +275,7 @@ def test_poll_interval_must_be_positive(pair):
 @pytest.mark.parametrize("host, listening, scope", [
     ("127.0.0.1", False, "loopback"), ("127.8.9.10", False, "loopback"),
     ("::1", False, "loopback"), ("::ffff:127.0.0.1", False, "loopback"),
-    ("localhost", False, "loopback"), ("api.localhost", False, "loopback"),
+    ("localhost", False, "loopback"), ("api.localhost", False, "external"),
     ("203.0.113.7", False, "external"), ("huggingface.co", False, "external"),
     ("10.0.0.1", False, "external"), ("fe80::1%eth0", False, "external"),
     ("0.0.0.0", True, "external"), ("", True, "external"), ("", False, "local"),
@@ -241,9 +303,28 @@ def test_verdict_counts_by_scope():
 
 
 def test_network_environment_redacts():
-    env = {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "http_proxy": "http://a:b@h:1",
-           "PATH": "/bin", "HUGGING_FACE_HUB_TOKEN": "y", "NO_PROXY": "localhost"}
+    env = {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "http_proxy": "http://a:b/c@h:1",
+           "PATH": "/bin", "HUGGING_FACE_HUB_TOKEN": "y", "NO_PROXY": "localhost",
+           "ALL_PROXY": "socks5://tok@h:2", "FTP_PROXY": "u:p@h:3",
+           "SPECLI_AUDIT_LOG": "/tmp/x", "SPECLI_AUDIT_ISOLATED": "network namespace"}
     assert netguard.network_environment(env) == {
         "HF_HUB_OFFLINE": "1", "HF_TOKEN": "(set, redacted)",
         "HUGGING_FACE_HUB_TOKEN": "(set, redacted)", "NO_PROXY": "localhost",
-        "http_proxy": "http://a:***@h:1"}
+        "ALL_PROXY": "socks5://***@h:2", "FTP_PROXY": "***@h:3",
+        "http_proxy": "http://***@h:1"}
+
+
+def test_sha256_progress_bar_on_a_terminal(pair, f16):
+    """On a pseudo-terminal (util-linux `script`) a model over 32 MiB is hashed behind a
+    progress bar on stderr; off one (every test above) there is none."""
+    import shlex
+    import shutil
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux script is not installed")
+    cmd = shlex.join([sys.executable, "-m", "specli", "audit", *pair])
+    r = subprocess.run(["script", "-qec", f"stty cols 120 rows 40; {cmd}", "/dev/null"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TERM": "xterm"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"sha256 {os.path.basename(f16)}" in r.stdout  # the bar's label, on the pty

@@ -41,16 +41,18 @@ PROCESS = {"subprocess.Popen": 1, "os.system": 0, "os.exec": 1, "os.posix_spawn"
 _fd: int | None = None
 _tls = threading.local()
 _ids = iter(range(1, 1 << 62))
+_prefix = ""  # random, per install: a Python that exec()s another keeps its pid
 _WRAPPED = ("connect", "connect_ex", "sendto", "sendmsg")
 _originals: dict[str, object] = {}
 
 
 def install(path: str | None = None) -> bool:
     """Record into `path` (default: $SPECLI_AUDIT_LOG) from now on; False if there is none."""
-    global _fd
+    global _fd, _prefix
     path = path or os.environ.get(LOG_ENV)
     if not path or _fd is not None:
         return _fd is not None
+    _prefix = os.urandom(4).hex()
     _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     if not _originals:  # the first install in this process: the hook stays for good
         sys.addaudithook(_hook)
@@ -67,8 +69,8 @@ def uninstall() -> None:
     global _fd
     if _fd is None:
         return
-    os.close(_fd)
-    _fd = None
+    fd, _fd = _fd, None  # first: a thread writing now must not reach a reused fd number
+    os.close(fd)
     for name in _WRAPPED:
         if _originals[name] is None:
             delattr(socket.socket, name)
@@ -84,7 +86,10 @@ def _write(rec: dict) -> None:
 
 def _where() -> str:
     """The innermost caller outside this module and the socket machinery: who did it."""
-    f = sys._getframe(2)
+    try:
+        f = sys._getframe(2)
+    except ValueError:  # no Python caller (an event raised from C)
+        return "?"
     skip = (__file__, socket.__file__, "<frozen ", "/subprocess.py", "/threading.py")
     while f is not None and any(s in f.f_code.co_filename for s in skip):
         f = f.f_back
@@ -99,9 +104,10 @@ def _hook(event: str, args: tuple) -> None:
     if getattr(_tls, "busy", False):
         return
     _tls.busy = True
-    try:
-        rec = {"id": f"{os.getpid()}-{next(_ids)}", "pid": os.getpid(), "t": time.time(),
-               "event": event, "where": _where()}
+    rec = {"id": f"{os.getpid()}-{_prefix}-{next(_ids)}", "pid": os.getpid(), "t": time.time(),
+           "event": event}
+    try:  # the event is written whatever goes wrong in describing it
+        rec["where"] = _where()
         where = NETWORK.get(event)
         if where == "sock":  # a socket method: the socket's family, and the call's address
             rec["family"] = int(getattr(args[0], "family", -1))
@@ -111,9 +117,12 @@ def _hook(event: str, args: tuple) -> None:
             rec["address"] = _plain(args[where])
         elif PROCESS[event] is not None and len(args) > PROCESS[event]:
             rec["command"] = _plain(args[PROCESS[event]])
+    except Exception as e:  # noqa: BLE001 - a recorder must never break the program it watches
+        rec["error"] = repr(e)[:200]
+    try:
         _tls.last = rec["id"]
         _write(rec)
-    except Exception:  # noqa: BLE001 - a recorder must never break the program it watches
+    except Exception:  # noqa: BLE001
         pass
     finally:
         _tls.busy = False
@@ -155,6 +164,8 @@ def _ended(err: int | None, exc: BaseException | None) -> None:
     _tls.last = None
     if exc is not None and isinstance(exc, socket.gaierror):
         outcome = f"name resolution failed: {exc.strerror or exc}"
+    elif exc is not None and not err:  # a timeout has no errno
+        outcome = type(exc).__name__
     elif err:
         import errno as _errno
 
@@ -181,8 +192,8 @@ def _chain() -> None:
 
 
 if __name__ == "sitecustomize":  # imported at a child's startup
-    install()
     try:
+        install()
         _chain()
     except Exception:  # noqa: BLE001 - as site.py does: a broken sitecustomize is not fatal
         pass

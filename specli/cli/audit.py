@@ -55,11 +55,21 @@ def audit(**kw) -> None:
         raise SpecliError(f"--poll-ms must be at least 1, got {poll_ms}")
     namespace = netguard.isolation() if isolate else None
     if isolate and namespace is None:  # re-execute this command in a new network namespace
-        raise typer.Exit(subprocess.run(netguard.isolated_command()).returncode)
+        code = subprocess.run(netguard.isolated_command()).returncode
+        if code not in (0, 1, 2):  # 1 means "network seen": a crash must not read as that
+            raise netguard.AuditError(f"the isolated audit ended abnormally (exit {code})")
+        raise typer.Exit(code)
     out = io.StringIO()
-    with netguard.Guard(interval=poll_ms / 1000) as guard:
-        with redirect_stdout(out):
-            run_cmd.run(**kw, json_out=True, baseline=False)
+    try:
+        with netguard.Guard(interval=poll_ms / 1000) as guard:
+            with redirect_stdout(out):
+                run_cmd.run(**kw, json_out=True, baseline=False)
+    except (SpecliError, typer.Exit):
+        raise
+    except KeyboardInterrupt:
+        raise netguard.AuditError("interrupted: no verdict") from None
+    except Exception as e:  # exit 1 means "network seen": anything else unforeseen is 2
+        raise netguard.AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
     doc = json.loads(out.getvalue())
     models = [_model(role, path) for role, path in (("target", doc["model"]),
                                                     ("draft", doc["model_draft"])) if path]
@@ -128,7 +138,8 @@ def _print(report: dict, events: list[netguard.NetEvent],
     w(f"\n[ network during the run: {report['seconds']:.1f} s, /proc polled "
       f"{report['poll']['polls']} times every {report['poll']['interval_ms']} ms ]\n")
     if ns:
-        w(f"  isolated in a new {ns['how']}: {', '.join(ns['interfaces']) or 'no interfaces'}\n")
+        w(f"  isolated in a new {ns['how']} ({ns['netns']}): "
+          f"{', '.join(ns['interfaces']) or 'no interfaces'}\n")
     groups = [("external", [e for e in events if e.scope == netguard.EXTERNAL
                             and not e.inherited]),
               ("loopback and local", [e for e in events if e.scope in (netguard.LOOPBACK,
