@@ -218,11 +218,14 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
         partial = blob.with_name(blob.name + ".incomplete")
     else:  # --local-dir: the file itself, its partial kept beside, as resumable
         blob = Path(local_dir) / f.path
-        if blob.exists() and (meta.size is None or blob.stat().st_size == meta.size):
-            return blob
         partial = Path(local_dir) / ".cache" / "specli" / (
             f.path.replace("/", "--") + f".{etag}.incomplete")
-    if blob.exists():
+
+    def done() -> bool:  # in the cache a blob is named by its etag; a local file is not
+        return blob.exists() and (local_dir is None or meta.size is None
+                                  or blob.stat().st_size == meta.size)
+
+    if done():
         return blob
     partial.parent.mkdir(parents=True, exist_ok=True)
     target = meta.location or url
@@ -230,7 +233,7 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
     same_host = urlparse(target).netloc == urlparse(url).netloc
     headers = build_hf_headers(token=token) if same_host else {}
     with WeakFileLock(partial.with_name(partial.name + ".lock")):  # one writer per partial
-        if blob.exists():
+        if done():
             return blob
         if meta.size is not None and partial.exists() and partial.stat().st_size > meta.size:
             partial.unlink()  # longer than the file: not a prefix of it, start over

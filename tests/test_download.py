@@ -167,14 +167,29 @@ def test_local_dir_downloads_resume_too(fake, tmp_path):
     assert r.returncode == 2
     partial = list(where.rglob("*.incomplete"))
     assert len(partial) == 1 and partial[0].stat().st_size > 0
+    have = partial[0].stat().st_size
     fake.requests.clear()
     r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
     assert r.returncode == 0, r.stderr
     assert Path(r.stdout.strip()) == where / "big-Q6_K.gguf"
     assert (where / "big-Q6_K.gguf").read_bytes() == BIG
     gets = [h for m, p, h in fake.requests if m == "GET" and p.endswith("big-Q6_K.gguf")]
-    assert (gets[0].get("Range") or gets[0].get("range", "")).startswith("bytes=")
+    assert (gets[0].get("Range") or gets[0].get("range")) == f"bytes={have}-"
     assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("big*"))
+
+
+def test_local_dir_replaces_a_file_of_the_wrong_size(fake, tmp_path):
+    """A local file whose size differs from the hub's (a copy cut short outside specli) is
+    downloaded again, not returned as it is."""
+    where = tmp_path / "models"
+    where.mkdir()
+    (where / "big-Q6_K.gguf").write_bytes(BIG[:1000])
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
+    assert r.returncode == 0, r.stderr
+    assert (where / "big-Q6_K.gguf").read_bytes() == BIG
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
+    gets = [h for m, p, h in fake.requests if m == "GET" and p.endswith("big-Q6_K.gguf")]
+    assert r.returncode == 0 and len(gets) == 1  # the right size is kept: no second GET
 
 
 def test_a_sha256_mismatch_deletes_the_file_and_exits_2(fake, tmp_path):
