@@ -302,11 +302,12 @@ def test_verdict_counts_by_scope():
     assert netguard.verdict([netguard.NetEvent("socket.sendto", "external", 1, 0.0)])[0] == 1
 
 
-def test_network_environment_redacts():
+def test_network_environment_redacts(tmp_path):
     env = {"HF_TOKEN": "hf_x", "HF_HUB_OFFLINE": "1", "http_proxy": "http://a:b/c@h:1",
-           "PATH": "/bin", "HUGGING_FACE_HUB_TOKEN": "y", "NO_PROXY": "localhost",
+           "PATH": str(tmp_path), "HUGGING_FACE_HUB_TOKEN": "y", "NO_PROXY": "localhost",
            "ALL_PROXY": "socks5://tok@h:2", "FTP_PROXY": "u:p@h:3",
-           "SPECLI_AUDIT_LOG": "/tmp/x", "SPECLI_AUDIT_ISOLATED": "network namespace"}
+           "SPECLI_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+           "SPECLI_AUDIT_ISOLATED": "network namespace"}
     assert netguard.network_environment(env) == {
         "HF_HUB_OFFLINE": "1", "HF_TOKEN": "(set, redacted)",
         "HUGGING_FACE_HUB_TOKEN": "(set, redacted)", "NO_PROXY": "localhost",
