@@ -80,7 +80,7 @@ class Engine:
         model, which is used whenever `draft` is given."""
         draft_params = draft_params or DraftParams()
         ngram = ngram or NgramParams()
-        n_vocab = _check_files(target, draft, spec_types)
+        n_vocab = check_files(target, draft, spec_types)
         t = Model(target)
         try:
             dm = Model(draft) if draft is not None else None
@@ -105,7 +105,7 @@ class Engine:
         between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
         draft_params = draft_params or DraftParams()
         ngram = ngram or NgramParams()
-        n_vocab = _check_files(target, draft, spec_types)
+        n_vocab = check_files(target, draft, spec_types)
         gate = Gate()
         shared = [SharedContext(target, n, gate)]
         try:
@@ -309,8 +309,8 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
-def _check_files(target: ModelParams, draft: ModelParams | None,
-                 spec_types: Sequence[str]) -> int | None:
+def check_files(target: ModelParams, draft: ModelParams | None,
+                spec_types: Sequence[str]) -> int | None:
     """The target's header is read once, before any weights: a damaged one is one clear error,
     an incompatible draft is refused; the tokenizer is parsed only when a pair or a lookup
     cache needs it. Returns the target's vocabulary size when it was read."""

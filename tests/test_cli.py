@@ -156,7 +156,8 @@ def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
 def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
     from specli.cli.options import ngram_params
 
-    p = ngram_params(size_n=3, size_m=6, min_hits=2, simple_n=None, simple_m=None, map_k_n=4,
+    p = ngram_params(size_n=3, size_m=6, min_hits=2, simple_n=None, simple_m=None,
+                     simple_hits=None, map_k_n=4,
                      map_k_m=None, map_k_hits=None, k4v_n=None, k4v_m=9, k4v_hits=5,
                      mod_match=24, mod_max=64, mod_min=48, lookup_static=None,
                      lookup_dynamic=None)

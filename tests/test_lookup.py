@@ -222,9 +222,12 @@ def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
     assert bad.read_bytes() == np.asarray([1, 2, NULL, NULL, 1, 3], np.int32).tobytes()
 
 
-def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path):
-    r = specli("run", "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
-    assert r.returncode == 2 and "ngram-cache" in r.stderr
+@pytest.mark.parametrize("command", ["run", "serve", "audit"])
+def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path, command):
+    """One rule for every command (serve used to add ngram-cache silently)."""
+    r = specli(command, "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: -lcs/-lcd are lookup caches for --spec-type ngram-cache")
 
 
 def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f32):

@@ -13,7 +13,6 @@ from rich.text import Text
 
 from specli.cli import options as o
 from specli.cli.console import err, out, safe, spinner
-from specli.config import ModelParams
 from specli.errors import UsageError
 from specli.pairing import PairReport, compare, read_model_info
 from specli.tuning import ProbeResult
@@ -78,13 +77,10 @@ def _probe(report: PairReport, n_predict: int, k: int, ctx: int, ngl: int, ngld:
     from specli.engine import Engine
     from specli.tuning import probe
 
-    def params(path: str, ngl: int) -> ModelParams:
-        return ModelParams(path=path, n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads,
-                           verbose=verbose)
-
+    target, draft = o.model_params(report.target.path, report.draft.path, ctx=ctx, ngl=ngl,
+                                   ngld=ngld, threads=threads, verbose=verbose)
     with spinner("loading both models", quiet):
-        engine = Engine.load(params(report.target.path, ngl), params(report.draft.path, ngld),
-                             DraftParams(n_max=k))
+        engine = Engine.load(target, draft, DraftParams(n_max=k))
     try:
         with spinner("probing", quiet) as status:
             def progress(msg: str) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from specli.cli import options as o
-from specli.cli.console import err, out
+from specli.cli.console import err, out, spinner
 from specli.errors import UsageError
 
 HUB = "Hugging Face"
@@ -120,8 +120,9 @@ def _pair(p, revision, token, local_dir, progress: bool, json_out: bool) -> None
 
 def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
                    hf_file: str | None, hf_draft: str | None, hf_file_draft: str | None,
-                   token: str | None, quiet: bool = False) -> tuple[str | None, str | None]:
-    """-m/-md, or -hf/-hff and -hfd/-hffd resolved through the hub (llama.cpp's spellings)."""
+                   token: str | None, quiet: bool = False) -> tuple[str, str | None]:
+    """-m/-md, or -hf/-hff and -hfd/-hffd resolved through the hub (llama.cpp's spellings);
+    with neither, the embedded SmolLM2 pair."""
     from specli import hub
 
     progress = not quiet and err.is_terminal
@@ -138,4 +139,11 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             raise UsageError("-hffd/--hf-file-draft needs -hfd REPO")
         model_draft = str(hub.fetch(hub.parse_ref(hf_draft), hf_file_draft, token=token,
                                     progress=progress)[0])
+    if model is None:
+        if model_draft is not None:
+            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
+        from specli.defaults import default_pair
+
+        with spinner("preparing the embedded SmolLM2 pair", quiet):
+            model, model_draft = default_pair()
     return model, model_draft

@@ -198,13 +198,15 @@ def parse_draft(value: str) -> tuple[int, bool]:
 
 
 def ngram_params(size_n: int | None, size_m: int | None, min_hits: int | None,
-                 simple_n: int | None, simple_m: int | None, map_k_n: int | None,
-                 map_k_m: int | None, map_k_hits: int | None, k4v_n: int | None,
-                 k4v_m: int | None, k4v_hits: int | None, mod_match: int, mod_max: int,
-                 mod_min: int, lookup_static: str | None,
+                 simple_n: int | None, simple_m: int | None, simple_hits: int | None,
+                 map_k_n: int | None, map_k_m: int | None, map_k_hits: int | None,
+                 k4v_n: int | None, k4v_m: int | None, k4v_hits: int | None, mod_match: int,
+                 mod_max: int, mod_min: int, lookup_static: str | None,
                  lookup_dynamic: str | None) -> config.NgramParams:
     """Resolve the seed-era shared flags and llama.cpp's per-type ones (the latter win)."""
     d = config.NgramParams()
+    if simple_hits is not None and simple_hits < 1:  # ngram-simple uses no more than 1
+        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_hits}")
     for flag, v in (("--spec-ngram-size-n", size_n), ("--spec-ngram-size-m", size_m),
                     ("--spec-ngram-min-hits", min_hits), ("--spec-ngram-simple-size-n", simple_n),
                     ("--spec-ngram-simple-size-m", simple_m),
@@ -235,42 +237,59 @@ def ngram_params(size_n: int | None, size_m: int | None, min_hits: int | None,
         lookup_static=lookup_static, lookup_dynamic=lookup_dynamic)
 
 
-def spec_types(value: str | None) -> list[str]:
+def spec_types(value: str | None, lookup_static: str | None = None,
+               lookup_dynamic: str | None = None) -> list[str]:
+    """--spec-type's list; -lcs/-lcd alone mean ngram-cache, and need it in a given list."""
     if value is None:
-        return []
+        return ["ngram-cache"] if lookup_static or lookup_dynamic else []
     types = [t.strip() for t in value.split(",") if t.strip()]
     unknown = [t for t in types if t not in config.SPEC_TYPES]
     if unknown or not types:
         raise UsageError(f"unknown --spec-type {', '.join(unknown) or repr(value)}",
                          hint="one or more of: " + ", ".join(config.SPEC_TYPES))
+    if (lookup_static or lookup_dynamic) and "ngram-cache" not in types:
+        raise UsageError("-lcs/-lcd are lookup caches for --spec-type ngram-cache",
+                         hint="add ngram-cache to --spec-type")
     return types
 
 
-def check_ranges(draft: int, draft_min: int, p_min: float, n_predict: int, temp: float,
-                  ctx: int, threads: int) -> None:
-    if draft < 1:
-        raise UsageError(f"--draft must be at least 1 (got {draft})",
-                         hint="use --no-spec to decode without a draft")
-    if draft_min < 0 or draft_min > draft:
-        raise UsageError(f"--draft-min must be between 0 and --draft ({draft}), got {draft_min}")
+def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.DraftParams:
+    """--draft (K or auto), --draft-min and --draft-p-min, checked. An explicit K also caps the
+    n-gram types' own lengths."""
+    k, adaptive = parse_draft(draft if draft is not None else DEFAULTS["draft_max"])
+    if draft_min < 0 or draft_min > k:
+        raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
     if not 0.0 <= p_min <= 1.0:
         raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
-    if n_predict < -1:
-        raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
+    return config.DraftParams(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
+                              cap_ngram=draft is not None and not adaptive)
+
+
+def sampling(temp: float, top_k: int, top_p: float, min_p: float,
+             seed: int) -> config.SamplingParams:
+    """The sampling flags; a negative seed means a fresh random one."""
     if temp < 0:
         raise UsageError(f"--temp must be 0 or more, got {temp}")
+    return config.SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 seed=None if seed < 0 else seed)
+
+
+def check_ranges(n_predict: int, ctx: int, threads: int) -> None:
+    if n_predict < -1:
+        raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
     if ctx < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
     if threads < 1:
         raise UsageError(f"-t/--threads must be at least 1, got {threads}")
 
 
-def model_params(model: str, model_draft: str | None, ctx: int, ctx_draft: int | None,
-                 ngl: int, ngld: int, threads: int, threads_draft: int | None,
-                 threads_batch: int | None, threads_batch_draft: int | None,
-                 ctk: str | None, ctv: str | None, ctkd: str | None, ctvd: str | None,
-                 flash_attn: FlashAttn,
-                 verbose: bool) -> tuple[config.ModelParams, config.ModelParams | None]:
+def model_params(model: str, model_draft: str | None, *, ctx: int = DEFAULTS["ctx"],
+                 ctx_draft: int | None = None, ngl: int = 0, ngld: int = 0,
+                 threads: int = DEFAULTS["threads"], threads_draft: int | None = None,
+                 threads_batch: int | None = None, threads_batch_draft: int | None = None,
+                 ctk: str | None = None, ctv: str | None = None, ctkd: str | None = None,
+                 ctvd: str | None = None, flash_attn: FlashAttn = FlashAttn.auto,
+                 verbose: bool = False) -> tuple[config.ModelParams, config.ModelParams | None]:
     """The target's and the draft's ModelParams from llama.cpp's flags; a draft flag left out
     takes the target's value, as in llama.cpp."""
     target = config.ModelParams(

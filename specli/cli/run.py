@@ -13,7 +13,6 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err, spinner
-from specli.config import DraftParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
@@ -90,56 +89,37 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
-    k, adaptive = o.parse_draft(draft if draft is not None else o.DEFAULTS["draft_max"])
-    o.check_ranges(k, draft_min, draft_p_min, n_predict, temp, ctx_size, threads)
-    if simple_min_hits is not None and simple_min_hits < 1:
-        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
+    dp = o.draft_params(draft, draft_min, draft_p_min)
+    sampling = o.sampling(temp, top_k, top_p, min_p, seed)
+    o.check_ranges(n_predict, ctx_size, threads)
     ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
-                           simple_size_m, map_k_size_n, map_k_size_m, map_k_min_hits,
-                           map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits, ngram_mod_n_match,
-                           ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
-                           lookup_cache_dynamic)
-    types = o.spec_types(spec_type)
-    if lookup_cache_static or lookup_cache_dynamic:
-        if spec_type is None:
-            types = ["ngram-cache"]
-        elif "ngram-cache" not in types:
-            raise UsageError("-lcs/-lcd are lookup caches for --spec-type ngram-cache",
-                             hint="add ngram-cache to --spec-type")
+                           simple_size_m, simple_min_hits, map_k_size_n, map_k_size_m,
+                           map_k_min_hits, map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits,
+                           ngram_mod_n_match, ngram_mod_n_max, ngram_mod_n_min,
+                           lookup_cache_static, lookup_cache_dynamic)
+    types = o.spec_types(spec_type, lookup_cache_static, lookup_cache_dynamic)
     text, chat = _prompt(prompt, file, chat)
 
     from specli.cli.download import resolve_models
 
     model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
-                                        hf_file_draft, hf_token,
-                                        quiet=json_out)
-    if model is None:
-        if model_draft is not None:
-            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
-        from specli.defaults import default_pair
-
-        with spinner("preparing the embedded SmolLM2 pair", json_out):
-            model, model_draft = default_pair()
+                                        hf_file_draft, hf_token, quiet=json_out)
     if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     if no_spec:
         model_draft, types = None, []
 
     target_params, draft_params = o.model_params(
-        model, model_draft, ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
-        threads_draft, threads_batch, threads_batch_draft, cache_type_k, cache_type_v,
-        cache_type_k_draft, cache_type_v_draft, flash_attn, verbose)
-    sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                              seed=None if seed < 0 else seed)
+        model, model_draft, ctx=ctx_size, ctx_draft=ctx_size_draft, ngl=n_gpu_layers,
+        ngld=n_gpu_layers_draft, threads=threads, threads_draft=threads_draft,
+        threads_batch=threads_batch, threads_batch_draft=threads_batch_draft, ctk=cache_type_k,
+        ctv=cache_type_v, ctkd=cache_type_k_draft, ctvd=cache_type_v_draft,
+        flash_attn=flash_attn, verbose=verbose)
 
     from specli.engine import Engine
 
     with spinner("loading models", json_out):
-        engine = Engine.load(target_params, draft_params,
-                             DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min,
-                                         adaptive=adaptive,
-                                         cap_ngram=draft is not None and not adaptive),
-                             spec_types=types, ngram=ngram)
+        engine = Engine.load(target_params, draft_params, dp, spec_types=types, ngram=ngram)
     try:
         if engine.draft is None and not no_spec and not json_out:
             err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

@@ -10,7 +10,6 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err
-from specli.config import DraftParams, SamplingParams
 from specli.errors import SpecliError, UsageError
 
 SERVER = "Server"
@@ -100,8 +99,9 @@ def serve(
     --metrics) /metrics. A request may carry its own `speculative` object ({"n_max", "n_min",
     "p_min", "type"}, or false). With no -m, the embedded SmolLM2 pair is served.
     """
-    k, adaptive = o.parse_draft(draft if draft is not None else o.DEFAULTS["draft_max"])
-    o.check_ranges(k, draft_min, draft_p_min, 1, temp, ctx_size, threads)
+    dp = o.draft_params(draft, draft_min, draft_p_min)
+    sampling = o.sampling(temp, top_k, top_p, min_p, seed)
+    o.check_ranges(n_predict, ctx_size, threads)
     if parallel < 1 or max_queue < 0 or timeout <= 0:
         raise UsageError("-np/--parallel must be at least 1, --max-queue at least 0 and "
                          "--timeout more than 0")
@@ -109,29 +109,19 @@ def serve(
         raise UsageError(f"-n/--n-predict must be -1 or at least 1, got {n_predict}")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
-    if simple_min_hits is not None and simple_min_hits < 1:
-        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_min_hits}")
     ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
-                           simple_size_m, map_k_size_n, map_k_size_m, map_k_min_hits,
-                           map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits, ngram_mod_n_match,
-                           ngram_mod_n_max, ngram_mod_n_min, lookup_cache_static,
-                           lookup_cache_dynamic)
-    types = o.spec_types(spec_type)
+                           simple_size_m, simple_min_hits, map_k_size_n, map_k_size_m,
+                           map_k_min_hits, map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits,
+                           ngram_mod_n_match, ngram_mod_n_max, ngram_mod_n_min,
+                           lookup_cache_static, lookup_cache_dynamic)
+    types = o.spec_types(spec_type, lookup_cache_static, lookup_cache_dynamic)
     if lookup_cache_dynamic and parallel > 1:
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
-    if (lookup_cache_static or lookup_cache_dynamic) and "ngram-cache" not in types:
-        types.append("ngram-cache")
     from specli.cli.download import resolve_models
 
     model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
                                         hf_file_draft, hf_token)
-    if model is None:
-        if model_draft is not None:
-            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
-        from specli.defaults import default_pair
-
-        model, model_draft = default_pair()
     if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     keys = _keys(api_key or [], api_key_file)
@@ -142,26 +132,19 @@ def serve(
     except ImportError:
         raise SpecliError("specli serve needs the server extra",
                           hint="pip install 'specli[server]'") from None
-    from specli import pairing
-    from specli.ggufmeta import read_header
+    from specli.engine import check_files
     from specli.server import ServerConfig
 
-    # refuse a bad pair or file before listening, from the headers alone
-    if model_draft is not None:
-        pairing.ensure_compatible(model, model_draft)
-    else:
-        read_header(model)
     target, draft_model = o.model_params(
-        model, model_draft, ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
-        threads_draft, threads_batch, threads_batch_draft, cache_type_k, cache_type_v,
-        cache_type_k_draft, cache_type_v_draft, flash_attn, verbose)
+        model, model_draft, ctx=ctx_size, ctx_draft=ctx_size_draft, ngl=n_gpu_layers,
+        ngld=n_gpu_layers_draft, threads=threads, threads_draft=threads_draft,
+        threads_batch=threads_batch, threads_batch_draft=threads_batch_draft, ctk=cache_type_k,
+        ctv=cache_type_v, ctkd=cache_type_k_draft, ctvd=cache_type_v_draft,
+        flash_attn=flash_attn, verbose=verbose)
+    check_files(target, draft_model, types)  # a bad pair or file is refused before listening
     config = ServerConfig(
         target=target, draft=draft_model,
-        draft_params=DraftParams(n_max=k, n_min=draft_min, p_min=draft_p_min, adaptive=adaptive,
-                                 cap_ngram=draft is not None and not adaptive),
-        spec_types=tuple(types), ngram=ngram,
-        sampling=SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                seed=None if seed < 0 else seed),
+        draft_params=dp, spec_types=tuple(types), ngram=ngram, sampling=sampling,
         n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), alias=alias,
         metrics=metrics, timeout=timeout, max_queue=max_queue)
     _run(config, host, port)

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from specli.cli import options as o
 from specli.cli.console import err, out, spinner
-from specli.config import SPEC_TYPES, DraftParams, ModelParams
+from specli.config import DraftParams
 from specli.errors import SpecliError, UsageError
 
 SWEEP = "Sweep"
@@ -87,14 +87,9 @@ def tune_draft(
         raise UsageError("give --json or --csv, not both")
     from specli.cli.download import resolve_models
 
+    quiet = json_out or csv_out
     model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
-                                        hf_file_draft, hf_token, quiet=json_out or csv_out)
-    if model is None:
-        if model_draft is not None:
-            raise UsageError("-md/--model-draft needs -m/--model")
-        from specli.defaults import default_pair
-
-        model, model_draft = default_pair()
+                                        hf_file_draft, hf_token, quiet=quiet)
     types = _types(spec_type, model_draft)
     settings = tuning.grid(ks, ps, types)
     texts = _prompts(file, task)
@@ -102,14 +97,11 @@ def tune_draft(
 
     from specli.engine import Engine
 
-    def params(path: str, ngl: int) -> ModelParams:
-        return ModelParams(path=path, n_ctx=ctx_size, n_gpu_layers=ngl, n_threads=threads,
-                           verbose=verbose)
-
-    quiet = json_out or csv_out
+    target, draft_model = o.model_params(model, model_draft, ctx=ctx_size, ngl=n_gpu_layers,
+                                         ngld=n_gpu_layers_draft, threads=threads,
+                                         verbose=verbose)
     with spinner("loading models", quiet):
-        engine = Engine.load(params(model, n_gpu_layers),
-                             params(model_draft, n_gpu_layers_draft) if model_draft else None,
+        engine = Engine.load(target, draft_model,
                              DraftParams(n_max=max(ks)), spec_types=loaded)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
@@ -155,13 +147,11 @@ def _types(text: str | None, model_draft: str | None) -> list[tuple[str, ...]]:
         if model_draft is None:
             raise UsageError("nothing to sweep: give a draft model (-md) or --spec-type")
         return [("draft-simple",)]
+    from specli.engine import spec_key
+
     combos = []
-    for item in text.split(","):
-        parts = tuple(t for t in SPEC_TYPES if t in item.split("+"))
-        unknown = [t for t in item.split("+") if t.strip() and t not in SPEC_TYPES]
-        if unknown or not parts:
-            raise UsageError(f"unknown --spec-type {item!r}", hint="one or more of: "
-                             + ", ".join(SPEC_TYPES))
+    for item in text.split(","):  # settings by commas, the types of one setting by +
+        parts = spec_key(o.spec_types(item.replace("+", ",")))
         if "draft-simple" in parts and model_draft is None:
             raise UsageError("--spec-type draft-simple needs a draft model (-md)")
         combos.append(parts)
