@@ -147,8 +147,10 @@ def main() -> None:
                 sys.exit(f"{name} does not speculate: no draft tokens in its timings")
         results: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):
+            order = list(servers.items())
+            order = order[r % 2:] + order[:r % 2]  # who goes first alternates by round
             for c in clients:
-                for name, (_, url) in servers.items():
+                for name, (_, url) in order:
                     tps = round_tps(url, c, args.n, r, args.per_client)
                     results.setdefault((name, c), []).append(tps)
                     print(f"round {r + 1}: {name:12s} {c} clients: {tps:7.1f} t/s",

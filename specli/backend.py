@@ -334,7 +334,7 @@ class Gate:
     def remove(self, ctx: SharedContext) -> None:
         with self.cond:
             self.contexts.remove(ctx)
-            if not self.contexts:
+            if not self.contexts:  # waiting under cond is safe: a decode never takes it
                 self.decoder.shutdown()
 
     def enter(self) -> None:
@@ -347,8 +347,8 @@ class Gate:
             self.cond.notify_all()
 
     def busy(self, ctx: SharedContext) -> bool:
-        """Another context is decoding: one llama_decode at a time, or the two would share
-        the CPU's threads and each run slower."""
+        """Another context is decoding: wait for it before gathering, as its slots may come
+        here next (the decode thread runs one llama_decode at a time anyway)."""
         return any(c.decoding for c in self.contexts if c is not ctx)
 
     def gather(self, ctx: SharedContext) -> bool:
@@ -385,6 +385,7 @@ class SharedContext:
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
         self.decoding = False
+        self.closed = False
         # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
         self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
 
@@ -392,6 +393,10 @@ class SharedContext:
         return SeqModel(self, seq)
 
     def close(self) -> None:
+        with self.gate.cond:  # never under a decode; later decodes are refused
+            while self.decoding:
+                self.gate.cond.wait()
+            self.closed = True
         if self in self.gate.contexts:
             self.gate.remove(self)
         self._model.close()
@@ -399,6 +404,8 @@ class SharedContext:
     def decode(self, req: _Request) -> None:
         g = self.gate
         with g.cond:
+            if self.closed:
+                raise BackendError("the model's context is closed (the server is stopping)")
             self._pending.append(req)
             g.parked += 1
             self.inside += 1
@@ -409,11 +416,13 @@ class SharedContext:
                 if req.done:
                     return
                 self._leading = True  # lead: wait until nobody else can still join
-                deadline = time.perf_counter() + g.MAX_WAIT
+                deadline = None
                 while True:
                     if g.busy(self):
                         g.cond.wait()
                         continue
+                    if deadline is None:  # counted from when the other context is free
+                        deadline = time.perf_counter() + g.MAX_WAIT
                     left = deadline - time.perf_counter()
                     if left <= 0 or not g.gather(self):
                         break
@@ -519,6 +528,9 @@ class SeqModel(Model):
         with g.cond:
             while shared.decoding:
                 g.cond.wait()
+            if shared.closed:  # freed: nothing left to rewind
+                del self.tokens[n_keep:]
+                return
             super()._truncate(n_keep)
 
     def kv_pos_max(self) -> int:

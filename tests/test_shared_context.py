@@ -1,0 +1,73 @@
+"""backend.SharedContext on the real Q4_1 model: slots' decodes are combined into one batch,
+every decode runs on the one decode thread, and a failed combined decode reaches every slot."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from specli.backend import Model, SharedContext
+from specli.config import ModelParams
+from specli.errors import BackendError
+
+
+@pytest.fixture
+def shared(q4_1):
+    ctx = SharedContext(ModelParams(q4_1, n_ctx=128, n_threads=1), n_seq=2)
+    yield ctx
+    ctx.close()
+
+
+def two_slots(shared: SharedContext, steps: int) -> list:
+    """Two slots decode a prompt, then `steps` single tokens each, at the same time; returns
+    each slot's outcome (its last rows, or the exception it got)."""
+    gate, out = shared.gate, [None, None]
+    for _ in range(2):
+        gate.enter()  # both run before either decodes: a decode waits for the other
+    start = threading.Barrier(2)
+
+    def slot(i: int) -> None:
+        m = shared.view(i)
+        try:
+            start.wait()
+            rows = m.decode([1, 2, 3, 4 + i])
+            for t in range(steps):
+                rows = m.decode([10 + t])
+            out[i] = rows
+        except BaseException as e:  # noqa: BLE001 - the test looks at it
+            out[i] = e
+        finally:
+            gate.leave()
+
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def test_decodes_are_combined_and_run_on_the_decode_thread(shared, monkeypatch):
+    runs = []
+    real = SharedContext._run
+
+    def spy(self, batch):
+        runs.append((threading.current_thread().name, len(batch)))
+        return real(self, batch)
+
+    monkeypatch.setattr(SharedContext, "_run", spy)
+    out = two_slots(shared, steps=4)
+    assert all(r.shape == (1, shared.view(0).n_vocab) for r in out), out
+    assert {name.split("_")[0] for name, _ in runs} == {"specli-decode"}
+    assert sum(size for _, size in runs) == 2 * 5  # every decode, once
+    assert any(size == 2 for _, size in runs), runs  # combined, not one by one
+
+
+def test_a_failed_combined_decode_reaches_every_slot(shared, monkeypatch):
+    def broken(self, segments):
+        raise BackendError("llama_decode failed (test)")
+
+    monkeypatch.setattr(Model, "_decode_segments", broken)
+    out = two_slots(shared, steps=0)
+    assert all(isinstance(e, BackendError) and "(test)" in e.message for e in out), out
