@@ -345,16 +345,16 @@ def compare(target: ModelInfo, draft: ModelInfo) -> PairReport:
         return Row(name, show(tv), show(dv), "ok" if ok else "warn", "" if ok else differ)
 
     param_ratio = draft.n_params / target.n_params if target.n_params else None
-    byte_ratio = draft.file_size / target.file_size if target.n_params else None
-    i = first_token_difference(t, d)
-    tok_note = held["token-text"][1] if i is not None else (
+    byte_ratio = draft.file_size / target.file_size if target.file_size else None
+    same_text, differs = held["token-text"]  # rules() walked the token lists already
+    tok_note = differs if not same_text else (
         "identical" if t.tokens_sha256 == d.tokens_sha256 else
         f"ids {VOCAB_CHECK_START_TOKEN_ID}..{min(t.n_vocab, d.n_vocab) - 1} identical")
     rows = (
         _arch_row(target.architecture, draft.architecture),
         _size_row(target, draft, param_ratio, byte_ratio),
         Row("file type", target.file_type or "?", draft.file_type or "?"),
-        Row("file size", _mib(target.file_size), _mib(draft.file_size)),
+        Row("file size", size_text(target.file_size), size_text(draft.file_size)),
         Row("context length", _opt(target.context_length), _opt(draft.context_length)),
         rule_row("tokenizer", "vocab-type", _vocab(t.model), _vocab(d.model)),
         same("pre-tokenizer", t.pre, d.pre, "different pre-tokenizers split text "
@@ -365,7 +365,7 @@ def compare(target: ModelInfo, draft: ModelInfo) -> PairReport:
         Row("EOT", _opt(t.eot_id), _opt(d.eot_id)),
         Row("PAD", _opt(t.pad_id), _opt(d.pad_id)),
         Row("tokens", _short(t.tokens_sha256), _short(d.tokens_sha256),
-            "ok" if i is None else "fail", tok_note),
+            "ok" if same_text else "fail", tok_note),
         _merges_row(t, d),
         same("chat template", _short(_sha(t.chat_template)) if t.chat_template else None,
              _short(_sha(d.chat_template)) if d.chat_template else None,
@@ -434,7 +434,8 @@ def _template(v) -> str:
     return f"sha256 {v}" if v else "none"
 
 
-def _mib(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count as MiB (or GiB from 1 GiB)."""
     return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 

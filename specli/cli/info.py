@@ -14,7 +14,7 @@ import typer
 from specli.cli import options as o
 from specli.cli.console import safe
 from specli.ggufmeta import ArrayInfo, Header, read_header
-from specli.pairing import TOKENS, model_info, vocab_type
+from specli.pairing import TOKENS, model_info, size_text, vocab_type
 
 SCHEMA_VERSION = 1
 PREVIEW = 3  # leading elements shown of each array
@@ -51,7 +51,7 @@ def info(
     lines = [
         f"file: {h.path}",
         f"format: GGUF v{h.version}, {h.byte_order}-endian, {len(h.types)} metadata keys, "
-        f"{len(h.tensors)} tensors, {_size(h.file_size)}",
+        f"{len(h.tensors)} tensors, {size_text(h.file_size)}",
         f"model: {m.name or '-'}: {m.architecture or '?'}, {m.size_label} "
         f"({m.n_params:,} parameters), {m.file_type or '?'}, context {m.context_length or '?'}",
         f"tokenizer: {t.model or 'none'} ({vocab_type(t.model) or '-'}), pre {t.pre or '-'}, "
@@ -64,14 +64,14 @@ def info(
     lines += [f"{k} = {_text_value(h, k)}" for k in h.types]
     s = _tensor_summary(h, tensors)
     lines += ["", f"tensors ({s['count']}, {s['n_params']:,} parameters, "
-              f"{_size(s['bytes'])} of data at byte {h.data_offset}):"]
+              f"{size_text(s['bytes'])} of data at byte {h.data_offset}):"]
     for name, row in s["types"].items():
         n = row["count"]
         lines.append(f"  {name:<8} {n:5d} tensor{'s' if n != 1 else ' '} {row['n_params']:>15,} "
-                     f"parameters {_size(row['bytes']):>12}")
+                     f"parameters {size_text(row['bytes']):>12}")
     for tr in s.get("list", []):
         shape = "x".join(map(str, tr["shape"]))
-        lines.append(f"  {tr['name']:<40} {shape:<20} {tr['type']:<8} {_size(tr['bytes']):>12}")
+        lines.append(f"  {tr['name']:<40} {shape:<20} {tr['type']:<8} {size_text(tr['bytes']):>12}")
     sys.stdout.write("\n".join(safe(line) for line in lines) + "\n")
 
 
@@ -135,5 +135,3 @@ def _id(token: int | None, add: bool | None = None) -> str:
     return f"{token}" + ("" if add is None else " (added)" if add else " (not added)")
 
 
-def _size(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
