@@ -137,6 +137,8 @@ def test_with_and_without_speculation_the_text_is_identical(server):
                  {"type": "ngram-mod,draft-simple", "n_max": 5, "p_min": 0.3}):
         r = chat(client, max_tokens=48, extra_body={"speculative": spec} if spec else None)
         assert r.choices[0].message.content == base.choices[0].message.content, spec
+        if spec is None or "draft-simple" in spec.get("type", "draft-simple"):
+            assert r.usage.model_extra["speculative"]["draft_n"] > 0, spec  # it did speculate
 
 
 def test_per_request_n_max_caps_every_draft(server):
@@ -148,6 +150,7 @@ def test_per_request_n_max_caps_every_draft(server):
         flat = h.post("/completion", json={"prompt": PROMPT, "n_predict": 32,
                                            "speculative.n_max": 2}).json()
         assert flat["content"] == r["content"]
+        assert 0 < len(flat["timings"]["draft_accepted_per_position"]) <= 2  # the cap held
 
 
 def test_llama_server_completion_and_its_timings(server):
