@@ -15,10 +15,14 @@ if [ ! -d "$src" ]; then
   "$py" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$cache"
   tar -xzf "$cache/llama_cpp_python-$version.tar.gz" -C "$cache"
 fi
+# CMAKE_ARGS as pip passes it to llama-cpp-python (quoted words allowed), e.g. a CUDA build:
+#   CMAKE_ARGS="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90" scripts/build_native.sh
+mapfile -t extra < <("$py" -c 'import os, shlex, sys
+sys.stdout.write("".join(a + "\n" for a in shlex.split(os.environ.get("CMAKE_ARGS", ""))))')
 cmake -S "$src/vendor/llama.cpp" -B "$out" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DLLAMA_BUILD_SERVER="$([ "${SPECLI_NATIVE_SERVER:-0}" = 1 ] && echo ON || echo OFF)" \
-  ${CMAKE_ARGS:-} >"$cache/build-$version.log" 2>&1
+  "${extra[@]}" >"$cache/build-$version.log" 2>&1
 targets="llama-speculative-simple llama-speculative llama-simple llama-lookup llama-lookup-create"
 [ "${SPECLI_NATIVE_SERVER:-0}" = 1 ] && targets="$targets llama-server"
 # shellcheck disable=SC2086
