@@ -2,6 +2,15 @@
 
 __version__ = "0.1.0"
 
+import sys  # noqa: E402
+
+# llama.cpp's libraries are loaded first, before any other native extension brings its own C++
+# runtime: on a CUDA host, sentencepiece (which gguf imports) loaded first made every model
+# load segfault. The one exception is the audit's namespace shim, which must stay
+# single-threaded (numpy's BLAS starts a thread) and loads no model.
+if sys.orig_argv[1:3] != ["-m", "specli.netguard"]:
+    from specli import backend as _backend  # noqa: E402, F401
+
 from specli.config import DraftParams, ModelParams, SamplingParams  # noqa: E402
 from specli.errors import SpecliError  # noqa: E402
 from specli.stats import Stats, format_llama  # noqa: E402
@@ -19,7 +28,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # the engine loads llama.cpp; import it only when asked for
+    # the engine module is imported only when asked for
     if name == "Engine":
         from specli.engine import Engine
 

@@ -22,7 +22,7 @@ import llama_cpp as ll
 import numpy as np
 
 from specli.config import ModelParams
-from specli.errors import BackendError, ContextOverflowError, ModelFileError
+from specli.errors import BackendError, ContextOverflowError, ModelFileError, UsageError
 
 _KV_TYPES = {
     "f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
@@ -54,6 +54,140 @@ def set_verbose(verbose: bool) -> None:
 
 ll.llama_log_set(_log_callback, ctypes.c_void_p(0))
 ll.llama_backend_init()
+
+
+# -- devices: ggml's backend registry, which llama.h does not wrap --------------------------
+# libllama's handle reaches the ggml symbols it links against (dlsym searches dependencies)
+_ggml = ll.llama_cpp._lib
+
+
+def _c(name: str, restype, *argtypes):
+    f = getattr(_ggml, name)
+    f.restype, f.argtypes = restype, list(argtypes)
+    return f
+
+
+_P = ctypes.c_void_p
+_dev_count = _c("ggml_backend_dev_count", ctypes.c_size_t)
+_dev_get = _c("ggml_backend_dev_get", _P, ctypes.c_size_t)
+_dev_name = _c("ggml_backend_dev_name", ctypes.c_char_p, _P)
+_dev_description = _c("ggml_backend_dev_description", ctypes.c_char_p, _P)
+_dev_memory = _c("ggml_backend_dev_memory", None, _P, ctypes.POINTER(ctypes.c_size_t),
+                 ctypes.POINTER(ctypes.c_size_t))
+_dev_type = _c("ggml_backend_dev_type", ctypes.c_int, _P)
+_dev_buffer_type = _c("ggml_backend_dev_buffer_type", _P, _P)
+_buft_name = _c("ggml_backend_buft_name", ctypes.c_char_p, _P)
+_load_all = _c("ggml_backend_load_all", None)
+_DEVICE_TYPES = ("CPU", "GPU", "IGPU", "ACCEL", "META")  # enum ggml_backend_dev_type
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # enum llama_split_mode
+_devices_loaded = False
+
+
+class _BuftOverride(ctypes.Structure):  # struct llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", _P)]
+
+
+@dataclass(frozen=True)
+class Device:
+    """One ggml backend device (llama.cpp's --list-devices leaves the CPU out; we do not)."""
+
+    name: str
+    description: str
+    type: str  # CPU, GPU, IGPU (integrated), ACCEL (BLAS, AMX...), META
+    memory_total: int  # bytes
+    memory_free: int
+
+
+def _registry() -> list[int]:
+    global _devices_loaded
+    if not _devices_loaded:  # dynamic-backend builds register their devices only now
+        _load_all()
+        _devices_loaded = True
+    return [_dev_get(i) for i in range(_dev_count())]
+
+
+def list_devices() -> list[Device]:
+    """Every device this build of llama.cpp can use, the CPU included."""
+    out = []
+    for d in _registry():
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        _dev_memory(d, ctypes.byref(free), ctypes.byref(total))
+        kind = _dev_type(d)
+        out.append(Device(_dev_name(d).decode(), (_dev_description(d) or b"").decode(),
+                          _DEVICE_TYPES[kind] if 0 <= kind < len(_DEVICE_TYPES) else str(kind),
+                          total.value, free.value))
+    return out
+
+
+def supports_gpu_offload() -> bool:
+    return bool(ll.llama_supports_gpu_offload())
+
+
+def _offload_devices(names: tuple[str, ...]) -> list[int]:
+    """-dev's names as device handles; as in llama.cpp, the CPU is not an offload device."""
+    by_name = {_dev_name(d).decode().lower(): d for d in _registry()}
+    found = []
+    for name in names:
+        d = by_name.get(name.lower())
+        if d is None or _dev_type(d) == 0:
+            usable = [n.name for n in list_devices() if n.type != "CPU"]
+            raise UsageError(f"-dev/--device: no offload device {name!r} in this build of "
+                             "llama.cpp",
+                             hint="available: " + (", ".join(usable) or "none (a CPU-only "
+                                                   "build)") + "; see --list-devices")
+        found.append(d)
+    return found
+
+
+def _buffer_types() -> dict[str, int]:
+    bufts = {}
+    for d in _registry():
+        b = _dev_buffer_type(d)
+        if b:
+            bufts[_buft_name(b).decode()] = b
+    return bufts
+
+
+def _placement(mp, params: ModelParams) -> list:
+    """Fill llama_model_params' device fields from ModelParams (llama.cpp's -dev, -sm, -ts,
+    -mg, -ot/-cmoe/-ncmoe). Returns the ctypes arrays, to keep alive while the model loads."""
+    keep: list = []
+    mp.split_mode = SPLIT_MODES[params.split_mode]
+    mp.main_gpu = params.main_gpu
+    if params.devices is not None:
+        devs = _offload_devices(params.devices)
+        arr = (_P * (len(devs) + 1))(*devs, None)  # NULL-terminated; [NULL] alone: no offload
+        mp.devices = ctypes.cast(arr, _P).value
+        keep.append(arr)
+    if params.tensor_split:
+        n = ll.llama_max_devices()
+        if len(params.tensor_split) >= n:
+            raise UsageError(f"-ts/--tensor-split: {len(params.tensor_split)} proportions, but "
+                             f"this build takes at most {n - 1}")
+        ts = (ctypes.c_float * n)(*params.tensor_split)
+        mp.tensor_split = ts
+        keep.append(ts)
+    if params.tensor_overrides:
+        bufts = _buffer_types()
+        n_max = ll.llama_max_tensor_buft_overrides()
+        if len(params.tensor_overrides) >= n_max:
+            raise UsageError(f"{len(params.tensor_overrides)} tensor overrides; llama.cpp takes "
+                             f"at most {n_max - 1}")
+        rows = []
+        for pattern, buft in params.tensor_overrides:
+            if buft not in bufts:
+                raise UsageError(f"-ot/--override-tensor: unknown buffer type {buft!r}",
+                                 hint="available: " + ", ".join(sorted(bufts)))
+            rows.append((pattern.encode(), bufts[buft]))
+        arr = (_BuftOverride * (len(rows) + 1))(*rows, (None, None))
+        mp.tensor_buft_overrides = ctypes.cast(arr, _P).value
+        keep.append(arr)
+    return keep
+
+
+def check_placement(params: ModelParams) -> None:
+    """Refuse a device or buffer type this build lacks, before any weights are read."""
+    _placement(ll.llama_model_default_params(), params)
 
 
 def kv_type(name: str | None) -> int | None:
@@ -130,10 +264,16 @@ class Model:
         t0 = time.perf_counter()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = params.n_gpu_layers
+        keep = _placement(mp, params)
         self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
+        self._keep = keep
         if not self._model:
+            placed = (params.devices is not None or params.tensor_overrides
+                      or params.split_mode != "layer" or params.main_gpu or params.tensor_split)
             raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
-                                 "GGUF, or an unsupported architecture)", hint="rerun with -v")
+                                 "GGUF, an unsupported architecture" +
+                                 (", or a placement it refused: -dev/-sm/-ts/-mg/-ot"
+                                  if placed else "") + ")", hint="rerun with -v")
         cp = ll.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
@@ -158,6 +298,9 @@ class Model:
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
+        # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
+        self.offloaded = (supports_gpu_offload() and params.n_gpu_layers != 0
+                          and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
         self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
         self.t_decode_s = 0.0  # wall time inside llama_decode
@@ -259,6 +402,9 @@ class Model:
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
+        # a GPU backend returns before the work is done: wait for it here, or its time would
+        # land in whatever reads the logits next (and show as overhead)
+        ll.llama_synchronize(self._ctx)
         return time.perf_counter() - t0
 
     def _rows(self, n_out: int) -> np.ndarray:
@@ -503,7 +649,7 @@ class SeqModel(Model):
         self.gate = shared.gate
         self._model, self._ctx, self._vocab, self._mem = (base._model, base._ctx, base._vocab,
                                                           base._mem)
-        self.load_ms = base.load_ms
+        self.load_ms, self.offloaded = base.load_ms, base.offloaded
         self.n_vocab, self.n_ctx, self.n_batch = base.n_vocab, shared.n_ctx_seq, base.n_batch
         self.tokens = []
         self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0

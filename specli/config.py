@@ -91,3 +91,9 @@ class ModelParams:
     type_v: str | None = None
     flash_attn: str = "auto"  # on | off | auto: llama.cpp's C default is auto
     verbose: bool = False
+    # where the layers go (llama.cpp's -dev, -sm, -ts, -mg, -ot/-cmoe/-ncmoe)
+    devices: tuple[str, ...] | None = None  # offload devices by name; None: all, (): none
+    split_mode: str = "layer"  # none | layer | row | tensor
+    tensor_split: tuple[float, ...] = ()  # proportions per device; (): llama.cpp decides
+    main_gpu: int = 0
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # (tensor name regex, buffer type)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import pairing
-from specli.backend import Gate, Model, SharedContext
+from specli.backend import Gate, Model, SharedContext, check_placement
 from specli.config import (
     DEFAULT_DRAFT_MAX,
     SPEC_TYPES,
@@ -313,14 +313,20 @@ def check_files(target: ModelParams, draft: ModelParams | None,
                 spec_types: Sequence[str]) -> int | None:
     """The target's header is read once, before any weights: a damaged one is one clear error,
     an incompatible draft is refused; the tokenizer is parsed only when a pair or a lookup
-    cache needs it. Returns the target's vocabulary size when it was read."""
+    cache needs it. Devices and buffer types are checked last. Returns the target's
+    vocabulary size when it was read."""
+    n_vocab = None
     if draft is None and "ngram-cache" not in spec_types:
         read_header(target.path)
-        return None
-    info = pairing.read_tokenizer(target.path)
-    if draft is not None:
-        pairing.ensure_compatible(info, draft.path)
-    return info.n_vocab
+    else:
+        info = pairing.read_tokenizer(target.path)
+        if draft is not None:
+            pairing.ensure_compatible(info, draft.path)
+        n_vocab = info.n_vocab
+    for params in (target, draft):
+        if params is not None:
+            check_placement(params)
+    return n_vocab
 
 
 def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:

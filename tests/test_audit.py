@@ -208,11 +208,16 @@ def test_isolation_claim_is_checked_not_trusted(pair):
     assert "Traceback" not in r.stderr
 
 
+# run as `python -m specli.netguard` runs: `import specli` then loads no llama.cpp (whose numpy
+# would start a BLAS thread in a process that must stay single-threaded)
+SHIM = "import sys; sys.orig_argv[1:3] = ['-m', 'specli.netguard']; "
+
+
 def test_isolation_refused_is_exit_2(tmp_path):
     """Where unshare is not permitted (a fake unshare: this machine permits it), the
     bootstrap says so in one line and exits 2; it never runs the command unisolated."""
     marker = tmp_path / "ran"
-    code = ("import errno, sys, specli.netguard as g; g._unshare = lambda f: errno.EPERM; "
+    code = (SHIM + "import errno, specli.netguard as g; g._unshare = lambda f: errno.EPERM; "
             f"g._bootstrap(['/usr/bin/touch', {str(marker)!r}])")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 2
@@ -222,7 +227,7 @@ def test_isolation_refused_is_exit_2(tmp_path):
 
 
 def test_isolation_needs_a_single_thread():
-    code = ("import threading, time, specli.netguard as g; "
+    code = (SHIM + "import threading, time, specli.netguard as g; "
             "threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); "
             "g.enter_namespace()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -22,6 +22,7 @@ _STYLE = {"ok": "green", "fail": "bold red", "warn": "yellow", "info": "dim"}
 _LABEL = {"ok": "ok", "fail": "FAIL", "warn": "warn", "info": ""}
 
 
+@o.gpu_flags
 def check_pair(
     target: Annotated[Path, typer.Argument(help="The target GGUF model.", metavar="TARGET",
                                            show_default=False)],
@@ -45,6 +46,7 @@ def check_pair(
     n_gpu_layers_draft: o.GpuLayersDraft = 0,
     threads: o.Threads = o.DEFAULTS["threads"],
     verbose: o.Verbose = False,
+    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Check that a draft can speculate for a target, from the GGUF headers alone.
 
@@ -60,7 +62,7 @@ def check_pair(
     result = None
     if probe and report.verdict.ok:
         result = _probe(report, n_predict, draft_max, ctx_size, n_gpu_layers,
-                        n_gpu_layers_draft, threads, verbose, quiet=json_out)
+                        n_gpu_layers_draft, threads, verbose, gpu, quiet=json_out)
     if json_out:
         doc = {"schema_version": SCHEMA_VERSION, **report.to_dict(),
                "probe": result.to_dict() if result else None}
@@ -72,13 +74,13 @@ def check_pair(
 
 
 def _probe(report: PairReport, n_predict: int, k: int, ctx: int, ngl: int, ngld: int,
-           threads: int, verbose: bool, quiet: bool) -> ProbeResult:
+           threads: int, verbose: bool, gpu: o.GpuFlags, quiet: bool) -> ProbeResult:
     from specli.config import DraftParams
     from specli.engine import Engine
     from specli.tuning import probe
 
     target, draft = o.model_params(report.target.path, report.draft.path, ctx=ctx, ngl=ngl,
-                                   ngld=ngld, threads=threads, verbose=verbose)
+                                   ngld=ngld, threads=threads, verbose=verbose, gpu=gpu)
     with spinner("loading both models", quiet):
         engine = Engine.load(target, draft, DraftParams(n_max=k))
     try:

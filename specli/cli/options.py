@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import re
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Annotated
 
@@ -16,6 +19,7 @@ SAMPLING = "Sampling"
 RESOURCES = "Context and threads"
 OUTPUT = "Output"
 NGRAM = "n-gram drafting"
+GPU = "GPU placement"
 
 
 class FlashAttn(StrEnum):
@@ -26,30 +30,36 @@ class FlashAttn(StrEnum):
 
 Model = Annotated[str | None, typer.Option(
     "-m", "--model", help="Target GGUF model. Default: the embedded SmolLM2 pair.",
+    envvar="LLAMA_ARG_MODEL",
     rich_help_panel=MODELS, show_default=False)]
 ModelDraft = Annotated[str | None, typer.Option(
-    "-md", "--model-draft", help="Draft GGUF model (same tokenizer as the target).",
+    "-md", "--model-draft", "--spec-draft-model",
+    help="Draft GGUF model (same tokenizer as the target).",
+    envvar=["LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT"],
     rich_help_panel=MODELS, show_default=False)]
 HfRepo = Annotated[str | None, typer.Option(
     "-hf", "-hfr", "--hf-repo", help="Target from Hugging Face: owner/name[:QUANT] (like "
-    "llama.cpp's -hf; Q4_K_M, then Q8_0, when no quant is given).",
+    "llama.cpp's -hf; Q4_K_M, then Q8_0, when no quant is given).", envvar="LLAMA_ARG_HF_REPO",
     rich_help_panel=MODELS, show_default=False)]
 HfFile = Annotated[str | None, typer.Option(
     "-hff", "--hf-file", help="The target's file in the -hf repository, instead of a quant.",
+    envvar="LLAMA_ARG_HF_FILE",
     rich_help_panel=MODELS, show_default=False)]
 HfRepoDraft = Annotated[str | None, typer.Option(
-    "-hfd", "-hfrd", "--hf-repo-draft", help="Draft from Hugging Face: owner/name[:QUANT].",
+    "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+    help="Draft from Hugging Face: owner/name[:QUANT].", envvar="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
     rich_help_panel=MODELS, show_default=False)]
 HfFileDraft = Annotated[str | None, typer.Option(
     "-hffd", "--hf-file-draft", help="The draft's file in the -hfd repository.",
     rich_help_panel=MODELS, show_default=False)]
 HfToken = Annotated[str | None, typer.Option(
-    "-hft", "--hf-token", help="Hugging Face token (default: HF_TOKEN or the saved login).",
+    "-hft", "--hf-token", help="Hugging Face token (default: the saved login).",
+    envvar="HF_TOKEN",
     rich_help_panel=MODELS, show_default=False)]
 SpecTypeOpt = Annotated[str | None, typer.Option(
     "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
     + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
-    "draft model (-md) fills in when none has a proposal.",
+    "draft model (-md) fills in when none has a proposal.", envvar="LLAMA_ARG_SPEC_TYPE",
     rich_help_panel=DRAFTING, show_default=False)]
 
 
@@ -103,46 +113,57 @@ LookupDynamic = Annotated[str | None, typer.Option(
     "exists, updated atomically after the run. Implies --spec-type ngram-cache.",
     rich_help_panel=NGRAM, show_default=False)]
 DraftMax = Annotated[str | None, typer.Option(
-    "--draft", "--draft-max", "--spec-draft-n-max", metavar="K|auto",
+    "--draft", "--draft-max", "--draft-n", "--spec-draft-n-max", metavar="K|auto",
     help="Most tokens drafted per step (k). Default: 8 for the draft model and ngram-cache, "
     "while the other n-gram types draft up to their own m, as in llama.cpp; given "
     "explicitly, K caps them too. `auto`: k chosen each step, per source, from the measured "
     f"acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
+    envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
     rich_help_panel=DRAFTING, show_default=False)]
 DraftMin = Annotated[int, typer.Option(
-    "--draft-min", "--spec-draft-n-min",
-    help="A draft shorter than this is not verified.", rich_help_panel=DRAFTING)]
+    "--draft-min", "--spec-draft-n-min", "--draft-n-min",
+    help="A draft shorter than this is not verified.",
+    envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"], rich_help_panel=DRAFTING)]
 DraftPMin = Annotated[float, typer.Option(
     "--draft-p-min", "--spec-draft-p-min",
     help="Stop drafting when the draft's top probability falls below this.",
+    envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
     rich_help_panel=DRAFTING)]
 NoSpec = Annotated[bool, typer.Option(
     "--no-spec", help="Decode with the target alone.", rich_help_panel=DRAFTING)]
 
 Temp = Annotated[float, typer.Option(
-    "--temp", help="Temperature; 0 is greedy.", rich_help_panel=SAMPLING)]
+    "--temp", "--temperature", help="Temperature; 0 is greedy.",
+    envvar="LLAMA_ARG_TEMPERATURE", rich_help_panel=SAMPLING)]
 TopK = Annotated[int, typer.Option("--top-k", help="Top-k; 0 disables.",
+                                   envvar="LLAMA_ARG_TOP_K",
                                    rich_help_panel=SAMPLING)]
 TopP = Annotated[float, typer.Option("--top-p", help="Top-p; 1.0 disables.",
+                                     envvar="LLAMA_ARG_TOP_P",
                                      rich_help_panel=SAMPLING)]
 MinP = Annotated[float, typer.Option("--min-p", help="Min-p; 0.0 disables.",
+                                     envvar="LLAMA_ARG_MIN_P",
                                      rich_help_panel=SAMPLING)]
 Seed = Annotated[int, typer.Option("-s", "--seed", help="RNG seed; -1 picks one at random.",
                                    rich_help_panel=SAMPLING)]
 
 CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", help="Target context size.",
+                                      envvar="LLAMA_ARG_CTX_SIZE",
                                       rich_help_panel=RESOURCES)]
 CtxSizeDraft = Annotated[int | None, typer.Option(
     "-cd", "--ctx-size-draft", help="Draft context size. Default: same as -c.",
     rich_help_panel=RESOURCES, show_default=False)]
 GpuLayers = Annotated[int, typer.Option(
     "-ngl", "--n-gpu-layers", "--gpu-layers", help="Target layers to offload to the GPU.",
+    envvar="LLAMA_ARG_N_GPU_LAYERS",
     rich_help_panel=RESOURCES)]
 GpuLayersDraft = Annotated[int, typer.Option(
-    "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft",
-    help="Draft layers to offload to the GPU.", rich_help_panel=RESOURCES)]
+    "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
+    help="Draft layers to offload to the GPU.", envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT",
+    rich_help_panel=RESOURCES)]
 Threads = Annotated[int, typer.Option(
     "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
+    envvar="LLAMA_ARG_THREADS",
     rich_help_panel=RESOURCES, show_default=False)]
 ThreadsDraft = Annotated[int | None, typer.Option(
     "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
@@ -155,18 +176,22 @@ ThreadsBatchDraft = Annotated[int | None, typer.Option(
     rich_help_panel=RESOURCES, show_default=False)]
 CacheTypeK = Annotated[str | None, typer.Option(
     "-ctk", "--cache-type-k", help="Target KV cache type for K (f16, q8_0, q4_0, ...).",
+    envvar="LLAMA_ARG_CACHE_TYPE_K",
     rich_help_panel=RESOURCES, show_default=False)]
 CacheTypeV = Annotated[str | None, typer.Option(
-    "-ctv", "--cache-type-v", help="Target KV cache type for V.",
+    "-ctv", "--cache-type-v", help="Target KV cache type for V.", envvar="LLAMA_ARG_CACHE_TYPE_V",
     rich_help_panel=RESOURCES, show_default=False)]
 CacheTypeKDraft = Annotated[str | None, typer.Option(
-    "-ctkd", "--cache-type-k-draft", help="Draft KV cache type for K.",
+    "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", help="Draft KV cache type for K.",
+    envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
     rich_help_panel=RESOURCES, show_default=False)]
 CacheTypeVDraft = Annotated[str | None, typer.Option(
-    "-ctvd", "--cache-type-v-draft", help="Draft KV cache type for V.",
+    "-ctvd", "--cache-type-v-draft", "--spec-draft-type-v", help="Draft KV cache type for V.",
+    envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
     rich_help_panel=RESOURCES, show_default=False)]
 FlashAttnOpt = Annotated[FlashAttn, typer.Option(
     "-fa", "--flash-attn", help="Flash attention (llama.cpp's default: auto).",
+    envvar="LLAMA_ARG_FLASH_ATTN",
     rich_help_panel=RESOURCES)]
 
 Json = Annotated[bool, typer.Option(
@@ -289,17 +314,200 @@ def model_params(model: str, model_draft: str | None, *, ctx: int = DEFAULTS["ct
                  threads_batch: int | None = None, threads_batch_draft: int | None = None,
                  ctk: str | None = None, ctv: str | None = None, ctkd: str | None = None,
                  ctvd: str | None = None, flash_attn: FlashAttn = FlashAttn.auto,
-                 verbose: bool = False) -> tuple[config.ModelParams, config.ModelParams | None]:
+                 verbose: bool = False, gpu: GpuFlags | None = None,
+                 ) -> tuple[config.ModelParams, config.ModelParams | None]:
     """The target's and the draft's ModelParams from llama.cpp's flags; a draft flag left out
     takes the target's value, as in llama.cpp."""
+    gpu = gpu or GpuFlags()
     target = config.ModelParams(
         path=model, n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads,
         n_threads_batch=threads_batch, type_k=ctk, type_v=ctv, flash_attn=flash_attn.value,
         verbose=verbose)
     if model_draft is None:
-        return target, None
+        return gpu.apply(target, None)
     td = threads_draft or threads
-    return target, config.ModelParams(
+    return gpu.apply(target, config.ModelParams(
         path=model_draft, n_ctx=ctx_draft or ctx, n_gpu_layers=ngld, n_threads=td,
         n_threads_batch=threads_batch_draft or td, type_k=ctkd, type_v=ctvd,
-        flash_attn=flash_attn.value, verbose=verbose)
+        flash_attn=flash_attn.value, verbose=verbose))
+
+
+# -- GPU placement: one group of flags, spliced into each command that loads models ----------
+
+# llama.cpp's -cmoe pattern (common.h LLM_FFN_EXPS_REGEX): every MoE expert tensor
+FFN_EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+
+
+@dataclass(frozen=True)
+class GpuFlags:
+    """Where the target's and the draft's layers go, parsed from llama.cpp's flags. devices:
+    None for all, () for none; the draft follows the target's devices unless -devd names
+    its own. overrides: (tensor regex, buffer type) in the order llama.cpp applies them."""
+
+    devices: tuple[str, ...] | None = None
+    devices_draft: tuple[str, ...] | None = None
+    split_mode: str = "layer"
+    tensor_split: tuple[float, ...] = ()
+    main_gpu: int = 0
+    overrides: tuple[tuple[str, str], ...] = ()
+    overrides_draft: tuple[tuple[str, str], ...] = ()
+
+    def apply(self, target: config.ModelParams,
+              draft: config.ModelParams | None) -> tuple[config.ModelParams,
+                                                         config.ModelParams | None]:
+        target = replace(target, devices=self.devices, split_mode=self.split_mode,
+                         tensor_split=self.tensor_split, main_gpu=self.main_gpu,
+                         tensor_overrides=self.overrides)
+        if draft is None:
+            return target, None
+        devices = self.devices_draft if self.devices_draft is not None else self.devices
+        # as llama.cpp: a draft pinned to one device of its own needs no split across devices
+        split = "layer" if self.devices_draft and len(self.devices_draft) == 1 \
+            else self.split_mode
+        return target, replace(draft, devices=devices, split_mode=split,
+                               tensor_split=self.tensor_split, main_gpu=self.main_gpu,
+                               tensor_overrides=self.overrides_draft)
+
+
+def _list_devices(value: bool) -> None:
+    if not value:
+        return
+    from specli.backend import list_devices
+
+    print("Available devices:")
+    for d in list_devices():
+        print(f"  {d.name}: {d.description} ({d.type}, {d.memory_total >> 20} MiB, "
+              f"{d.memory_free >> 20} MiB free)")
+    raise typer.Exit()
+
+
+def _gpu_opt(*names: str, help: str, envvar: str | None = None, **kw):
+    return typer.Option(*names, help=help, envvar=envvar, rich_help_panel=GPU,
+                        show_default=False, **kw)
+
+
+def _gpu_flags(
+    device: Annotated[str | None, _gpu_opt(
+        "-dev", "--device", metavar="DEV1,DEV2", envvar="LLAMA_ARG_DEVICE",
+        help="Devices to offload the target to, comma-separated (none: do not offload). "
+        "Default: all; see --list-devices.")] = None,
+    device_draft: Annotated[str | None, _gpu_opt(
+        "-devd", "--device-draft", "--spec-draft-device", metavar="DEV1,DEV2",
+        help="Devices for the draft model. Default: as -dev.")] = None,
+    list_devices: Annotated[bool, _gpu_opt(
+        "--list-devices", help="Print the devices this build of llama.cpp can use and exit.",
+        callback=_list_devices, is_eager=True)] = False,
+    split_mode: Annotated[str, _gpu_opt(
+        "-sm", "--split-mode", metavar="none|layer|row|tensor", envvar="LLAMA_ARG_SPLIT_MODE",
+        help="How to split the model across GPUs: none (one GPU, -mg), layer, row, or tensor "
+        "(experimental). Default: layer.")] = "layer",
+    tensor_split: Annotated[str | None, _gpu_opt(
+        "-ts", "--tensor-split", metavar="N0,N1,...", envvar="LLAMA_ARG_TENSOR_SPLIT",
+        help="Proportion of the model for each GPU, e.g. 3,1.")] = None,
+    main_gpu: Annotated[int, _gpu_opt(
+        "-mg", "--main-gpu", metavar="INDEX", envvar="LLAMA_ARG_MAIN_GPU",
+        help="The GPU for the whole model with -sm none, or for intermediate results and KV "
+        "with -sm row. Default: 0.")] = 0,
+    override_tensor: Annotated[list[str] | None, _gpu_opt(
+        "-ot", "--override-tensor", metavar="PATTERN=BUFT,...",
+        envvar="LLAMA_ARG_OVERRIDE_TENSOR",
+        help="Keep the target's tensors whose names match a regex in a buffer type (CPU, "
+        "CUDA0, ...).")] = None,
+    override_tensor_draft: Annotated[list[str] | None, _gpu_opt(
+        "-otd", "--override-tensor-draft", "--spec-draft-override-tensor",
+        metavar="PATTERN=BUFT,...", help="The same for the draft model.")] = None,
+    cpu_moe: Annotated[bool, _gpu_opt(
+        "-cmoe", "--cpu-moe", envvar="LLAMA_ARG_CPU_MOE",
+        help="Keep all of the target's Mixture-of-Experts weights on the CPU.")] = False,
+    n_cpu_moe: Annotated[int, _gpu_opt(
+        "-ncmoe", "--n-cpu-moe", metavar="N", envvar="LLAMA_ARG_N_CPU_MOE",
+        help="Keep the MoE weights of the target's first N layers on the CPU.")] = 0,
+    cpu_moe_draft: Annotated[bool, _gpu_opt(
+        "-cmoed", "--cpu-moe-draft", "--spec-draft-cpu-moe",
+        envvar="LLAMA_ARG_SPEC_DRAFT_CPU_MOE",
+        help="Keep all of the draft's MoE weights on the CPU.")] = False,
+    n_cpu_moe_draft: Annotated[int, _gpu_opt(
+        "-ncmoed", "--n-cpu-moe-draft", "--spec-draft-n-cpu-moe", "--spec-draft-ncmoe",
+        metavar="N", envvar="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE",
+        help="Keep the MoE weights of the draft's first N layers on the CPU.")] = 0,
+) -> GpuFlags:
+    """The GPU placement flags, checked; a device or buffer type that this build lacks is
+    refused when the model loads, before any weights are read."""
+    if split_mode not in ("none", "layer", "row", "tensor"):
+        raise UsageError(f"-sm/--split-mode must be none, layer, row or tensor, got "
+                         f"{split_mode!r}")
+    for flag, n in (("-ncmoe/--n-cpu-moe", n_cpu_moe), ("-ncmoed/--n-cpu-moe-draft",
+                                                          n_cpu_moe_draft)):
+        if n < 0:
+            raise UsageError(f"{flag} must be 0 or more, got {n}")
+    return GpuFlags(
+        devices=_devices(device, "-dev/--device"),
+        devices_draft=_devices(device_draft, "-devd/--device-draft"),
+        split_mode=split_mode, tensor_split=_tensor_split(tensor_split), main_gpu=main_gpu,
+        overrides=_overrides(override_tensor, cpu_moe, n_cpu_moe, "-ot/--override-tensor"),
+        overrides_draft=_overrides(override_tensor_draft, cpu_moe_draft, n_cpu_moe_draft,
+                                   "-otd/--override-tensor-draft"))
+
+
+def _devices(value: str | None, flag: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = [n.strip() for n in value.split(",")]
+    if not value.strip() or any(not n for n in names):
+        raise UsageError(f"{flag} takes device names, comma-separated, or none: {value!r}",
+                         hint="see --list-devices")
+    return () if names == ["none"] else tuple(names)
+
+
+def _tensor_split(value: str | None) -> tuple[float, ...]:
+    if value is None:
+        return ()
+    try:
+        parts = tuple(float(v) for v in re.split(r"[,/]+", value.strip()))
+    except ValueError:
+        raise UsageError(f"-ts/--tensor-split takes proportions, comma-separated (3,1): "
+                         f"{value!r}") from None
+    if any(v < 0 or v != v or v == float("inf") for v in parts) or not any(parts):
+        raise UsageError(f"-ts/--tensor-split proportions must be finite, 0 or more, and not "
+                         f"all 0: {value!r}")
+    return parts
+
+
+def _overrides(values: list[str] | None, cpu_moe: bool, n_cpu_moe: int,
+               flag: str) -> tuple[tuple[str, str], ...]:
+    """-ot's PATTERN=BUFT pairs, then -cmoe's, then -ncmoe's (llama.cpp keeps the order of
+    the command line; the first pattern that matches a tensor wins)."""
+    out = []
+    for item in (x for v in values or [] for x in v.split(",")):
+        pattern, eq, buft = item.partition("=")
+        if not eq or not pattern or not buft:
+            raise UsageError(f"{flag} takes PATTERN=BUFFER_TYPE, comma-separated: {item!r}",
+                             hint="e.g. -ot 'blk\\.[0-9]+\\.ffn_.*=CPU'")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise UsageError(f"{flag}: {pattern!r} is not a regular expression ({e})") from None
+        out.append((pattern, buft))
+    if cpu_moe:
+        out.append((FFN_EXPS_REGEX, "CPU"))
+    out += [(rf"blk\.{i}{FFN_EXPS_REGEX}", "CPU") for i in range(n_cpu_moe)]
+    return tuple(out)
+
+
+_GPU_PARAMS = list(inspect.signature(_gpu_flags, eval_str=True).parameters.values())
+
+
+def gpu_flags(command):
+    """Give a command the GPU placement flags: they join its signature (Typer reads
+    __signature__), and the command receives them parsed, as one `gpu: GpuFlags` argument."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
+           if p.name != "gpu"]
+
+    def wrapper(**kw):
+        flags = {p.name: kw.pop(p.name) for p in _GPU_PARAMS}
+        return command(**kw, gpu=_gpu_flags(**flags))
+
+    wrapper.__name__, wrapper.__doc__ = command.__name__, command.__doc__
+    wrapper.__module__, wrapper.__qualname__ = command.__module__, command.__qualname__
+    wrapper.__signature__ = inspect.Signature(own + _GPU_PARAMS)  # type: ignore[attr-defined]
+    return wrapper

@@ -18,6 +18,7 @@ from specli.errors import SpecliError, UsageError
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
+@o.gpu_flags
 def run(
     model: o.Model = None,
     model_draft: o.ModelDraft = None,
@@ -36,8 +37,9 @@ def run(
         "--chat", help="Wrap the prompt in the target's chat template (sandboxed).",
         rich_help_panel="Input")] = False,
     n_predict: Annotated[int, typer.Option(
-        "-n", "--n-predict", help="Tokens to generate; -1 until end of generation or full "
-        "context.", rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
+        "-n", "--n-predict", "--predict", help="Tokens to generate; -1 until end of generation "
+        "or full context.", envvar="LLAMA_ARG_N_PREDICT",
+        rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
     spec_type: o.SpecTypeOpt = None,
     ngram_size_n: o.NgramSizeN = None,
     ngram_size_m: o.NgramSizeM = None,
@@ -83,6 +85,7 @@ def run(
     flash_attn: o.FlashAttnOpt = o.FlashAttn.auto,
     json_out: o.Json = False,
     verbose: o.Verbose = False,
+    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Generate text with speculative decoding: a draft model proposes, the target verifies.
 
@@ -114,7 +117,7 @@ def run(
         ngld=n_gpu_layers_draft, threads=threads, threads_draft=threads_draft,
         threads_batch=threads_batch, threads_batch_draft=threads_batch_draft, ctk=cache_type_k,
         ctv=cache_type_v, ctkd=cache_type_k_draft, ctvd=cache_type_v_draft,
-        flash_attn=flash_attn, verbose=verbose)
+        flash_attn=flash_attn, verbose=verbose, gpu=gpu)
 
     from specli.engine import Engine
 

@@ -15,6 +15,7 @@ from specli.errors import SpecliError, UsageError
 SERVER = "Server"
 
 
+@o.gpu_flags
 def serve(
     model: o.Model = None,
     model_draft: o.ModelDraft = None,
@@ -25,33 +26,38 @@ def serve(
     hf_token: o.HfToken = None,
     host: Annotated[str, typer.Option(
         "--host", help="Address to listen on. 0.0.0.0 exposes the server to the network.",
-        rich_help_panel=SERVER)] = "127.0.0.1",
+        envvar="LLAMA_ARG_HOST", rich_help_panel=SERVER)] = "127.0.0.1",
     port: Annotated[int, typer.Option(
-        "--port", help="Port to listen on (0: any free port).", rich_help_panel=SERVER)] = 8080,
+        "--port", help="Port to listen on (0: any free port).", envvar="LLAMA_ARG_PORT",
+        rich_help_panel=SERVER)] = 8080,
     parallel: Annotated[int, typer.Option(
         "-np", "--parallel", help="Requests decoded at once (slots); -c is divided among them, "
-        "as llama-server does.", rich_help_panel=SERVER)] = 1,
+        "as llama-server does.", envvar="LLAMA_ARG_N_PARALLEL", rich_help_panel=SERVER)] = 1,
     api_key: Annotated[list[str] | None, typer.Option(
         "--api-key", help="Require this key (Authorization: Bearer KEY or X-Api-Key); "
-        "repeat or comma-separate for several.", rich_help_panel=SERVER,
+        "repeat or comma-separate for several.", envvar="LLAMA_API_KEY", rich_help_panel=SERVER,
         show_default=False)] = None,
     api_key_file: Annotated[Path | None, typer.Option(
-        "--api-key-file", help="Read keys from a file, one per line.", rich_help_panel=SERVER,
+        "--api-key-file", help="Read keys from a file, one per line.",
+        envvar="LLAMA_ARG_API_KEY_FILE", rich_help_panel=SERVER,
         show_default=False)] = None,
     metrics: Annotated[bool, typer.Option(
-        "--metrics", help="Serve Prometheus metrics at /metrics.", rich_help_panel=SERVER)] = False,
+        "--metrics", help="Serve Prometheus metrics at /metrics.",
+        envvar="LLAMA_ARG_ENDPOINT_METRICS", rich_help_panel=SERVER)] = False,
     timeout: Annotated[float, typer.Option(
         "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
-        rich_help_panel=SERVER)] = 600.0,
+        envvar="LLAMA_ARG_TIMEOUT", rich_help_panel=SERVER)] = 600.0,
     max_queue: Annotated[int, typer.Option(
         "--max-queue", help="Requests that may wait for a slot; one more gets a 503 with "
         "Retry-After.", rich_help_panel=SERVER)] = 16,
     alias: Annotated[str | None, typer.Option(
         "-a", "--alias", help="Model name in /v1/models and responses. Default: the file name.",
+        envvar="LLAMA_ARG_ALIAS",
         rich_help_panel=SERVER, show_default=False)] = None,
     n_predict: Annotated[int, typer.Option(
-        "-n", "--n-predict", help="Default tokens per request when it sets no max_tokens; -1 "
-        "until end of generation or a full context.", rich_help_panel=SERVER)] = -1,
+        "-n", "--n-predict", "--predict", help="Default tokens per request when it sets no "
+        "max_tokens; -1 until end of generation or a full context.",
+        envvar="LLAMA_ARG_N_PREDICT", rich_help_panel=SERVER)] = -1,
     spec_type: o.SpecTypeOpt = None,
     ngram_size_n: o.NgramSizeN = None,
     ngram_size_m: o.NgramSizeM = None,
@@ -92,6 +98,7 @@ def serve(
     cache_type_v_draft: o.CacheTypeVDraft = None,
     flash_attn: o.FlashAttnOpt = o.FlashAttn.auto,
     verbose: o.Verbose = False,
+    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Serve the target over HTTP (OpenAI and llama-server routes) with speculative decoding.
 
@@ -140,7 +147,7 @@ def serve(
         ngld=n_gpu_layers_draft, threads=threads, threads_draft=threads_draft,
         threads_batch=threads_batch, threads_batch_draft=threads_batch_draft, ctk=cache_type_k,
         ctv=cache_type_v, ctkd=cache_type_k_draft, ctvd=cache_type_v_draft,
-        flash_attn=flash_attn, verbose=verbose)
+        flash_attn=flash_attn, verbose=verbose, gpu=gpu)
     check_files(target, draft_model, types)  # a bad pair or file is refused before listening
     config = ServerConfig(
         target=target, draft=draft_model,

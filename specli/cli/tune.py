@@ -24,6 +24,7 @@ TASKS = ("mixed", "all", "code-completion", "code-generation", "structured", "su
          "chat", "creative")
 
 
+@o.gpu_flags
 def tune_draft(
     model: o.Model = None,
     model_draft: o.ModelDraft = None,
@@ -67,6 +68,7 @@ def tune_draft(
         "--plot", help="Draw speedup against the draft length into a PNG (needs matplotlib: "
         "pip install 'specli[plot]').", rich_help_panel=o.OUTPUT, show_default=False)] = None,
     verbose: o.Verbose = False,
+    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Find the fastest draft setting for this machine and this kind of text.
 
@@ -99,7 +101,7 @@ def tune_draft(
 
     target, draft_model = o.model_params(model, model_draft, ctx=ctx_size, ngl=n_gpu_layers,
                                          ngld=n_gpu_layers_draft, threads=threads,
-                                         verbose=verbose)
+                                         verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
         engine = Engine.load(target, draft_model,
                              DraftParams(n_max=max(ks)), spec_types=loaded)

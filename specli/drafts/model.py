@@ -50,7 +50,13 @@ class ModelDraft:
         if n_have >= len(context):  # nothing new: re-decode the last token for its logits
             m.rewind(len(context) - 1)
             n_have = len(context) - 1
-        logits = m.decode(context[n_have:], logits="last")[0, : self.n_vocab]
+        new = context[n_have:]
+        if m.offloaded and len(new) == 2:
+            # on a GPU every draft decode stays one token long: ggml-cuda drops a context's
+            # CUDA graph whenever the batch shape changes, and re-warms and re-captures it
+            m.decode(new[:1])
+            new = new[1:]
+        logits = m.decode(new, logits="last")[0, : self.n_vocab]
         out = Proposal(q=None if sp.greedy else [], source=self.name)
         while True:
             if sp.greedy:
