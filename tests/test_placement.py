@@ -271,14 +271,14 @@ def test_the_draft_follows_the_target_as_llama_cpp_does():
     gpu = o._gpu_flags(device="CUDA0,CUDA1", device_draft=None, split_mode="row",
                        tensor_split="3/1", override_tensor=[r"a=CPU,b=CUDA1"], n_cpu_moe=1,
                        cpu_moe_draft=True)
-    t, d = o.model_params("t.gguf", "d.gguf", gpu=gpu)
+    t, d = o.Resources().model_params("t.gguf", "d.gguf", gpu=gpu)
     assert t.devices == d.devices == ("CUDA0", "CUDA1")
     assert t.split_mode == d.split_mode == "row" and d.tensor_split == (3.0, 1.0)
     assert t.tensor_overrides == (("a", "CPU"), ("b", "CUDA1"),
                                   (r"blk\.0" + o.FFN_EXPS_REGEX, "CPU"))
     assert d.tensor_overrides == ((o.FFN_EXPS_REGEX, "CPU"),)  # -ot is the target's alone
     pinned = o._gpu_flags(device="CUDA0,CUDA1", device_draft="CUDA1", split_mode="row")
-    t, d = o.model_params("t.gguf", "d.gguf", gpu=pinned)
+    t, d = o.Resources().model_params("t.gguf", "d.gguf", gpu=pinned)
     assert d.devices == ("CUDA1",) and d.split_mode == "layer" and t.split_mode == "row"
     assert o._gpu_flags(device="none").devices == ()
 

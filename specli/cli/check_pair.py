@@ -20,9 +20,10 @@ from specli.tuning import ProbeResult
 SCHEMA_VERSION = 1
 _STYLE = {"ok": "green", "fail": "bold red", "warn": "yellow", "info": "dim"}
 _LABEL = {"ok": "ok", "fail": "FAIL", "warn": "warn", "info": ""}
+PROBE_RESOURCES = o.RESOURCE_FLAGS.with_defaults(ctx_size=2048)  # probe prompts are short
 
 
-@o.gpu_flags
+@o.grouped
 def check_pair(
     target: Annotated[Path, typer.Argument(help="The target GGUF model.", metavar="TARGET",
                                            show_default=False)],
@@ -41,12 +42,9 @@ def check_pair(
         "--draft", "--draft-max", "--spec-draft-n-max",
         help="Draft length to probe with; the suggestion is at most this.",
         rich_help_panel="Probe")] = 8,
-    ctx_size: o.CtxSize = 2048,
-    n_gpu_layers: o.GpuLayers = 0,
-    n_gpu_layers_draft: o.GpuLayersDraft = 0,
-    threads: o.Threads = o.DEFAULTS["threads"],
+    resources: o.Resources = PROBE_RESOURCES,
+    gpu: o.GpuFlags = o.GPU_FLAGS,
     verbose: o.Verbose = False,
-    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Check that a draft can speculate for a target, from the GGUF headers alone.
 
@@ -61,8 +59,7 @@ def check_pair(
     report = compare(read_model_info(str(target)), read_model_info(str(draft)))
     result = None
     if probe and report.verdict.ok:
-        result = _probe(report, n_predict, draft_max, ctx_size, n_gpu_layers,
-                        n_gpu_layers_draft, threads, verbose, gpu, quiet=json_out)
+        result = _probe(report, n_predict, draft_max, resources, gpu, verbose, quiet=json_out)
     if json_out:
         doc = {"schema_version": SCHEMA_VERSION, **report.to_dict(),
                "probe": result.to_dict() if result else None}
@@ -73,14 +70,14 @@ def check_pair(
         raise typer.Exit(1)
 
 
-def _probe(report: PairReport, n_predict: int, k: int, ctx: int, ngl: int, ngld: int,
-           threads: int, verbose: bool, gpu: o.GpuFlags, quiet: bool) -> ProbeResult:
+def _probe(report: PairReport, n_predict: int, k: int, resources: o.Resources,
+           gpu: o.GpuFlags, verbose: bool, quiet: bool) -> ProbeResult:
     from specli.config import DraftParams
     from specli.engine import Engine
     from specli.tuning import probe
 
-    target, draft = o.model_params(report.target.path, report.draft.path, ctx=ctx, ngl=ngl,
-                                   ngld=ngld, threads=threads, verbose=verbose, gpu=gpu)
+    target, draft = resources.model_params(report.target.path, report.draft.path,
+                                           verbose=verbose, gpu=gpu)
     with spinner("loading both models", quiet):
         engine = Engine.load(target, draft, DraftParams(n_max=k))
     try:

@@ -1,12 +1,20 @@
-"""Flag definitions shared by the commands, with llama.cpp's spellings (seed-era and current)."""
+"""The commands' flags, with llama.cpp's spellings (seed-era and current), in groups.
+
+Each group is declared once, as a function whose Annotated parameters are its flags and whose
+result is one frozen config object (llama.cpp parses one common_params the same way). A command
+names the groups it takes as parameters whose default is the group; `@grouped` splices the
+group's flags into the command's signature in their place (Typer reads __signature__) and
+hands the command the parsed object.
+"""
 
 from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -28,185 +36,355 @@ class FlashAttn(StrEnum):
     auto = "auto"
 
 
-Model = Annotated[str | None, typer.Option(
-    "-m", "--model", help="Target GGUF model. Default: the embedded SmolLM2 pair.",
-    envvar="LLAMA_ARG_MODEL",
-    rich_help_panel=MODELS, show_default=False)]
-ModelDraft = Annotated[str | None, typer.Option(
-    "-md", "--model-draft", "--spec-draft-model",
-    help="Draft GGUF model (same tokenizer as the target).",
-    envvar=["LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT"],
-    rich_help_panel=MODELS, show_default=False)]
-HfRepo = Annotated[str | None, typer.Option(
-    "-hf", "-hfr", "--hf-repo", help="Target from Hugging Face: owner/name[:QUANT] (like "
-    "llama.cpp's -hf; Q4_K_M, then Q8_0, when no quant is given).", envvar="LLAMA_ARG_HF_REPO",
-    rich_help_panel=MODELS, show_default=False)]
-HfFile = Annotated[str | None, typer.Option(
-    "-hff", "--hf-file", help="The target's file in the -hf repository, instead of a quant.",
-    envvar="LLAMA_ARG_HF_FILE",
-    rich_help_panel=MODELS, show_default=False)]
-HfRepoDraft = Annotated[str | None, typer.Option(
-    "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
-    help="Draft from Hugging Face: owner/name[:QUANT].", envvar="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-    rich_help_panel=MODELS, show_default=False)]
-HfFileDraft = Annotated[str | None, typer.Option(
-    "-hffd", "--hf-file-draft", help="The draft's file in the -hfd repository.",
-    rich_help_panel=MODELS, show_default=False)]
-HfToken = Annotated[str | None, typer.Option(
-    "-hft", "--hf-token", help="Hugging Face token (default: the saved login).",
-    envvar="HF_TOKEN",
-    rich_help_panel=MODELS, show_default=False)]
-SpecTypeOpt = Annotated[str | None, typer.Option(
-    "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
-    + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
-    "draft model (-md) fills in when none has a proposal.", envvar="LLAMA_ARG_SPEC_TYPE",
-    rich_help_panel=DRAFTING, show_default=False)]
+@dataclass(frozen=True)
+class Group:
+    """Flags declared once (the parse function's parameters), parsed into one object.
+    with_defaults: a command's own defaults for some of them (check-pair's -c 2048)."""
+
+    parse: Callable[..., Any]
+    defaults: tuple[tuple[str, Any], ...] = ()
+
+    def with_defaults(self, **kw: Any) -> Group:
+        return replace(self, defaults=self.defaults + tuple(kw.items()))
+
+    def params(self) -> list[inspect.Parameter]:
+        own = dict(self.defaults)
+        params = list(inspect.signature(self.parse, eval_str=True).parameters.values())
+        if set(own) - {p.name for p in params}:
+            raise TypeError(f"{self.parse.__name__} has no flag {set(own)}")
+        return [p.replace(default=own[p.name]) if p.name in own else p for p in params]
 
 
-def _ngram_opt(*names: str, help: str):
-    return typer.Option(*names, help=help, rich_help_panel=NGRAM, show_default=False)
+def grouped(command):
+    """Splice the flags of each group a command takes (a parameter whose default is a Group)
+    into its signature in that place; the command receives each group parsed."""
+    sig = inspect.signature(command, eval_str=True)
+    groups = {n: p.default for n, p in sig.parameters.items() if isinstance(p.default, Group)}
+    flags = {n: g.params() for n, g in groups.items()}
+    params = [q for n, p in sig.parameters.items() for q in flags.get(n, [p])]
+
+    def wrapper(**kw):
+        for name, group in groups.items():
+            kw[name] = group.parse(**{q.name: kw.pop(q.name) for q in flags[name]})
+        return command(**kw)
+
+    wrapper.__name__, wrapper.__doc__ = command.__name__, command.__doc__
+    wrapper.__module__, wrapper.__qualname__ = command.__module__, command.__qualname__
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    return wrapper
 
 
-NgramSizeN = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
-    "(seed-era flag; the per-type flags below override it). Default: 12.")]
-NgramSizeM = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types. "
-    "Default: 48.")]
-NgramMinHits = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-min-hits", help="Lookups of a key before ngram-map-k4v drafts from it. "
-    "Default: 1.")]
-SimpleSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-simple-size-n",
-                                               help="ngram-simple's n.")]
-SimpleSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-simple-size-m",
-                                               help="ngram-simple's m.")]
-SimpleMinHits = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-simple-min-hits", help="Accepted for llama.cpp compatibility; ngram-simple "
-    "does not use it.")]
-MapKSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-map-k-size-n",
-                                             help="ngram-map-k's n.")]
-MapKSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-map-k-size-m",
-                                             help="ngram-map-k's m.")]
-MapKMinHits = Annotated[int | None, _ngram_opt(
-    "--spec-ngram-map-k-min-hits", help="ngram-map-k's min hits (as in llama.cpp, map-k "
-    "drafts on the first hit).")]
-MapK4vSizeN = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-size-n",
-                                               help="ngram-map-k4v's n.")]
-MapK4vSizeM = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-size-m",
-                                               help="ngram-map-k4v's m.")]
-MapK4vMinHits = Annotated[int | None, _ngram_opt("--spec-ngram-map-k4v-min-hits",
-                                                 help="ngram-map-k4v's min hits.")]
-NgramModMatch = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-match", help="ngram-mod lookup length.", rich_help_panel=NGRAM)]
-NgramModMax = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts.",
-    rich_help_panel=NGRAM)]
-NgramModMin = Annotated[int, typer.Option(
-    "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
-    rich_help_panel=NGRAM)]
-LookupStatic = Annotated[str | None, typer.Option(
-    "-lcs", "--lookup-cache-static", help="Static lookup cache for ngram-cache (built by "
-    "`specli lookup create`; never written). Implies --spec-type ngram-cache.",
-    rich_help_panel=NGRAM, show_default=False)]
-LookupDynamic = Annotated[str | None, typer.Option(
-    "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if it "
-    "exists, updated atomically after the run. Implies --spec-type ngram-cache.",
-    rich_help_panel=NGRAM, show_default=False)]
-DraftMax = Annotated[str | None, typer.Option(
-    "--draft", "--draft-max", "--draft-n", "--spec-draft-n-max", metavar="K|auto",
-    help="Most tokens drafted per step (k). Default: 8 for the draft model and ngram-cache, "
-    "while the other n-gram types draft up to their own m, as in llama.cpp; given "
-    "explicitly, K caps them too. `auto`: k chosen each step, per source, from the measured "
-    f"acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
-    envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
-    rich_help_panel=DRAFTING, show_default=False)]
-DraftMin = Annotated[int, typer.Option(
-    "--draft-min", "--spec-draft-n-min", "--draft-n-min",
-    help="A draft shorter than this is not verified.",
-    envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"], rich_help_panel=DRAFTING)]
-DraftPMin = Annotated[float, typer.Option(
-    "--draft-p-min", "--spec-draft-p-min",
-    help="Stop drafting when the draft's top probability falls below this.",
-    envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
-    rich_help_panel=DRAFTING)]
-NoSpec = Annotated[bool, typer.Option(
-    "--no-spec", help="Decode with the target alone.", rich_help_panel=DRAFTING)]
-
-Temp = Annotated[float, typer.Option(
-    "--temp", "--temperature", help="Temperature; 0 is greedy.",
-    envvar="LLAMA_ARG_TEMPERATURE", rich_help_panel=SAMPLING)]
-TopK = Annotated[int, typer.Option("--top-k", help="Top-k; 0 disables.",
-                                   envvar="LLAMA_ARG_TOP_K",
-                                   rich_help_panel=SAMPLING)]
-TopP = Annotated[float, typer.Option("--top-p", help="Top-p; 1.0 disables.",
-                                     envvar="LLAMA_ARG_TOP_P",
-                                     rich_help_panel=SAMPLING)]
-MinP = Annotated[float, typer.Option("--min-p", help="Min-p; 0.0 disables.",
-                                     envvar="LLAMA_ARG_MIN_P",
-                                     rich_help_panel=SAMPLING)]
-Seed = Annotated[int, typer.Option("-s", "--seed", help="RNG seed; -1 picks one at random.",
-                                   rich_help_panel=SAMPLING)]
-
-CtxSize = Annotated[int, typer.Option("-c", "--ctx-size", help="Target context size.",
-                                      envvar="LLAMA_ARG_CTX_SIZE",
-                                      rich_help_panel=RESOURCES)]
-CtxSizeDraft = Annotated[int | None, typer.Option(
-    "-cd", "--ctx-size-draft", help="Draft context size. Default: same as -c.",
-    rich_help_panel=RESOURCES, show_default=False)]
-GpuLayers = Annotated[int, typer.Option(
-    "-ngl", "--n-gpu-layers", "--gpu-layers", help="Target layers to offload to the GPU.",
-    envvar="LLAMA_ARG_N_GPU_LAYERS",
-    rich_help_panel=RESOURCES)]
-GpuLayersDraft = Annotated[int, typer.Option(
-    "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
-    help="Draft layers to offload to the GPU.", envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT",
-    rich_help_panel=RESOURCES)]
-Threads = Annotated[int, typer.Option(
-    "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
-    envvar="LLAMA_ARG_THREADS",
-    rich_help_panel=RESOURCES, show_default=False)]
-ThreadsDraft = Annotated[int | None, typer.Option(
-    "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
-    rich_help_panel=RESOURCES, show_default=False)]
-ThreadsBatch = Annotated[int | None, typer.Option(
-    "-tb", "--threads-batch", help="Threads for batches and prompts. Default: same as -t.",
-    rich_help_panel=RESOURCES, show_default=False)]
-ThreadsBatchDraft = Annotated[int | None, typer.Option(
-    "-tbd", "--threads-batch-draft", help="Draft batch threads. Default: same as -td.",
-    rich_help_panel=RESOURCES, show_default=False)]
-CacheTypeK = Annotated[str | None, typer.Option(
-    "-ctk", "--cache-type-k", help="Target KV cache type for K (f16, q8_0, q4_0, ...).",
-    envvar="LLAMA_ARG_CACHE_TYPE_K",
-    rich_help_panel=RESOURCES, show_default=False)]
-CacheTypeV = Annotated[str | None, typer.Option(
-    "-ctv", "--cache-type-v", help="Target KV cache type for V.", envvar="LLAMA_ARG_CACHE_TYPE_V",
-    rich_help_panel=RESOURCES, show_default=False)]
-CacheTypeKDraft = Annotated[str | None, typer.Option(
-    "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k", help="Draft KV cache type for K.",
-    envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
-    rich_help_panel=RESOURCES, show_default=False)]
-CacheTypeVDraft = Annotated[str | None, typer.Option(
-    "-ctvd", "--cache-type-v-draft", "--spec-draft-type-v", help="Draft KV cache type for V.",
-    envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
-    rich_help_panel=RESOURCES, show_default=False)]
-FlashAttnOpt = Annotated[FlashAttn, typer.Option(
-    "-fa", "--flash-attn", help="Flash attention (llama.cpp's default: auto).",
-    envvar="LLAMA_ARG_FLASH_ATTN",
-    rich_help_panel=RESOURCES)]
+# -- one-flag declarations shared by several commands ---------------------------------------
 
 Json = Annotated[bool, typer.Option(
     "--json", help="Print one JSON object on stdout: text and every statistic.",
     rich_help_panel=OUTPUT)]
 Verbose = Annotated[bool, typer.Option(
     "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=OUTPUT)]
+NoSpec = Annotated[bool, typer.Option(
+    "--no-spec", help="Decode with the target alone.", rich_help_panel=DRAFTING)]
 
-DEFAULTS = {
-    "draft_max": str(config.DEFAULT_DRAFT_MAX),
-    "ctx": config.DEFAULT_CTX,
-    "threads": config.DEFAULT_THREADS,
-    "n_predict": config.DEFAULT_N_PREDICT,
-}
 
+# -- models: -m/-md, or -hf/-hfd through the hub ----------------------------------------------
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """-m/-md or -hf/-hff/-hfd/-hffd (and -hft), as given."""
+
+    model: str | None = None
+    model_draft: str | None = None
+    hf_repo: str | None = None
+    hf_file: str | None = None
+    hf_repo_draft: str | None = None
+    hf_file_draft: str | None = None
+    hf_token: str | None = None
+
+    def resolve(self, quiet: bool = False) -> tuple[str, str | None]:
+        """The target's and the draft's paths: downloaded through the hub for -hf/-hfd, the
+        embedded SmolLM2 pair when neither -m nor -hf is given."""
+        from specli.cli.download import resolve_models
+
+        return resolve_models(self.model, self.model_draft, self.hf_repo, self.hf_file,
+                              self.hf_repo_draft, self.hf_file_draft, self.hf_token,
+                              quiet=quiet)
+
+
+def _model_opt(*names: str, help: str, envvar: str | list[str] | None = None):
+    return typer.Option(*names, help=help, envvar=envvar, rich_help_panel=MODELS,
+                        show_default=False)
+
+
+def _model_flags(
+    model: Annotated[str | None, _model_opt(
+        "-m", "--model", envvar="LLAMA_ARG_MODEL",
+        help="Target GGUF model. Default: the embedded SmolLM2 pair.")] = None,
+    model_draft: Annotated[str | None, _model_opt(
+        "-md", "--model-draft", "--spec-draft-model",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT"],
+        help="Draft GGUF model (same tokenizer as the target).")] = None,
+    hf_repo: Annotated[str | None, _model_opt(
+        "-hf", "-hfr", "--hf-repo", envvar="LLAMA_ARG_HF_REPO",
+        help="Target from Hugging Face: owner/name[:QUANT] (like llama.cpp's -hf; Q4_K_M, "
+        "then Q8_0, when no quant is given).")] = None,
+    hf_file: Annotated[str | None, _model_opt(
+        "-hff", "--hf-file", envvar="LLAMA_ARG_HF_FILE",
+        help="The target's file in the -hf repository, instead of a quant.")] = None,
+    hf_repo_draft: Annotated[str | None, _model_opt(
+        "-hfd", "-hfrd", "--hf-repo-draft", "--spec-draft-hf",
+        envvar="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
+        help="Draft from Hugging Face: owner/name[:QUANT].")] = None,
+    hf_file_draft: Annotated[str | None, _model_opt(
+        "-hffd", "--hf-file-draft",
+        help="The draft's file in the -hfd repository.")] = None,
+    hf_token: Annotated[str | None, _model_opt(
+        "-hft", "--hf-token", envvar="HF_TOKEN",
+        help="Hugging Face token (default: the saved login).")] = None,
+) -> ModelFiles:
+    return ModelFiles(model, model_draft, hf_repo, hf_file, hf_repo_draft, hf_file_draft,
+                      hf_token)
+
+
+MODEL_FILES = Group(_model_flags)
+
+
+# -- drafting: what drafts and how much -------------------------------------------------------
+
+@dataclass(frozen=True)
+class Drafting:
+    """--spec-type's list, the draft lengths (--draft, --draft-min, --draft-p-min) and the
+    n-gram settings."""
+
+    types: tuple[str, ...] = ()
+    params: config.DraftParams = config.DraftParams()
+    ngram: config.NgramParams = config.NgramParams()
+
+
+def _ngram_opt(*names: str, help: str):
+    return typer.Option(*names, help=help, rich_help_panel=NGRAM, show_default=False)
+
+
+_NG = config.NgramParams
+
+
+def _drafting_flags(
+    spec_type: Annotated[str | None, typer.Option(
+        "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
+        + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
+        "draft model (-md) fills in when none has a proposal.", envvar="LLAMA_ARG_SPEC_TYPE",
+        rich_help_panel=DRAFTING, show_default=False)] = None,
+    ngram_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
+        "(seed-era flag; the per-type flags below override it). Default: 12.")] = None,
+    ngram_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types. "
+        "Default: 48.")] = None,
+    ngram_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-min-hits", help="Lookups of a key before ngram-map-k4v drafts from it. "
+        "Default: 1.")] = None,
+    simple_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-size-n", help="ngram-simple's n.")] = None,
+    simple_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-size-m", help="ngram-simple's m.")] = None,
+    simple_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-min-hits", help="Accepted for llama.cpp compatibility; "
+        "ngram-simple does not use it.")] = None,
+    map_k_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-size-n", help="ngram-map-k's n.")] = None,
+    map_k_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-size-m", help="ngram-map-k's m.")] = None,
+    map_k_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-min-hits", help="ngram-map-k's min hits (as in llama.cpp, map-k "
+        "drafts on the first hit).")] = None,
+    map_k4v_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-size-n", help="ngram-map-k4v's n.")] = None,
+    map_k4v_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-size-m", help="ngram-map-k4v's m.")] = None,
+    map_k4v_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v's min hits.")] = None,
+    ngram_mod_n_match: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-match", help="ngram-mod lookup length.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_match,
+    ngram_mod_n_max: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_max,
+    ngram_mod_n_min: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_min,
+    lookup_cache_static: Annotated[str | None, typer.Option(
+        "-lcs", "--lookup-cache-static", help="Static lookup cache for ngram-cache (built by "
+        "`specli lookup create`; never written). Implies --spec-type ngram-cache.",
+        rich_help_panel=NGRAM, show_default=False)] = None,
+    lookup_cache_dynamic: Annotated[str | None, typer.Option(
+        "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if "
+        "it exists, updated atomically after the run. Implies --spec-type ngram-cache.",
+        rich_help_panel=NGRAM, show_default=False)] = None,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", "--draft-max", "--draft-n", "--spec-draft-n-max", metavar="K|auto",
+        help="Most tokens drafted per step (k). Default: 8 for the draft model and "
+        "ngram-cache, while the other n-gram types draft up to their own m, as in llama.cpp; "
+        "given explicitly, K caps them too. `auto`: k chosen each step, per source, from the "
+        f"measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
+        rich_help_panel=DRAFTING, show_default=False)] = None,
+    draft_min: Annotated[int, typer.Option(
+        "--draft-min", "--spec-draft-n-min", "--draft-n-min",
+        help="A draft shorter than this is not verified.",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
+        rich_help_panel=DRAFTING)] = config.DraftParams.n_min,
+    draft_p_min: Annotated[float, typer.Option(
+        "--draft-p-min", "--spec-draft-p-min",
+        help="Stop drafting when the draft's top probability falls below this.",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
+        rich_help_panel=DRAFTING)] = config.DraftParams.p_min,
+) -> Drafting:
+    """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
+    params = draft_params(draft, draft_min, draft_p_min)
+    ngram = ngram_params(
+        size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
+        simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,
+        map_k_n=map_k_size_n, map_k_m=map_k_size_m, map_k_hits=map_k_min_hits,
+        k4v_n=map_k4v_size_n, k4v_m=map_k4v_size_m, k4v_hits=map_k4v_min_hits,
+        mod_match=ngram_mod_n_match, mod_max=ngram_mod_n_max, mod_min=ngram_mod_n_min,
+        lookup_static=lookup_cache_static, lookup_dynamic=lookup_cache_dynamic)
+    types = spec_types(spec_type, lookup_cache_static, lookup_cache_dynamic)
+    return Drafting(tuple(types), params, ngram)
+
+
+DRAFTING_FLAGS = Group(_drafting_flags)
+
+
+# -- sampling -----------------------------------------------------------------------------------
+
+_SP = config.SamplingParams
+
+
+def _sampling_flags(
+    temp: Annotated[float, typer.Option(
+        "--temp", "--temperature", help="Temperature; 0 is greedy.",
+        envvar="LLAMA_ARG_TEMPERATURE", rich_help_panel=SAMPLING)] = _SP.temp,
+    top_k: Annotated[int, typer.Option(
+        "--top-k", help="Top-k; 0 disables.", envvar="LLAMA_ARG_TOP_K",
+        rich_help_panel=SAMPLING)] = _SP.top_k,
+    top_p: Annotated[float, typer.Option(
+        "--top-p", help="Top-p; 1.0 disables.", envvar="LLAMA_ARG_TOP_P",
+        rich_help_panel=SAMPLING)] = _SP.top_p,
+    min_p: Annotated[float, typer.Option(
+        "--min-p", help="Min-p; 0.0 disables.", envvar="LLAMA_ARG_MIN_P",
+        rich_help_panel=SAMPLING)] = _SP.min_p,
+    seed: Annotated[int, typer.Option(
+        "-s", "--seed", help="RNG seed; -1 picks one at random.",
+        rich_help_panel=SAMPLING)] = -1,
+) -> config.SamplingParams:
+    """The sampling flags; a negative seed means a fresh random one."""
+    if temp < 0:
+        raise UsageError(f"--temp must be 0 or more, got {temp}")
+    return config.SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                                 seed=None if seed < 0 else seed)
+
+
+SAMPLING_FLAGS = Group(_sampling_flags)
+
+
+# -- resources: contexts, threads, KV cache, offloaded layers ----------------------------------
+
+@dataclass(frozen=True)
+class Resources:
+    """The context, thread, KV-cache and layer flags of the target and the draft; a draft
+    value left out takes the target's, as in llama.cpp."""
+
+    ctx: int = config.DEFAULT_CTX
+    ctx_draft: int | None = None
+    ngl: int = 0
+    ngld: int = 0
+    threads: int = config.DEFAULT_THREADS
+    threads_draft: int | None = None
+    threads_batch: int | None = None
+    threads_batch_draft: int | None = None
+    ctk: str | None = None
+    ctv: str | None = None
+    ctkd: str | None = None
+    ctvd: str | None = None
+    flash_attn: str = "auto"
+
+    def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
+                     gpu: GpuFlags | None = None,
+                     ) -> tuple[config.ModelParams, config.ModelParams | None]:
+        """The target's and the draft's ModelParams."""
+        gpu = gpu or GpuFlags()
+        target = config.ModelParams(
+            path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
+            n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
+            flash_attn=self.flash_attn, verbose=verbose)
+        if model_draft is None:
+            return gpu.apply(target, None)
+        td = self.threads_draft or self.threads
+        return gpu.apply(target, config.ModelParams(
+            path=model_draft, n_ctx=self.ctx_draft or self.ctx, n_gpu_layers=self.ngld,
+            n_threads=td, n_threads_batch=self.threads_batch_draft or td, type_k=self.ctkd,
+            type_v=self.ctvd, flash_attn=self.flash_attn, verbose=verbose))
+
+
+def _res_opt(*names: str, help: str, envvar: str | None = None, **kw):
+    return typer.Option(*names, help=help, envvar=envvar, rich_help_panel=RESOURCES, **kw)
+
+
+def _resource_flags(
+    ctx_size: Annotated[int, _res_opt(
+        "-c", "--ctx-size", help="Target context size.",
+        envvar="LLAMA_ARG_CTX_SIZE")] = config.DEFAULT_CTX,
+    ctx_size_draft: Annotated[int | None, _res_opt(
+        "-cd", "--ctx-size-draft", help="Draft context size. Default: same as -c.",
+        show_default=False)] = None,
+    n_gpu_layers: Annotated[int, _res_opt(
+        "-ngl", "--n-gpu-layers", "--gpu-layers", help="Target layers to offload to the GPU.",
+        envvar="LLAMA_ARG_N_GPU_LAYERS")] = 0,
+    n_gpu_layers_draft: Annotated[int, _res_opt(
+        "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
+        help="Draft layers to offload to the GPU.", envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT")] = 0,
+    threads: Annotated[int, _res_opt(
+        "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
+        envvar="LLAMA_ARG_THREADS", show_default=False)] = config.DEFAULT_THREADS,
+    threads_draft: Annotated[int | None, _res_opt(
+        "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
+        show_default=False)] = None,
+    threads_batch: Annotated[int | None, _res_opt(
+        "-tb", "--threads-batch", help="Threads for batches and prompts. Default: same as -t.",
+        show_default=False)] = None,
+    threads_batch_draft: Annotated[int | None, _res_opt(
+        "-tbd", "--threads-batch-draft", help="Draft batch threads. Default: same as -td.",
+        show_default=False)] = None,
+    cache_type_k: Annotated[str | None, _res_opt(
+        "-ctk", "--cache-type-k", help="Target KV cache type for K (f16, q8_0, q4_0, ...).",
+        envvar="LLAMA_ARG_CACHE_TYPE_K", show_default=False)] = None,
+    cache_type_v: Annotated[str | None, _res_opt(
+        "-ctv", "--cache-type-v", help="Target KV cache type for V.",
+        envvar="LLAMA_ARG_CACHE_TYPE_V", show_default=False)] = None,
+    cache_type_k_draft: Annotated[str | None, _res_opt(
+        "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k",
+        help="Draft KV cache type for K.", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+        show_default=False)] = None,
+    cache_type_v_draft: Annotated[str | None, _res_opt(
+        "-ctvd", "--cache-type-v-draft", "--spec-draft-type-v",
+        help="Draft KV cache type for V.", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
+        show_default=False)] = None,
+    flash_attn: Annotated[FlashAttn, _res_opt(
+        "-fa", "--flash-attn", help="Flash attention (llama.cpp's default: auto).",
+        envvar="LLAMA_ARG_FLASH_ATTN")] = FlashAttn.auto,
+) -> Resources:
+    if ctx_size < 16:
+        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
+    if threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    return Resources(ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
+                     threads_draft, threads_batch, threads_batch_draft, cache_type_k,
+                     cache_type_v, cache_type_k_draft, cache_type_v_draft,
+                     FlashAttn(flash_attn).value)
+
+
+RESOURCE_FLAGS = Group(_resource_flags)
+
+
+# -- checks -----------------------------------------------------------------------------------
 
 def parse_draft(value: str) -> tuple[int, bool]:
     """--draft K or --draft auto -> (k or the auto cap, adaptive)."""
@@ -222,7 +400,7 @@ def parse_draft(value: str) -> tuple[int, bool]:
     return k, False
 
 
-def ngram_params(size_n: int | None, size_m: int | None, min_hits: int | None,
+def ngram_params(*, size_n: int | None, size_m: int | None, min_hits: int | None,
                  simple_n: int | None, simple_m: int | None, simple_hits: int | None,
                  map_k_n: int | None, map_k_m: int | None, map_k_hits: int | None,
                  k4v_n: int | None, k4v_m: int | None, k4v_hits: int | None, mod_match: int,
@@ -281,7 +459,7 @@ def spec_types(value: str | None, lookup_static: str | None = None,
 def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.DraftParams:
     """--draft (K or auto), --draft-min and --draft-p-min, checked. An explicit K also caps the
     n-gram types' own lengths."""
-    k, adaptive = parse_draft(draft if draft is not None else DEFAULTS["draft_max"])
+    k, adaptive = parse_draft(draft if draft is not None else str(config.DEFAULT_DRAFT_MAX))
     if draft_min < 0 or draft_min > k:
         raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
     if not 0.0 <= p_min <= 1.0:
@@ -290,46 +468,9 @@ def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.Draf
                               cap_ngram=draft is not None and not adaptive)
 
 
-def sampling(temp: float, top_k: int, top_p: float, min_p: float,
-             seed: int) -> config.SamplingParams:
-    """The sampling flags; a negative seed means a fresh random one."""
-    if temp < 0:
-        raise UsageError(f"--temp must be 0 or more, got {temp}")
-    return config.SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                 seed=None if seed < 0 else seed)
-
-
-def check_ranges(n_predict: int, ctx: int, threads: int) -> None:
+def check_n_predict(n_predict: int) -> None:
     if n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
-    if ctx < 16:
-        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx}")
-    if threads < 1:
-        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
-
-
-def model_params(model: str, model_draft: str | None, *, ctx: int = DEFAULTS["ctx"],
-                 ctx_draft: int | None = None, ngl: int = 0, ngld: int = 0,
-                 threads: int = DEFAULTS["threads"], threads_draft: int | None = None,
-                 threads_batch: int | None = None, threads_batch_draft: int | None = None,
-                 ctk: str | None = None, ctv: str | None = None, ctkd: str | None = None,
-                 ctvd: str | None = None, flash_attn: FlashAttn = FlashAttn.auto,
-                 verbose: bool = False, gpu: GpuFlags | None = None,
-                 ) -> tuple[config.ModelParams, config.ModelParams | None]:
-    """The target's and the draft's ModelParams from llama.cpp's flags; a draft flag left out
-    takes the target's value, as in llama.cpp."""
-    gpu = gpu or GpuFlags()
-    target = config.ModelParams(
-        path=model, n_ctx=ctx, n_gpu_layers=ngl, n_threads=threads,
-        n_threads_batch=threads_batch, type_k=ctk, type_v=ctv, flash_attn=flash_attn.value,
-        verbose=verbose)
-    if model_draft is None:
-        return gpu.apply(target, None)
-    td = threads_draft or threads
-    return gpu.apply(target, config.ModelParams(
-        path=model_draft, n_ctx=ctx_draft or ctx, n_gpu_layers=ngld, n_threads=td,
-        n_threads_batch=threads_batch_draft or td, type_k=ctkd, type_v=ctvd,
-        flash_attn=flash_attn.value, verbose=verbose))
 
 
 # -- GPU placement: one group of flags, spliced into each command that loads models ----------
@@ -494,20 +635,4 @@ def _overrides(values: list[str] | None, cpu_moe: bool, n_cpu_moe: int,
     return tuple(out)
 
 
-_GPU_PARAMS = list(inspect.signature(_gpu_flags, eval_str=True).parameters.values())
-
-
-def gpu_flags(command):
-    """Give a command the GPU placement flags: they join its signature (Typer reads
-    __signature__), and the command receives them parsed, as one `gpu: GpuFlags` argument."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values()
-           if p.name != "gpu"]
-
-    def wrapper(**kw):
-        flags = {p.name: kw.pop(p.name) for p in _GPU_PARAMS}
-        return command(**kw, gpu=_gpu_flags(**flags))
-
-    wrapper.__name__, wrapper.__doc__ = command.__name__, command.__doc__
-    wrapper.__module__, wrapper.__qualname__ = command.__module__, command.__qualname__
-    wrapper.__signature__ = inspect.Signature(own + _GPU_PARAMS)  # type: ignore[attr-defined]
-    return wrapper
+GPU_FLAGS = Group(_gpu_flags)

@@ -11,22 +11,18 @@ from typing import Annotated
 
 import typer
 
+from specli import config
 from specli.cli import options as o
 from specli.cli.console import err, spinner
+from specli.config import SamplingParams
 from specli.errors import SpecliError, UsageError
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
 
 
-@o.gpu_flags
+@o.grouped
 def run(
-    model: o.Model = None,
-    model_draft: o.ModelDraft = None,
-    hf_repo: o.HfRepo = None,
-    hf_file: o.HfFile = None,
-    hf_repo_draft: o.HfRepoDraft = None,
-    hf_file_draft: o.HfFileDraft = None,
-    hf_token: o.HfToken = None,
+    models: o.ModelFiles = o.MODEL_FILES,
     prompt: Annotated[str | None, typer.Option(
         "-p", "--prompt", help="Prompt text. Default: a built-in chat prompt.",
         rich_help_panel="Input", show_default=False)] = None,
@@ -39,90 +35,41 @@ def run(
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", "--predict", help="Tokens to generate; -1 until end of generation "
         "or full context.", envvar="LLAMA_ARG_N_PREDICT",
-        rich_help_panel="Input")] = o.DEFAULTS["n_predict"],
-    spec_type: o.SpecTypeOpt = None,
-    ngram_size_n: o.NgramSizeN = None,
-    ngram_size_m: o.NgramSizeM = None,
-    ngram_min_hits: o.NgramMinHits = None,
-    simple_size_n: o.SimpleSizeN = None,
-    simple_size_m: o.SimpleSizeM = None,
-    simple_min_hits: o.SimpleMinHits = None,
-    map_k_size_n: o.MapKSizeN = None,
-    map_k_size_m: o.MapKSizeM = None,
-    map_k_min_hits: o.MapKMinHits = None,
-    map_k4v_size_n: o.MapK4vSizeN = None,
-    map_k4v_size_m: o.MapK4vSizeM = None,
-    map_k4v_min_hits: o.MapK4vMinHits = None,
-    ngram_mod_n_match: o.NgramModMatch = 24,
-    ngram_mod_n_max: o.NgramModMax = 64,
-    ngram_mod_n_min: o.NgramModMin = 48,
-    lookup_cache_static: o.LookupStatic = None,
-    lookup_cache_dynamic: o.LookupDynamic = None,
-    draft: o.DraftMax = None,
-    draft_min: o.DraftMin = 0,
-    draft_p_min: o.DraftPMin = 0.0,
+        rich_help_panel="Input")] = config.DEFAULT_N_PREDICT,
+    drafting: o.Drafting = o.DRAFTING_FLAGS,
     no_spec: o.NoSpec = False,
     baseline: Annotated[bool, typer.Option(
         "--baseline", help="Also decode with the target alone in this process; print the "
         "speedup.", rich_help_panel=o.OUTPUT)] = False,
-    temp: o.Temp = 0.8,
-    top_k: o.TopK = 40,
-    top_p: o.TopP = 0.95,
-    min_p: o.MinP = 0.05,
-    seed: o.Seed = -1,
-    ctx_size: o.CtxSize = o.DEFAULTS["ctx"],
-    ctx_size_draft: o.CtxSizeDraft = None,
-    n_gpu_layers: o.GpuLayers = 0,
-    n_gpu_layers_draft: o.GpuLayersDraft = 0,
-    threads: o.Threads = o.DEFAULTS["threads"],
-    threads_draft: o.ThreadsDraft = None,
-    threads_batch: o.ThreadsBatch = None,
-    threads_batch_draft: o.ThreadsBatchDraft = None,
-    cache_type_k: o.CacheTypeK = None,
-    cache_type_v: o.CacheTypeV = None,
-    cache_type_k_draft: o.CacheTypeKDraft = None,
-    cache_type_v_draft: o.CacheTypeVDraft = None,
-    flash_attn: o.FlashAttnOpt = o.FlashAttn.auto,
+    sampling: SamplingParams = o.SAMPLING_FLAGS,
+    resources: o.Resources = o.RESOURCE_FLAGS,
+    gpu: o.GpuFlags = o.GPU_FLAGS,
     json_out: o.Json = False,
     verbose: o.Verbose = False,
-    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Generate text with speculative decoding: a draft model proposes, the target verifies.
 
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
-    dp = o.draft_params(draft, draft_min, draft_p_min)
-    sampling = o.sampling(temp, top_k, top_p, min_p, seed)
-    o.check_ranges(n_predict, ctx_size, threads)
-    ngram = o.ngram_params(ngram_size_n, ngram_size_m, ngram_min_hits, simple_size_n,
-                           simple_size_m, simple_min_hits, map_k_size_n, map_k_size_m,
-                           map_k_min_hits, map_k4v_size_n, map_k4v_size_m, map_k4v_min_hits,
-                           ngram_mod_n_match, ngram_mod_n_max, ngram_mod_n_min,
-                           lookup_cache_static, lookup_cache_dynamic)
-    types = o.spec_types(spec_type, lookup_cache_static, lookup_cache_dynamic)
+    o.check_n_predict(n_predict)
     text, chat = _prompt(prompt, file, chat)
+    types = list(drafting.types)
 
-    from specli.cli.download import resolve_models
-
-    model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
-                                        hf_file_draft, hf_token, quiet=json_out)
+    model, model_draft = models.resolve(quiet=json_out)
     if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     if no_spec:
         model_draft, types = None, []
 
-    target_params, draft_params = o.model_params(
-        model, model_draft, ctx=ctx_size, ctx_draft=ctx_size_draft, ngl=n_gpu_layers,
-        ngld=n_gpu_layers_draft, threads=threads, threads_draft=threads_draft,
-        threads_batch=threads_batch, threads_batch_draft=threads_batch_draft, ctk=cache_type_k,
-        ctv=cache_type_v, ctkd=cache_type_k_draft, ctvd=cache_type_v_draft,
-        flash_attn=flash_attn, verbose=verbose, gpu=gpu)
+    target_params, draft_params = resources.model_params(model, model_draft, verbose=verbose,
+                                                         gpu=gpu)
 
     from specli.engine import Engine
 
     with spinner("loading models", json_out):
-        engine = Engine.load(target_params, draft_params, dp, spec_types=types, ngram=ngram)
+        engine = Engine.load(target_params, draft_params, drafting.params, spec_types=types,
+                             ngram=drafting.ngram)
     try:
         if engine.draft is None and not no_spec and not json_out:
             err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

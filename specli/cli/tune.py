@@ -24,15 +24,9 @@ TASKS = ("mixed", "all", "code-completion", "code-generation", "structured", "su
          "chat", "creative")
 
 
-@o.gpu_flags
+@o.grouped
 def tune_draft(
-    model: o.Model = None,
-    model_draft: o.ModelDraft = None,
-    hf_repo: o.HfRepo = None,
-    hf_file: o.HfFile = None,
-    hf_repo_draft: o.HfRepoDraft = None,
-    hf_file_draft: o.HfFileDraft = None,
-    hf_token: o.HfToken = None,
+    models: o.ModelFiles = o.MODEL_FILES,
     drafts: Annotated[str, typer.Option(
         "--draft", "--draft-max", "--spec-draft-n-max", help="Draft lengths to sweep, "
         "comma-separated.", rich_help_panel=SWEEP)] = "4,6,8,10,12,16",
@@ -57,10 +51,8 @@ def tune_draft(
     chat: Annotated[bool, typer.Option(
         "--chat/--no-chat", help="Wrap prompts in the target's chat template.",
         rich_help_panel=SWEEP)] = True,
-    ctx_size: o.CtxSize = o.DEFAULTS["ctx"],
-    n_gpu_layers: o.GpuLayers = 0,
-    n_gpu_layers_draft: o.GpuLayersDraft = 0,
-    threads: o.Threads = o.DEFAULTS["threads"],
+    resources: o.Resources = o.RESOURCE_FLAGS,
+    gpu: o.GpuFlags = o.GPU_FLAGS,
     json_out: o.Json = False,
     csv_out: Annotated[bool, typer.Option(
         "--csv", help="Print the points as CSV on stdout.", rich_help_panel=o.OUTPUT)] = False,
@@ -68,7 +60,6 @@ def tune_draft(
         "--plot", help="Draw speedup against the draft length into a PNG (needs matplotlib: "
         "pip install 'specli[plot]').", rich_help_panel=o.OUTPUT, show_default=False)] = None,
     verbose: o.Verbose = False,
-    gpu: o.GpuFlags | None = None,
 ) -> None:
     """Find the fastest draft setting for this machine and this kind of text.
 
@@ -87,11 +78,8 @@ def tune_draft(
         raise UsageError(f"unknown --task {task!r}", hint="one of " + ", ".join(TASKS))
     if json_out and csv_out:
         raise UsageError("give --json or --csv, not both")
-    from specli.cli.download import resolve_models
-
     quiet = json_out or csv_out
-    model, model_draft = resolve_models(model, model_draft, hf_repo, hf_file, hf_repo_draft,
-                                        hf_file_draft, hf_token, quiet=quiet)
+    model, model_draft = models.resolve(quiet=quiet)
     types = _types(spec_type, model_draft)
     settings = tuning.grid(ks, ps, types)
     texts = _prompts(file, task)
@@ -99,9 +87,7 @@ def tune_draft(
 
     from specli.engine import Engine
 
-    target, draft_model = o.model_params(model, model_draft, ctx=ctx_size, ngl=n_gpu_layers,
-                                         ngld=n_gpu_layers_draft, threads=threads,
-                                         verbose=verbose, gpu=gpu)
+    target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
         engine = Engine.load(target, draft_model,
                              DraftParams(n_max=max(ks)), spec_types=loaded)
