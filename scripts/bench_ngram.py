@@ -109,9 +109,9 @@ def main() -> None:
     def engine(types: list[str], k: int | str, model: bool = False, m: int = 48) -> Engine:
         auto = k == "auto"
         dp = config.DraftParams(n_max=config.DRAFT_AUTO_MAX if auto else int(k), adaptive=auto)
-        sources = ngram_drafts(types, config.NgramParams(size_m=m), tgt.n_vocab, dp.n_max)
+        sources = ngram_drafts(types, config.NgramParams(size_m=m), tgt.n_vocab)
         if model:
-            sources.append(ModelDraft(dm, n_vocab_target=tgt.n_vocab, n_max=dp.n_max))
+            sources.append(ModelDraft(dm, n_vocab_target=tgt.n_vocab))
         return Engine(tgt, combine(sources, auto), dp)
 
     # (types, --draft, draft model?, ngram-simple's m); the n-gram types run with llama.cpp's

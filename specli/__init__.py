@@ -11,12 +11,13 @@ import sys  # noqa: E402
 if sys.orig_argv[1:3] != ["-m", "specli.netguard"]:
     from specli import backend as _backend  # noqa: E402, F401
 
-from specli.config import DraftParams, ModelParams, SamplingParams  # noqa: E402
+from specli.config import DraftParams, DraftPolicy, ModelParams, SamplingParams  # noqa: E402
 from specli.errors import SpecliError  # noqa: E402
 from specli.stats import Stats, format_llama  # noqa: E402
 
 __all__ = [
     "DraftParams",
+    "DraftPolicy",
     "Engine",
     "ModelParams",
     "SamplingParams",

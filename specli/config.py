@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
@@ -31,19 +31,6 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class DraftParams:
-    """How much to draft per step (llama.cpp's --draft-max/--draft-min/--draft-p-min).
-    n_max caps the draft model and ngram-cache; the other n-gram types draft up to their own m
-    unless cap_ngram (--draft given explicitly). adaptive: --draft auto, k chosen each step."""
-
-    n_max: int = DEFAULT_DRAFT_MAX
-    n_min: int = 0
-    p_min: float = 0.0
-    adaptive: bool = False
-    cap_ngram: bool = False
-
-
-@dataclass(frozen=True)
 class SpecRequest:
     """One request's own speculative settings (the server's `speculative` object); None keeps
     the engine's. types: --spec-type names (the draft model drafts only if draft-simple is
@@ -53,6 +40,46 @@ class SpecRequest:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+
+
+@dataclass(frozen=True)
+class DraftPolicy:
+    """How much to draft (llama.cpp's --draft-max/--draft-min/--draft-p-min), decided once per
+    step: the engine's settings with a request's own on top (`overlay`). n_max caps the draft
+    model and ngram-cache; the other n-gram types draft up to their own m unless cap_ngram
+    (--draft given explicitly). limit: a request's own n_max, which caps every source.
+    adaptive: --draft auto, k chosen each step."""
+
+    n_max: int = DEFAULT_DRAFT_MAX
+    n_min: int = 0
+    p_min: float = 0.0
+    adaptive: bool = False
+    cap_ngram: bool = False
+    limit: int | None = None
+
+    def overlay(self, request: SpecRequest | None) -> DraftPolicy:
+        """This policy with a request's own n_min, p_min and n_max (as the limit) on top."""
+        if request is None:
+            return self
+        return replace(
+            self, n_min=self.n_min if request.n_min is None else request.n_min,
+            p_min=self.p_min if request.p_min is None else request.p_min,
+            limit=self.limit if request.n_max is None else request.n_max)
+
+    def k_for(self, source: object, k: int) -> int:
+        """The most tokens `source` drafts in a step that can take k: --draft caps it unless
+        it drafts to its own length (`own_length`: the n-gram types that have an m)."""
+        if self.cap_ngram or not getattr(source, "own_length", False):
+            return min(k, self.n_max)
+        return k
+
+    @property
+    def n_draft(self) -> int:
+        """The configured k, as the statistics report it."""
+        return min(self.n_max, self.limit) if self.limit is not None else self.n_max
+
+
+DraftParams = DraftPolicy  # its name before the policy was one object (the public API keeps it)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import codecs
 import secrets
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,9 +19,8 @@ import numpy as np
 from specli import pairing
 from specli.backend import Gate, Model, SharedContext, check_placement
 from specli.config import (
-    DEFAULT_DRAFT_MAX,
     SPEC_TYPES,
-    DraftParams,
+    DraftPolicy,
     ModelParams,
     NgramParams,
     SamplingParams,
@@ -28,7 +28,6 @@ from specli.config import (
 )
 from specli.drafts import (
     Adaptive,
-    Capped,
     Chain,
     DraftSource,
     ModelDraft,
@@ -63,22 +62,22 @@ class Completion:
 
 class Engine:
     def __init__(self, target: Model, draft: DraftSource | None = None,
-                 draft_params: DraftParams | None = None, ngram: NgramParams | None = None):
+                 draft_params: DraftPolicy | None = None, ngram: NgramParams | None = None):
         self.target = target
         self.draft = draft
-        self.draft_params = draft_params or DraftParams()
+        self.draft_params = draft_params or DraftPolicy()
         self.ngram = ngram or NgramParams()
         self._sources: dict[tuple[str, ...], DraftSource | None] = {}  # per-request types
 
     @classmethod
     def load(cls, target: ModelParams, draft: ModelParams | None = None,
-             draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
+             draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
              ngram: NgramParams | None = None) -> Engine:
         """Check the pair from GGUF metadata first (refuse before loading weights), then load.
 
         spec_types: llama.cpp's --spec-type names; n-gram types take precedence over the draft
         model, which is used whenever `draft` is given."""
-        draft_params = draft_params or DraftParams()
+        draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
         n_vocab = check_files(target, draft, spec_types)
         t = Model(target)
@@ -97,13 +96,13 @@ class Engine:
 
     @classmethod
     def load_slots(cls, n: int, target: ModelParams, draft: ModelParams | None = None,
-                   draft_params: DraftParams | None = None, spec_types: Sequence[str] = (),
+                   draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
                    ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
         """n engines (server slots) over one target context and one draft context, a sequence
         each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
         engines and the shared contexts, which the caller closes. A generation on a slot runs
         between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
-        draft_params = draft_params or DraftParams()
+        draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
         n_vocab = check_files(target, draft, spec_types)
         gate = Gate()
@@ -121,13 +120,11 @@ class Engine:
         return engines, shared
 
     @classmethod
-    def _assemble(cls, t: Model, dm: Model | None, draft_params: DraftParams,
+    def _assemble(cls, t: Model, dm: Model | None, draft_params: DraftPolicy,
                   spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None) -> Engine:
-        sources = ngram_drafts(spec_types, ngram, n_vocab, draft_params.n_max,
-                               cap=draft_params.cap_ngram)
+        sources = ngram_drafts(spec_types, ngram, n_vocab)
         if dm is not None:
-            sources.append(ModelDraft(dm, draft_params.p_min, n_vocab_target=t.n_vocab,
-                                      n_max=draft_params.n_max))
+            sources.append(ModelDraft(dm, n_vocab_target=t.n_vocab))
         source = combine(sources, draft_params.adaptive, draft_params.n_min)
         engine = cls(t, source, draft_params, ngram)
         engine._sources[spec_key([*spec_types, *(["draft-simple"] if dm else [])])] = source
@@ -139,28 +136,26 @@ class Engine:
         loaded, is shared. UsageError for a type this engine cannot serve."""
         key = spec_key(spec_types)
         if key not in self._sources:
-            dm = self.model_draft
+            dm = self.draft_model
             if "draft-simple" in key and dm is None:
                 raise UsageError("speculative type draft-simple needs a draft model",
                                  hint="start the server with -md")
-            p = self.draft_params
-            sources = ngram_drafts(key, self.ngram, self.target.n_vocab, p.n_max,
-                                   cap=p.cap_ngram)
-            self._sources[key] = combine(
-                [*sources, *([dm] if dm is not None and "draft-simple" in key else [])],
-                p.adaptive, p.n_min)
+            sources = ngram_drafts(key, self.ngram, self.target.n_vocab)
+            if dm is not None and "draft-simple" in key:
+                sources.append(ModelDraft(dm, n_vocab_target=self.target.n_vocab))
+            self._sources[key] = combine(sources, self.draft_params.adaptive,
+                                         self.draft_params.n_min)
         return self._sources[key]
 
     @property
-    def model_draft(self) -> ModelDraft | None:
-        """The draft model's source, whichever types the engine was loaded with."""
-        return _model_source(self.draft)
+    def draft_model(self) -> Model | None:
+        """The draft model, whichever types the engine was loaded with."""
+        return self.draft.model if self.draft is not None else None
 
     def close(self) -> None:
         self.target.close()
-        dm = _model_draft(self.draft)
-        if dm is not None:
-            dm.close()
+        if self.draft_model is not None:
+            self.draft_model.close()
 
     # -- prompt -----------------------------------------------------------------------------
     def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
@@ -187,107 +182,84 @@ class Engine:
         n_predict < 0 means until an end-of-generation token or a full context. spec: this
         request's own draft types and lengths (the server's `speculative` object).
         """
-        tgt = self.target
-        spec = spec or SpecRequest()
-        draft = None
-        if speculative:
-            draft = self.draft if spec.types is None else self.source_for(spec.types)
-        n_cap = spec.n_max if spec.n_max is not None else tgt.n_ctx
-        n_min = max(spec.n_min if spec.n_min is not None else self.draft_params.n_min, 1)
-        if not prompt:
-            raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
-        if len(prompt) >= tgt.n_ctx:
-            raise ContextOverflowError(
-                f"prompt is {len(prompt)} tokens, the context holds {tgt.n_ctx}",
-                hint="raise -c/--ctx-size or shorten the prompt")
+        tgt, policy = self.target, self.draft_params.overlay(spec)
+        draft = self._source(spec) if speculative else None
+        self._check(prompt)
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
-        stats.n_draft = min(self.draft_params.n_max, n_cap) if draft else 0
-        stats.n_prompt = len(prompt)
-        stats.target = ModelPerf(load_ms=tgt.load_ms)
-        dm = _model_draft(draft)
-        if dm is not None:
-            stats.draft = ModelPerf(load_ms=dm.load_ms)
-        md = self.model_draft if dm is not None else None
-        p_min = md.p_min if md is not None else 0.0
-
-        t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
-        tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
-        if draft:
-            draft.begin(prompt)
-        stats.t_encode_s = time.perf_counter() - t0
-        for perf, m, m0 in ((stats.target, tgt, tgt0), (stats.draft, dm, dm0)):
-            if perf is not None:
-                secs, _, tokens = _since(m, m0)
-                perf.prompt_ms, perf.prompt_n = 1e3 * secs, tokens
-
+        stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
+        meter = _Meter(stats, tgt, draft.model if draft else None)
+        with meter.prompt():
+            tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
+            if draft:
+                draft.begin(prompt)
         context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
-        n_past = len(prompt) - 1
         n_left = n_predict if n_predict >= 0 else tgt.n_ctx
-        t0, tgt0, dm0 = time.perf_counter(), _usage(tgt), _usage(dm)
         stats.finish_reason = "length"
-        if md is not None and spec.p_min is not None:
-            md.p_min = spec.p_min  # this engine serves one request at a time: restored below
-        try:
-            while n_left > 0 and n_past < tgt.n_ctx:
-                # draft at most what the budget, the context and one target batch can take;
-                # each source applies its own cap (--draft, an n-gram type's m)
-                k = min(n_left - 1, tgt.n_ctx - n_past - 1, tgt.n_batch - 1, n_cap) \
-                    if draft else 0
-                proposal, n_acc, token = self._step(draft, context, n_past, k, n_min, sp, rng)
-                if proposal.tokens:
-                    stats.record_step(len(proposal.tokens), n_acc, proposal.source)
-                    draft.observe(n_acc)  # 5. observe: where adaptive draft lengths live
-                n_past += 1 + n_acc
-                for i, t in enumerate([*proposal.tokens[:n_acc], token]):
-                    if tgt.is_eog(t):
+        with meter.decode():
+            try:
+                while n_left > 0 and len(context) <= tgt.n_ctx:
+                    # draft at most what the budget, the context and one batch can take
+                    k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
+                            policy.limit or tgt.n_ctx) if draft else 0
+                    tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
+                                                        stats)
+                    for i, t in enumerate(tokens):
+                        context.append(t)
+                        stats.n_predict += 1
+                        n_left -= 1
+                        yield t, i < n_drafted
+                    if eog:
                         stats.finish_reason = "stop"
                         return
-                    context.append(t)
-                    stats.n_predict += 1
-                    n_left -= 1
-                    yield t, i < n_acc
-        finally:
-            if md is not None:
-                md.p_min = p_min
-            if draft:
-                draft.end()
-            stats.t_decode_s = time.perf_counter() - t0
-            stats.t_target_decode_s, stats.target.eval_runs, stats.target.eval_n = \
-                _since(tgt, tgt0)
-            stats.target.eval_ms = 1e3 * stats.t_target_decode_s
-            if dm is not None:
-                stats.t_draft_decode_s, stats.draft.eval_runs, stats.draft.eval_n = \
-                    _since(dm, dm0)
-                stats.draft.eval_ms = 1e3 * stats.t_draft_decode_s
+            finally:
+                if draft:
+                    draft.end()
 
-    def _step(self, draft: DraftSource | None, context: list[int], n_past: int, k: int,
-              n_min: int, sp: SamplingParams,
-              rng: np.random.Generator) -> tuple[Proposal, int, int]:
-        """One speculative step: (proposal, accepted count, next token). Whatever happens,
-        both caches end at a committed length: the accepted prefix on success, the previous
-        one on an exception (a failed decode, a closed stream)."""
-        n_keep = n_past
+    def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
+              sp: SamplingParams, rng: np.random.Generator,
+              stats: Stats) -> tuple[list[int], int, bool]:
+        """One speculative step: (tokens to emit, how many of them the draft proposed, whether
+        the target ended the generation). Whatever happens, both caches end at a committed
+        length: the accepted prefix on success, the previous one on an exception (a failed
+        decode, a closed stream)."""
+        n_past = n_keep = len(context) - 1
+        n_min = max(policy.n_min, 1)
         try:
             # 1. propose; a draft shorter than --draft-min is not worth a verification
-            proposal = draft.propose(context, k, sp, rng) if draft and k >= n_min else Proposal()
-            if len(proposal.tokens) < n_min:
-                proposal = Proposal()
+            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy)
+                        if draft and k >= n_min else Proposal())
+            drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
             # 2. verify: one target decode of [last token, *draft], a logits row per token
-            rows = self.target.decode([context[-1], *proposal.tokens], logits="all")
+            rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            n_acc, token = verify(proposal.tokens, proposal.q, rows.__getitem__, sp, rng)
-            for j in range(n_acc):
-                if self.target.is_eog(proposal.tokens[j]):
-                    n_acc, token = j, proposal.tokens[j]
-                    break
+            n_acc, token = verify(drafted, proposal.q if drafted else None, rows.__getitem__,
+                                  sp, rng)
+            n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
+                                 if self.target.is_eog(t)), (n_acc, token))
             n_keep = n_past + 1 + n_acc
-            return proposal, n_acc, token
         finally:
             # 4. rewind both caches past the first rejection
             self.target.rewind(n_keep)
             if draft:
                 draft.rewind(n_keep)
+        # 5. observe: where adaptive draft lengths live
+        if drafted:
+            stats.record_step(len(drafted), n_acc, proposal.source)
+            draft.observe(n_acc)
+        eog = self.target.is_eog(token)
+        return drafted[:n_acc] + ([] if eog else [token]), n_acc, eog
+
+    def _source(self, spec: SpecRequest | None) -> DraftSource | None:
+        return self.draft if spec is None or spec.types is None else self.source_for(spec.types)
+
+    def _check(self, prompt: Sequence[int]) -> None:
+        if not prompt:
+            raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
+        if len(prompt) >= self.target.n_ctx:
+            raise ContextOverflowError(
+                f"prompt is {len(prompt)} tokens, the context holds {self.target.n_ctx}",
+                hint="raise -c/--ctx-size or shorten the prompt")
 
     # -- layer 2: text ----------------------------------------------------------------------
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
@@ -334,12 +306,12 @@ def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
     return tuple(t for t in SPEC_TYPES if t in spec_types)
 
 
-def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None = None,
-                 n_draft: int = DEFAULT_DRAFT_MAX, cap: bool = False) -> list[DraftSource]:
+def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
+                 n_vocab: int | None = None) -> list[DraftSource]:
     """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
-    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod), or n_draft with `cap`;
-    ngram-cache, like llama-lookup, up to n_draft. Lookup-cache files are read here, token
-    ids checked against n_vocab (the target's)."""
+    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod) and ngram-cache, like
+    llama-lookup, up to --draft: the step's DraftPolicy decides (k_for). Lookup-cache files
+    are read here, token ids checked against n_vocab (the target's)."""
     unknown = set(spec_types) - set(SPEC_TYPES)
     if unknown:
         raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
@@ -355,11 +327,8 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | N
                                 ngram.map_k4v_min_hits, key_only=False))
     if "ngram-mod" in spec_types:
         sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
-    if cap:
-        sources = [Capped(s, n_draft) for s in sources]
     if "ngram-cache" in spec_types:
-        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab,
-                                             n_draft))
+        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab))
     return sources
 
 
@@ -375,18 +344,39 @@ def combine(sources: Sequence[DraftSource], adaptive: bool = False,
     return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
 
 
-def _model_draft(draft: DraftSource | None) -> Model | None:
-    """The draft model's backend, if a model drafts (alone or in a chain)."""
-    src = _model_source(draft)
-    return src.model if src is not None else None
+class _Meter:
+    """Wall-clock buckets per model, for the prompt and for the generation: the seconds inside
+    each model's decodes, its decode calls and tokens (llama_perf_context would bill one
+    context's work to the other when two are interleaved)."""
 
+    def __init__(self, stats: Stats, target: Model, draft: Model | None):
+        stats.target = ModelPerf(load_ms=target.load_ms)
+        stats.draft = ModelPerf(load_ms=draft.load_ms) if draft is not None else None
+        self.stats = stats
+        self.models = [(target, stats.target)] + ([(draft, stats.draft)] if draft else [])
 
-def _model_source(draft: DraftSource | None) -> ModelDraft | None:
-    for s in draft.sources if isinstance(draft, Chain) else [draft]:
-        s = s.source if isinstance(s, Adaptive) else s
-        if isinstance(s, ModelDraft):
-            return s
-    return None
+    @contextmanager
+    def prompt(self) -> Iterator[None]:
+        t0, before = time.perf_counter(), [_usage(m) for m, _ in self.models]
+        yield
+        self.stats.t_encode_s = time.perf_counter() - t0
+        for (m, perf), b in zip(self.models, before, strict=True):
+            secs, _, perf.prompt_n = _since(m, b)
+            perf.prompt_ms = 1e3 * secs
+
+    @contextmanager
+    def decode(self) -> Iterator[None]:
+        t0, before = time.perf_counter(), [_usage(m) for m, _ in self.models]
+        try:
+            yield
+        finally:
+            s = self.stats
+            s.t_decode_s = time.perf_counter() - t0
+            for (m, perf), b in zip(self.models, before, strict=True):
+                secs, perf.eval_runs, perf.eval_n = _since(m, b)
+                perf.eval_ms = 1e3 * secs
+            s.t_target_decode_s = s.target.eval_ms / 1e3
+            s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
 
 
 def _usage(m: Model | None) -> tuple[float, int, int]:

@@ -268,7 +268,7 @@ def measure_costs(engine, prompt: Sequence[int], k_max: int, repeat: int = 3) ->
     """Time target decodes of 1..k_max+1 tokens and single draft decodes after `prompt`,
     rewinding after each: the inputs of the cost model."""
     tgt = engine.target
-    dm = engine.model_draft.model if engine.model_draft is not None else None
+    dm = engine.draft_model
     tgt.sync(prompt)
     base = len(tgt.tokens)
     filler = list(prompt[-1:]) * (k_max + 1)

@@ -16,6 +16,7 @@ class Echo:
     """Proposes k copies of a token; records the k it was asked for."""
 
     name = "echo"
+    own_length, model = False, None
 
     def __init__(self):
         self.asked: list[int] = []
@@ -24,7 +25,7 @@ class Echo:
     def begin(self, prompt):
         pass
 
-    def propose(self, context, k, sp, rng):
+    def propose(self, context, k, sp, rng, policy=None):
         self.asked.append(k)
         return Proposal([7] * k, source=self.name)
 

@@ -75,7 +75,7 @@ def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q)
 
 
 def test_self_speculation_accepts_every_drafted_token(f32):
-    e = Engine(Model(ModelParams(f32)), ModelDraft(Model(ModelParams(f32)), n_max=K),
+    e = Engine(Model(ModelParams(f32)), ModelDraft(Model(ModelParams(f32))),
                DraftParams(n_max=K))
     try:
         out = e.complete(e.tokenize(PROMPTS[0], chat=True), 96, GREEDY)

@@ -113,10 +113,9 @@ def engines(f32, q4_1):
     made = {}
     for kind, (types, extra, with_model, auto) in KINDS.items():
         dp = DraftParams(n_max=DRAFT_AUTO_MAX, adaptive=True) if auto else DraftParams()
-        sources = ngram_drafts(types, NgramParams(**extra), target.n_vocab, dp.n_max)
+        sources = ngram_drafts(types, NgramParams(**extra), target.n_vocab)
         if with_model:
-            sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab,
-                                      n_max=dp.n_max))
+            sources.append(ModelDraft(draft_model, n_vocab_target=target.n_vocab))
         made[kind] = Engine(target, combine(sources, auto), dp)
     yield made
     target.close()

@@ -343,7 +343,7 @@ def test_an_offloaded_draft_decodes_one_token_at_a_time(f16, q4_1):
         e = Engine.load(ModelParams(f16, n_ctx=1024, n_threads=2),
                         ModelParams(q4_1, n_ctx=1024, n_threads=2), DraftParams(n_max=4))
         try:
-            dm = e.model_draft.model
+            dm = e.draft_model
             dm.offloaded = offloaded
             sizes, decode = [], dm.decode
 

@@ -155,7 +155,7 @@ class Drafting:
     n-gram settings."""
 
     types: tuple[str, ...] = ()
-    params: config.DraftParams = config.DraftParams()
+    params: config.DraftPolicy = config.DraftPolicy()
     ngram: config.NgramParams = config.NgramParams()
 
 
@@ -230,12 +230,12 @@ def _drafting_flags(
         "--draft-min", "--spec-draft-n-min", "--draft-n-min",
         help="A draft shorter than this is not verified.",
         envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
-        rich_help_panel=DRAFTING)] = config.DraftParams.n_min,
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_min,
     draft_p_min: Annotated[float, typer.Option(
         "--draft-p-min", "--spec-draft-p-min",
         help="Stop drafting when the draft's top probability falls below this.",
         envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
-        rich_help_panel=DRAFTING)] = config.DraftParams.p_min,
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_min,
 ) -> Drafting:
     """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
     params = draft_params(draft, draft_min, draft_p_min)
@@ -456,7 +456,7 @@ def spec_types(value: str | None, lookup_static: str | None = None,
     return types
 
 
-def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.DraftParams:
+def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.DraftPolicy:
     """--draft (K or auto), --draft-min and --draft-p-min, checked. An explicit K also caps the
     n-gram types' own lengths."""
     k, adaptive = parse_draft(draft if draft is not None else str(config.DEFAULT_DRAFT_MAX))
@@ -464,7 +464,7 @@ def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.Draf
         raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
     if not 0.0 <= p_min <= 1.0:
         raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
-    return config.DraftParams(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
+    return config.DraftPolicy(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
                               cap_ngram=draft is not None and not adaptive)
 
 

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from specli.cli import options as o
 from specli.cli.console import err, out, spinner
-from specli.config import DraftParams
+from specli.config import DraftPolicy
 from specli.errors import SpecliError, UsageError
 
 SWEEP = "Sweep"
@@ -90,7 +90,7 @@ def tune_draft(
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
         engine = Engine.load(target, draft_model,
-                             DraftParams(n_max=max(ks)), spec_types=loaded)
+                             DraftPolicy(n_max=max(ks)), spec_types=loaded)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
         with _progress(len(settings) + 1, repeat, quiet) as advance:

@@ -3,11 +3,11 @@
 from specli.config import SPEC_TYPES
 from specli.drafts.adaptive import Adaptive, VerifyCost
 from specli.drafts.base import DraftSource, Proposal
-from specli.drafts.chain import Capped, Chain
+from specli.drafts.chain import Chain
 from specli.drafts.lookup import NgramCache
 from specli.drafts.model import ModelDraft
 from specli.drafts.ngram import NgramMod, NgramSimple
 from specli.drafts.ngram_map import NgramMap
 
-__all__ = ["SPEC_TYPES", "Adaptive", "Capped", "Chain", "DraftSource", "ModelDraft", "NgramCache",
+__all__ = ["SPEC_TYPES", "Adaptive", "Chain", "DraftSource", "ModelDraft", "NgramCache",
            "NgramMap", "NgramMod", "NgramSimple", "Proposal", "VerifyCost"]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specli.config import DRAFT_AUTO_MAX, SamplingParams
+from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
 from specli.drafts.base import DraftSource, Proposal
 
 DECAY = 0.95  # weight of the past per observation: about the last 20 steps count
@@ -68,7 +68,8 @@ class Adaptive:
         self.n_min = n_min  # --draft-min: a shorter draft is discarded, and nothing is learnt
         self.prior = prior  # per-token acceptance assumed before any is measured
         self._clock = clock
-        self.name = source.name
+        self.name, self.own_length = source.name, source.own_length
+        self.model = source.model
         self.cost = cost
         # decayed counts per draft position j (index j): steps that drafted j with 1..j-1
         # accepted, and steps that also had j accepted
@@ -116,10 +117,10 @@ class Adaptive:
         self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         self.k = self.best_k(k)
         t0 = self._clock()
-        p = self.source.propose(context, self.k, sp, rng)
+        p = self.source.propose(context, self.k, sp, rng, policy)
         t1 = self._clock()
         if p.tokens:
             self._t_token = DECAY * self._t_token + (1 - DECAY) * (t1 - t0) / len(p.tokens)

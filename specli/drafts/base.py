@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.verify import Dist
+
+if TYPE_CHECKING:
+    from specli.backend import Model
 
 
 @dataclass
@@ -26,13 +29,16 @@ class DraftSource(Protocol):
     """Anything that proposes tokens: a draft model, an n-gram table, a chain of them."""
 
     name: str
+    own_length: bool  # drafts up to a length of its own (an n-gram type's m), not --draft
+    model: Model | None  # the draft model it decodes with, if any (for timing)
 
     def begin(self, prompt: Sequence[int]) -> None:
         """A new generation starts from `prompt` (its last token is not yet verified)."""
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        """Propose up to k tokens to follow `context` (all committed tokens)."""
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+        """Propose up to k tokens to follow `context` (all committed tokens). policy: this
+        step's (p_min for a draft model; a chain gives each source its own k from it)."""
 
     def rewind(self, n_keep: int) -> None:
         """Forget any state past the first n_keep tokens of the context."""

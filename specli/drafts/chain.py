@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import DraftSource, Proposal
 
 
@@ -16,9 +16,11 @@ class Chain:
     it missed the next time it is asked (a model draft feeds them in one batch)."""
 
     name = "hybrid"
+    own_length = True  # each source gets its own k from the policy
 
     def __init__(self, sources: Sequence[DraftSource]):
         self.sources = list(sources)
+        self.model = next((s.model for s in self.sources if s.model is not None), None)
         self._last: DraftSource | None = None  # the source of the last proposal
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -26,10 +28,11 @@ class Chain:
             s.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         self._last = None
+        policy = policy or DraftPolicy()
         for s in self.sources:
-            p = s.propose(context, k, sp, rng)
+            p = s.propose(context, policy.k_for(s, k), sp, rng, policy)
             if p.tokens:
                 self._last = s
                 return p
@@ -46,27 +49,3 @@ class Chain:
     def end(self) -> None:
         for s in self.sources:
             s.end()
-
-
-class Capped:
-    """A source asked for at most n_max tokens per step: `--draft K` given explicitly on an
-    n-gram type, which otherwise drafts up to its own m, as in llama.cpp."""
-
-    def __init__(self, source: DraftSource, n_max: int):
-        self.source, self.n_max, self.name = source, n_max, source.name
-
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.source.begin(prompt)
-
-    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
-        return self.source.propose(context, min(k, self.n_max), sp, rng)
-
-    def rewind(self, n_keep: int) -> None:
-        self.source.rewind(n_keep)
-
-    def observe(self, n_accepted: int) -> None:
-        self.source.observe(n_accepted)
-
-    def end(self) -> None:
-        self.source.end()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 from specli.errors import SpecliError
 
@@ -239,10 +239,11 @@ class NgramCache:
     written back (atomically) when it came from a file."""
 
     name = "ngram-cache"
+    own_length = False  # llama-lookup drafts up to --draft tokens
+    model = None
 
     def __init__(self, static: Cache | None = None, dynamic: Cache | None = None,
-                 dynamic_path: str | os.PathLike | None = None, n_draft: int = 8):
-        self.n_draft = n_draft  # llama-lookup drafts up to --draft tokens
+                 dynamic_path: str | os.PathLike | None = None):
         self.static = static or {}
         self.dynamic = dynamic or {}
         self.dynamic_path = dynamic_path
@@ -252,14 +253,14 @@ class NgramCache:
     @classmethod
     def from_files(cls, static_path: str | os.PathLike | None,
                    dynamic_path: str | os.PathLike | None,
-                   n_vocab: int | None = None, n_draft: int = 8) -> NgramCache:
+                   n_vocab: int | None = None) -> NgramCache:
         static = load(static_path, n_vocab) if static_path else {}
         # like llama-lookup: a dynamic cache that does not exist yet is created at the end
         dynamic = (load(dynamic_path, n_vocab) if dynamic_path and Path(dynamic_path).exists()
                    else {})
         if dynamic_path and not Path(dynamic_path).parent.is_dir():
             raise LookupCacheError(f"cannot write lookup cache {dynamic_path}: no such directory")
-        return cls(static, dynamic, dynamic_path, n_draft)
+        return cls(static, dynamic, dynamic_path)
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.context = {}
@@ -271,9 +272,9 @@ class NgramCache:
         self._n_seen = len(tokens)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         self._learn(context)
-        tokens = draft(context, min(k, self.n_draft), self.context, self.dynamic, self.static)
+        tokens = draft(context, k, self.context, self.dynamic, self.static)
         return Proposal(tokens, source=self.name)
 
     def rewind(self, n_keep: int) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from specli.backend import Model
-from specli.config import DEFAULT_DRAFT_MAX, SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
+
+if TYPE_CHECKING:
+    from specli.backend import Model
 from specli.verify import sampling_dist
 
 # llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
@@ -24,12 +27,10 @@ class ModelDraft:
     """
 
     name = "draft"
+    own_length = False  # --draft caps it
 
-    def __init__(self, model: Model, p_min: float = 0.0, n_vocab_target: int | None = None,
-                 n_max: int = DEFAULT_DRAFT_MAX):
+    def __init__(self, model: Model, n_vocab_target: int | None = None):
         self.model = model
-        self.p_min = p_min
-        self.n_max = n_max  # --draft
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
         # ids the target does not have
         self.n_vocab = min(model.n_vocab, n_vocab_target or model.n_vocab)
@@ -41,9 +42,10 @@ class ModelDraft:
         self.model.sync(prompt[:-1])
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         m = self.model
-        k = min(k, self.n_max, m.n_ctx - len(context))  # the draft's context may be smaller
+        p_min = policy.p_min if policy is not None else 0.0
+        k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
         if k <= 0:
             return Proposal()
         n_have = len(m.tokens)
@@ -61,11 +63,11 @@ class ModelDraft:
         while True:
             if sp.greedy:
                 token = int(np.argmax(logits))
-                if self.p_min > 0.0 and _top_p(logits) < self.p_min:
+                if p_min > 0.0 and _top_p(logits) < p_min:
                     break
             else:
                 q = sampling_dist(logits, sp)
-                if q.probs[0] < self.p_min:
+                if q.probs[0] < p_min:
                     break
                 token = q.sample(rng)
                 out.q.append(q)

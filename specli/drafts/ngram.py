@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 
 
@@ -21,6 +21,7 @@ class NgramSimple:
     """
 
     name = "ngram-simple"
+    own_length, model = True, None  # drafts up to its m
 
     def __init__(self, size_n: int = 12, size_m: int = 48):
         self.size_n, self.size_m = size_n, size_m
@@ -32,7 +33,7 @@ class NgramSimple:
         self._indexed = 1
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         n, m = self.size_n, self.size_m
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len <= n + m + 1:
@@ -75,6 +76,7 @@ class NgramMod:
     """
 
     name = "ngram-mod"
+    own_length, model = True, None  # drafts up to its n_max
     POOL_SIZE = 4 * 1024 * 1024
     EMPTY = -1
 
@@ -115,7 +117,7 @@ class NgramMod:
             self.reset()
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         n = self.n
         self._n_draft_last = 0
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token

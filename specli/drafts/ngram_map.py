@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specli.config import SamplingParams
+from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations remembered per key
@@ -45,6 +45,8 @@ class NgramMap:
     need not be the value it chose), and a draft that k cut short and the target accepted whole
     does not shrink the value's memory (llama.cpp never cuts n-gram drafts).
     """
+
+    own_length, model = True, None  # drafts up to its m
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1,
                  key_only: bool = True):
@@ -97,7 +99,7 @@ class NgramMap:
         self._last = None
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
         self._last = None
         self._history = context
         n, m = self.n, self.m

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from specli import __version__
 from specli.config import (
     SPEC_TYPES,
-    DraftParams,
+    DraftPolicy,
     ModelParams,
     NgramParams,
     SamplingParams,
@@ -54,7 +54,7 @@ class ServerConfig:
 
     target: ModelParams
     draft: ModelParams | None = None
-    draft_params: DraftParams = field(default_factory=DraftParams)
+    draft_params: DraftPolicy = field(default_factory=DraftPolicy)
     spec_types: tuple[str, ...] = ()
     ngram: NgramParams = field(default_factory=NgramParams)
     sampling: SamplingParams = field(default_factory=SamplingParams)
