@@ -15,8 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import llama_cpp as ll
 import numpy as np
@@ -252,14 +251,27 @@ class Tokenizer:
 
 
 class Model:
-    """One GGUF model, one context, one sequence (seq 0); a SharedContext's base model holds
-    n_seq_max sequences."""
+    """One GGUF model, one context, one sequence. A context may hold n_seq_max sequences (a
+    server's slots, batching.SharedContext): `share` makes a Model for sequence `seq` of
+    another Model's context, with its own tokens and timings, that frees nothing on close."""
 
-    seq = 0  # the sequence id this model's tokens live in
-
-    def __init__(self, params: ModelParams, n_seq_max: int = 1):
+    def __init__(self, params: ModelParams, n_seq_max: int = 1, *, share: Model | None = None,
+                 seq: int = 0):
+        self.params, self.seq = params, seq  # the sequence id this model's tokens live in
+        self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
+        self.t_decode_s = 0.0  # wall time inside llama_decode (and the wait for the device)
+        self.n_decode_calls = 0
+        self.n_decode_tokens = 0
+        self._local = threading.local()
+        self._owner = share is None
+        if share is not None:
+            self._model, self._ctx, self._vocab, self._mem = (share._model, share._ctx,
+                                                              share._vocab, share._mem)
+            self._batch = None  # its decodes go through whoever owns the context
+            self.load_ms, self.offloaded = share.load_ms, share.offloaded
+            self.n_vocab, self.n_batch, self.n_ctx = share.n_vocab, share.n_batch, share.n_ctx_seq
+            return
         _check_gguf(params.path)
-        self.params = params
         set_verbose(params.verbose)
         t0 = time.perf_counter()
         mp = ll.llama_model_default_params()
@@ -302,11 +314,6 @@ class Model:
         self.offloaded = (supports_gpu_offload() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
-        self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
-        self.t_decode_s = 0.0  # wall time inside llama_decode
-        self.n_decode_calls = 0
-        self.n_decode_tokens = 0
-        self._local = threading.local()
 
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -345,7 +352,7 @@ class Model:
         """
         n_out = self._plan(tokens, logits)
         try:
-            secs, calls = self._decode_chunked(tokens, len(self.tokens), self.seq, n_out)
+            secs, calls = self.decode_chunked(tokens, len(self.tokens), self.seq, n_out)
         except BackendError:
             self._truncate(len(self.tokens))  # drop what a failed chunk left in the cache
             raise
@@ -353,7 +360,7 @@ class Model:
         self.n_decode_calls += calls
         self.n_decode_tokens += len(tokens)
         self.tokens.extend(tokens)
-        return self._rows(n_out)
+        return self.rows(n_out)
 
     def _plan(self, tokens: Sequence[int], logits: str | int) -> int:
         """The number of logits rows a decode returns, after checking that it can run."""
@@ -371,20 +378,20 @@ class Model:
                                f"larger than n_batch {self.n_batch}")
         return n_out
 
-    def _decode_chunked(self, tokens: Sequence[int], pos0: int, seq: int,
+    def decode_chunked(self, tokens: Sequence[int], pos0: int, seq: int,
                         n_out: int) -> tuple[float, int]:
         """One sequence's tokens in chunks of n_batch; only the last chunk asks for rows.
         Returns (seconds inside llama_decode, decode calls)."""
         n, secs, calls, start = len(tokens), 0.0, 0, 0
         while start < n:
             end = min(start + self.n_batch, n)
-            secs += self._decode_segments([(tokens[start:end], pos0 + start, seq,
+            secs += self.decode_segments([(tokens[start:end], pos0 + start, seq,
                                             n_out if end == n else 0)])
             calls += 1
             start = end
         return secs, calls
 
-    def _decode_segments(self, segments: Sequence[tuple[Sequence[int], int, int, int]]) -> float:
+    def decode_segments(self, segments: Sequence[tuple[Sequence[int], int, int, int]]) -> float:
         """One llama_decode of (tokens, first position, sequence, rows wanted) segments that
         fit one batch together; the rows come back in segment order. Returns the seconds."""
         b, j = self._batch, 0
@@ -407,7 +414,12 @@ class Model:
         ll.llama_synchronize(self._ctx)
         return time.perf_counter() - t0
 
-    def _rows(self, n_out: int) -> np.ndarray:
+    @property
+    def n_ctx_seq(self) -> int:
+        """The context each of its sequences gets (n_ctx / n_seq_max)."""
+        return int(ll.llama_n_ctx_seq(self._ctx))
+
+    def rows(self, n_out: int) -> np.ndarray:
         """A zero-copy view of the last decode's n_out logits rows."""
         if n_out == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -446,6 +458,9 @@ class Model:
         return n
 
     def close(self) -> None:
+        if not getattr(self, "_owner", True):  # a sequence of another's context
+            self._ctx = self._model = None
+            return
         if getattr(self, "_ctx", None):
             if getattr(self, "_batch", None) is not None:
                 ll.llama_batch_free(self._batch)
@@ -458,237 +473,6 @@ class Model:
 
     def __del__(self):
         self.close()
-
-
-class Gate:
-    """The slots generating right now, and how many of them wait at a SharedContext. A decode
-    starts once no running slot can still join it: every running slot is parked at one of
-    the contexts (its tokens already queued), so batches are as large as they can be without
-    a timing guess. One Gate serves a pool's target and draft contexts."""
-
-    MAX_WAIT = 0.05  # seconds: a safety net, should a running slot stall outside a decode
-
-    def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.running = 0
-        self.parked = 0
-        self.contexts: list[SharedContext] = []
-        # every decode runs on this one thread: ggml's OpenMP keeps a team of spinning threads
-        # per calling thread, and decodes from the slots' rotating threads ran 25% slower
-        self.decoder = ThreadPoolExecutor(1, thread_name_prefix="specli-decode")
-
-    def remove(self, ctx: SharedContext) -> None:
-        with self.cond:
-            self.contexts.remove(ctx)
-            if not self.contexts:  # waiting under cond is safe: a decode never takes it
-                self.decoder.shutdown()
-
-    def enter(self) -> None:
-        with self.cond:
-            self.running += 1
-
-    def leave(self) -> None:
-        with self.cond:
-            self.running -= 1
-            self.cond.notify_all()
-
-    def busy(self, ctx: SharedContext) -> bool:
-        """Another context is decoding: wait for it before gathering, as its slots may come
-        here next (the decode thread runs one llama_decode at a time anyway)."""
-        return any(c.decoding for c in self.contexts if c is not ctx)
-
-    def gather(self, ctx: SharedContext) -> bool:
-        """Whether a decode at ctx should wait for more slots to join: while a running slot
-        is still in Python (it may come here), or, when every running slot is parked, while
-        a context ahead of ctx (the draft's) holds slots: they draft first, so that every
-        slot arrives at the verification together, and slots fall into step, as in
-        llama-server's one loop (draft everyone, then verify everyone in one batch)."""
-        if ctx.inside >= self.running:
-            return False
-        if self.parked < self.running:
-            return True
-        return any(c.inside for c in self.contexts[:self.contexts.index(ctx)])
-
-
-class SharedContext:
-    """One llama_context holding several sequences (server slots), as llama-server does.
-
-    Each slot decodes through its own SeqModel from its own thread; decodes that arrive
-    together are combined into one llama_decode (a batch of several sequences costs much less
-    than as many single decodes on this CPU, and more so on a GPU). The first caller leads:
-    it waits (Gate) until every other running slot is parked at a context, decodes everyone's
-    tokens queued here at once, and hands each caller a copy of its own logits rows."""
-
-    def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
-                 first: bool = False):
-        self.params = params
-        self.n_seq = n_seq
-        self.gate = gate or Gate()
-        # the context as Model builds it, with n_seq sequences over n_ctx each
-        self._model = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
-        self.n_ctx_seq = int(ll.llama_n_ctx_seq(self._model._ctx))
-        self._pending: list[_Request] = []
-        self._leading = False
-        self.inside = 0  # slots parked here: queued, or in the batch being decoded
-        self.decoding = False
-        self.closed = False
-        # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
-        self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
-
-    def view(self, seq: int) -> SeqModel:
-        return SeqModel(self, seq)
-
-    def close(self) -> None:
-        with self.gate.cond:  # never under a decode; later decodes are refused
-            while self.decoding:
-                self.gate.cond.wait()
-            self.closed = True
-        if self in self.gate.contexts:
-            self.gate.remove(self)
-        self._model.close()
-
-    def decode(self, req: _Request) -> None:
-        g = self.gate
-        with g.cond:
-            if self.closed:
-                raise BackendError("the model's context is closed (the server is stopping)")
-            self._pending.append(req)
-            g.parked += 1
-            self.inside += 1
-            g.cond.notify_all()
-            try:
-                while not req.done and self._leading:
-                    g.cond.wait()
-                if req.done:
-                    return
-                self._leading = True  # lead: wait until nobody else can still join
-                deadline = None
-                while True:
-                    if g.busy(self):
-                        g.cond.wait()
-                        continue
-                    if deadline is None:  # counted from when the other context is free
-                        deadline = time.perf_counter() + g.MAX_WAIT
-                    left = deadline - time.perf_counter()
-                    if left <= 0 or not g.gather(self):
-                        break
-                    g.cond.wait(left)
-                batch, size = [], 0
-                for r in list(self._pending):
-                    if r is req or size + len(r.tokens) <= self._model.n_batch:
-                        batch.append(r)
-                        size += len(r.tokens)
-                for r in batch:
-                    self._pending.remove(r)
-                self.decoding = True
-                g.cond.release()  # decode without the lock: others may queue meanwhile
-                try:
-                    g.decoder.submit(self._run, batch).result()
-                except BaseException as e:  # noqa: BLE001 - handed to every caller
-                    for r in batch:
-                        r.error = r.error or e
-                finally:
-                    g.cond.acquire()
-                    for r in batch:
-                        if r.rows is None and r.error is None:
-                            r.error = BackendError("a decode did not complete")
-                        r.done = True
-                    self._leading = self.decoding = False
-                    g.cond.notify_all()
-            finally:
-                g.parked -= 1
-                self.inside -= 1
-                g.cond.notify_all()
-
-    def _run(self, batch: list[_Request]) -> None:
-        m = self._model
-        if len(batch) == 1 or sum(len(r.tokens) for r in batch) > m.n_batch:
-            for r in batch:  # alone (a long prompt is decoded in chunks)
-                try:
-                    r.seconds, _ = m._decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
-                    r.rows = np.array(m._rows(r.n_out))  # a copy: see below
-                except BackendError as e:
-                    r.error = e
-            return
-        try:
-            dt = m._decode_segments([(r.tokens, r.pos0, r.seq, r.n_out) for r in batch])
-        except BackendError as e:
-            for r in batch:
-                r.error = e
-            return
-        rows = m._rows(sum(r.n_out for r in batch))
-        off = 0
-        for r in batch:
-            # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
-            # before this slot has read its rows
-            r.rows = np.array(rows[off:off + r.n_out])
-            off += r.n_out
-            r.seconds = dt
-
-
-@dataclass
-class _Request:
-    """One slot's decode, queued at a SharedContext until a leader runs it."""
-
-    seq: int
-    tokens: Sequence[int]
-    pos0: int
-    n_out: int
-    done: bool = False
-    rows: np.ndarray | None = None
-    error: Exception | None = None
-    seconds: float = 0.0
-
-
-class SeqModel(Model):
-    """One sequence of a SharedContext, with Model's interface (a slot's target or draft)."""
-
-    def __init__(self, shared: SharedContext, seq: int):  # shares, so no Model.__init__
-        base = shared._model
-        self._shared, self.seq, self.params = shared, seq, shared.params
-        self.gate = shared.gate
-        self._model, self._ctx, self._vocab, self._mem = (base._model, base._ctx, base._vocab,
-                                                          base._mem)
-        self.load_ms, self.offloaded = base.load_ms, base.offloaded
-        self.n_vocab, self.n_ctx, self.n_batch = base.n_vocab, shared.n_ctx_seq, base.n_batch
-        self.tokens = []
-        self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
-        self._local = threading.local()
-
-    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
-        n_out = self._plan(tokens, logits)
-        req = _Request(self.seq, list(tokens), len(self.tokens), n_out)
-        self._shared.decode(req)
-        self.t_decode_s += req.seconds
-        self.n_decode_calls += 1
-        self.n_decode_tokens += len(tokens)
-        if req.error is not None:
-            self._truncate(len(self.tokens))
-            raise req.error
-        self.tokens.extend(tokens)
-        return req.rows if n_out else np.empty((0, self.n_vocab), dtype=np.float32)
-
-    def _truncate(self, n_keep: int) -> None:
-        # llama.cpp contexts are not thread-safe: edit the cache only between decodes
-        g, shared = self._shared.gate, self._shared
-        with g.cond:
-            while shared.decoding:
-                g.cond.wait()
-            if shared.closed:  # freed: nothing left to rewind
-                del self.tokens[n_keep:]
-                return
-            super()._truncate(n_keep)
-
-    def kv_pos_max(self) -> int:
-        g, shared = self._shared.gate, self._shared
-        with g.cond:
-            while shared.decoding:
-                g.cond.wait()
-            return super().kv_pos_max()
-
-    def close(self) -> None:  # the shared context is closed by its owner
-        self._ctx = None
-        self._model = None
 
 
 def quantize(src: str, dst: str, ftype: str) -> None:

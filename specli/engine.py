@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import pairing
-from specli.backend import Gate, Model, SharedContext, check_placement
+from specli.backend import Model, check_placement
+from specli.batching import Gate, SharedContext
 from specli.config import (
     SPEC_TYPES,
     DraftPolicy,

@@ -8,7 +8,7 @@ from pathlib import Path
 PKG = Path(__file__).parents[1] / "specli"
 CORE = ["engine.py", "verify.py", "stats.py", "config.py", "pairing.py", "ggufmeta.py",
         "tuning.py", "errors.py", "netguard.py", "_audit_site",
-        "backend.py", "chat.py", "defaults.py", "drafts"]
+        "backend.py", "batching.py", "chat.py", "defaults.py", "drafts"]
 
 
 def imports(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""backend.SharedContext on the real Q4_1 model: slots' decodes are combined into one batch,
+"""batching.SharedContext on the real Q4_1 model: slots' decodes are combined into one batch,
 every decode runs on the one decode thread, and a failed combined decode reaches every slot."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import threading
 
 import pytest
 
-from specli.backend import Model, SharedContext
+from specli.backend import Model
+from specli.batching import SharedContext
 from specli.config import ModelParams
 from specli.errors import BackendError
 
@@ -68,6 +69,6 @@ def test_a_failed_combined_decode_reaches_every_slot(shared, monkeypatch):
     def broken(self, segments):
         raise BackendError("llama_decode failed (test)")
 
-    monkeypatch.setattr(Model, "_decode_segments", broken)
+    monkeypatch.setattr(Model, "decode_segments", broken)
     out = two_slots(shared, steps=0)
     assert all(isinstance(e, BackendError) and "(test)" in e.message for e in out), out

@@ -3,7 +3,7 @@ own thread and streams to the event loop.
 
 A slot is one Engine whose target and draft are sequences of two shared contexts (as in
 llama-server); decodes that slots make at the same time are batched into one llama_decode
-(backend.SharedContext). A request waits for a
+(batching.SharedContext). A request waits for a
 free slot in a bounded queue; when the queue is full, or the wait exceeds the timeout, it is
 refused (503). A generation checks a cancel flag between tokens: a client that goes away
 frees its slot after at most one speculative step, with both KV caches rewound by the
