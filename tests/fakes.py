@@ -1,0 +1,108 @@
+"""A tiny deterministic stand-in for backend.Model, for fast tests of the loop's edge cases.
+
+FakeModel is a bigram model over a small vocabulary, with a term for the position (so its
+greedy path does not fall into a short cycle): the logits after a token are fixed rows of
+seeded tables, so a decode is exact and batch-independent (unlike llama.cpp's), and
+greedy speculative output must equal plain output token for token. A draft is the same table
+plus noise, so it agrees with the target often but not always. Token 0 ends the generation.
+Real-model tests (test_engine.py, test_parity.py) keep fidelity against llama.cpp itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import SimpleNamespace
+
+import numpy as np
+
+from specli.errors import BackendError, ContextOverflowError
+
+EOG = 0
+
+
+class FakeModel:
+    """Model's interface (decode, rewind, sync, tokens, timings, vocabulary) on a table."""
+
+    def __init__(self, n_vocab: int = 32, seed: int = 0, noise: float = 0.0,
+                 n_ctx: int = 256, n_batch: int = 64, eog_bias: float | None = None,
+                 noise_seed: int = 1, spread: float = 2.0):
+        # spread: how peaked each row's softmax is (a confident model has a large one)
+        rng = np.random.default_rng(seed)
+        table = rng.normal(0.0, spread, (n_vocab, n_vocab))
+        by_pos = rng.normal(0.0, spread / 2, (61, n_vocab))  # 61: a prime period
+        if noise:
+            table += np.random.default_rng(noise_seed).normal(0.0, noise, table.shape)
+        table[:, EOG] += -2 * spread if eog_bias is None else eog_bias  # rare, but reachable
+        self.table, self.by_pos = table.astype(np.float32), by_pos.astype(np.float32)
+        self.n_vocab, self.n_ctx, self.n_batch = n_vocab, n_ctx, n_batch
+        self.params = SimpleNamespace(path=f"fake-{seed}", n_ctx=n_ctx)
+        self.seq, self.load_ms, self.offloaded = 0, 0.0, False
+        self.tokens: list[int] = []
+        self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
+        self.fail_on_call: int | None = None  # the decode call number that raises
+
+    # -- vocabulary: one token per character --------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return [1 + ord(c) % (self.n_vocab - 1) for c in text]
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return b"" if token == EOG else chr(ord("a") + token % 26).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOG
+
+    def special_text(self, which: str) -> str:
+        return ""
+
+    def chat_template(self) -> str | None:
+        return None
+
+    # -- the cache ---------------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
+        n = len(tokens)
+        if n == 0:
+            raise BackendError("internal: decode of zero tokens")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError("context full")
+        self.n_decode_calls += 1
+        if self.fail_on_call == self.n_decode_calls:
+            raise BackendError("decode failed (fake)")
+        self.n_decode_tokens += n
+        start = len(self.tokens)
+        self.tokens.extend(tokens)
+        n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
+        return self.rows_after(tokens[n - n_out:], start + n - n_out)
+
+    def rows_after(self, tokens: Sequence[int], pos0: int) -> np.ndarray:
+        """The logits that follow each token, the first at position pos0."""
+        pos = np.arange(pos0, pos0 + len(tokens)) % len(self.by_pos)
+        return self.table[np.asarray(tokens, dtype=np.int64)] + self.by_pos[pos]
+
+    def rewind(self, n_keep: int) -> None:
+        del self.tokens[n_keep:]
+
+    def sync(self, tokens: Sequence[int]) -> int:
+        n = 0
+        while n < min(len(self.tokens), len(tokens)) and self.tokens[n] == tokens[n]:
+            n += 1
+        self.rewind(n)
+        if n < len(tokens):
+            self.decode(tokens[n:], logits="none")
+        return n
+
+    def kv_pos_max(self) -> int:
+        return len(self.tokens) - 1
+
+    def close(self) -> None:
+        pass
+
+    # -- the reference: what the target alone would generate ----------------------------------
+    def greedy(self, prompt: Sequence[int], n: int) -> list[int]:
+        out, last = [], prompt[-1]
+        for i in range(n):
+            last = int(np.argmax(self.rows_after([last], len(prompt) - 1 + i)[0]))
+            if last == EOG:
+                break
+            out.append(last)
+        return out
