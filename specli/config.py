@@ -8,6 +8,18 @@ from dataclasses import dataclass, replace
 # llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
               "draft-simple")
+
+
+def parse_spec_types(text: str) -> tuple[str, ...]:
+    """A --spec-type list (llama.cpp's names, comma-separated); ValueError names what is
+    unknown. The CLI and the server's `speculative.type` read it the same way."""
+    names = tuple(t.strip() for t in text.split(",") if t.strip())
+    unknown = [t for t in names if t not in SPEC_TYPES]
+    if unknown or not names:
+        raise ValueError(", ".join(unknown) or repr(text))
+    return names
+
+
 DRAFT_AUTO_MAX = 64  # --draft auto chooses k up to this (llama.cpp's largest n-gram default)
 DEFAULT_DRAFT_MAX = 8
 DEFAULT_CTX = 4096

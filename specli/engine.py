@@ -264,14 +264,22 @@ class Engine:
 
     # -- layer 2: text ----------------------------------------------------------------------
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
-               speculative: bool = True, spec: SpecRequest | None = None) -> Iterator[Chunk]:
-        stats = Stats()
+               speculative: bool = True, spec: SpecRequest | None = None,
+               stats: Stats | None = None) -> Iterator[Chunk]:
+        """Text as it is decoded (UTF-8 split across tokens is held back); the last chunk has
+        the finish reason and the stats. Closing the stream early closes the loop at once
+        (caches rewound, `stats` complete)."""
+        stats = stats if stats is not None else Stats()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        for token, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec):
-            text = utf8.decode(self.target.token_bytes(token))
-            if text:
-                yield Chunk(text)
-        yield Chunk(utf8.decode(b"", final=True), stats.finish_reason, stats)
+        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec)
+        try:
+            for token, _ in steps:
+                text = utf8.decode(self.target.token_bytes(token))
+                if text:
+                    yield Chunk(text)
+            yield Chunk(utf8.decode(b"", final=True), stats.finish_reason, stats)
+        finally:
+            steps.close()
 
     # -- layer 3: the whole answer ----------------------------------------------------------
     def complete(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,

@@ -445,11 +445,11 @@ def spec_types(value: str | None, lookup_static: str | None = None,
     """--spec-type's list; -lcs/-lcd alone mean ngram-cache, and need it in a given list."""
     if value is None:
         return ["ngram-cache"] if lookup_static or lookup_dynamic else []
-    types = [t.strip() for t in value.split(",") if t.strip()]
-    unknown = [t for t in types if t not in config.SPEC_TYPES]
-    if unknown or not types:
-        raise UsageError(f"unknown --spec-type {', '.join(unknown) or repr(value)}",
-                         hint="one or more of: " + ", ".join(config.SPEC_TYPES))
+    try:
+        types = list(config.parse_spec_types(value))
+    except ValueError as e:
+        raise UsageError(f"unknown --spec-type {e}",
+                         hint="one or more of: " + ", ".join(config.SPEC_TYPES)) from None
     if (lookup_static or lookup_dynamic) and "ngram-cache" not in types:
         raise UsageError("-lcs/-lcd are lookup caches for --spec-type ngram-cache",
                          hint="add ngram-cache to --spec-type")

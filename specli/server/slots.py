@@ -13,7 +13,6 @@ engine's own try/finally.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -118,7 +117,6 @@ class Generation:
     def _work(self) -> None:
         engine, job = self.slot.engine, self.job
         stats = Stats()
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         stop = StopMatcher(job.stop)
         pieces: list[str] = []
         finish = None
@@ -126,14 +124,16 @@ class Generation:
         if gate is not None:
             gate.enter()  # batched decodes wait for this slot while it runs
         try:
-            steps = engine.steps(job.prompt, job.n_predict, job.sampling, stats,
-                                 job.speculative, job.spec)
+            chunks = engine.stream(job.prompt, job.n_predict, job.sampling, job.speculative,
+                                   job.spec, stats)
             try:
-                for token, _ in steps:
+                for chunk in chunks:
                     if self._cancel.is_set():
                         finish = "cancelled"
                         break
-                    text, hit = stop.feed(utf8.decode(engine.target.token_bytes(token)))
+                    text, hit = stop.feed(chunk.text)
+                    if chunk.finish_reason is not None and not hit:  # the last chunk
+                        text += stop.flush()
                     if text:
                         pieces.append(text)
                         self._push(Piece(text))
@@ -141,14 +141,8 @@ class Generation:
                         finish = "stop"
                         break
             finally:
-                steps.close()  # the engine's finally: caches rewound, stats complete
-            if finish is None:
-                text, hit = stop.feed(utf8.decode(b"", final=True))
-                text += "" if hit else stop.flush()
-                if text:
-                    pieces.append(text)
-                    self._push(Piece(text))
-                finish = "stop" if hit else stats.finish_reason
+                chunks.close()  # the engine's finally: caches rewound, stats complete
+            finish = finish or stats.finish_reason
             if self._on_done:
                 self._on_done(stats)
             self._push(Done(finish, stats, "".join(pieces)))

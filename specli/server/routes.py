@@ -1,0 +1,356 @@
+"""The routes, one APIRouter per family: health (public), information (/v1/models, /props,
+/metrics), OpenAI generation (/v1/chat/completions, /v1/completions) and llama-server's
+/completion. The app's State arrives by dependency."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from specli import __version__
+from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
+from specli.engine import spec_key
+from specli.server import formats as f
+from specli.server.errors import APIError, envelope, refuse
+from specli.server.metrics import CONTENT_TYPE
+from specli.server.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    LlamaCompletionRequest,
+    Sampling,
+    Speculative,
+)
+from specli.server.slots import Busy, Done, Generation, Job, SlotPool
+from specli.server.state import State
+
+
+def _state(request: Request) -> State:
+    return request.app.state.specli
+
+
+AppState = Annotated[State, Depends(_state)]
+
+
+async def _ready(st: AppState) -> SlotPool:
+    """The slots, or 503 while they load (or after loading failed)."""
+    if st.pool is None:
+        raise APIError(503, st.error or "Loading model", "unavailable_error",
+                       code="unavailable")
+    return st.pool
+
+
+Pool = Annotated[SlotPool, Depends(_ready)]
+
+
+async def _auth(request: Request, st: AppState) -> None:
+    keys = st.config.api_keys
+    if not keys:
+        return
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else \
+        request.headers.get("x-api-key", "")
+    if not any(hmac.compare_digest(token.encode(), k.encode()) for k in keys):
+        raise APIError(401, "Invalid API Key", "authentication_error",
+                       code="invalid_api_key")
+
+
+public = APIRouter()
+info = APIRouter(dependencies=[Depends(_auth)])
+openai = APIRouter(dependencies=[Depends(_auth)])
+llama = APIRouter(dependencies=[Depends(_auth)])
+
+
+# -- public ---------------------------------------------------------------------------------
+
+@public.get("/health")
+@public.get("/v1/health", include_in_schema=False)
+async def health(st: AppState) -> JSONResponse:
+    if st.pool is None:
+        return envelope(503, st.error or "Loading model", "unavailable_error", code=503)
+    return JSONResponse({"status": "ok", "slots_idle": st.pool.idle,
+                         "slots_processing": len(st.pool.slots) - st.pool.idle})
+
+
+# -- information ----------------------------------------------------------------------------
+
+@info.get("/v1/models")
+@info.get("/models", include_in_schema=False)
+async def models(st: AppState) -> dict:
+    c = st.config
+    return {"object": "list", "data": [{
+        "id": c.model_id, "object": "model", "created": st.created, "owned_by": "specli",
+        "meta": {"path": c.target.path, "draft": c.draft.path if c.draft else None}}]}
+
+
+@info.get("/props")
+async def props(st: AppState, pool: Pool) -> dict:
+    from specli.chat import FALLBACK_TEMPLATE
+
+    e, c = st.engine, st.config
+    template = e.target.chat_template()
+    return {
+        "model_alias": c.model_id, "model_path": c.target.path,
+        "build_info": f"specli {__version__}",
+        "total_slots": len(pool.slots),
+        "slots": [{"id": s.id, "state": "processing" if s.busy else "idle",
+                   "n_requests": s.n_requests} for s in pool.slots],
+        "slots_idle": pool.idle, "requests_waiting": pool.waiting,
+        "chat_template": template or FALLBACK_TEMPLATE,
+        "chat_template_fallback": template is None,
+        "chat_template_note": None if template else
+        "the model file has no chat template: chat requests are rendered as ChatML",
+        "default_generation_settings": {
+            "n_ctx": e.target.n_ctx, "n_predict": c.n_predict,
+            "temperature": c.sampling.temp, "top_k": c.sampling.top_k,
+            "top_p": c.sampling.top_p, "min_p": c.sampling.min_p,
+        },
+        "speculative": {
+            "draft_model": c.draft.path if c.draft else None,
+            "types": list(spec_key([*c.spec_types, *(["draft-simple"] if c.draft else [])])),
+            "n_max": c.draft_params.n_max, "n_min": c.draft_params.n_min,
+            "p_min": c.draft_params.p_min, "auto": c.draft_params.adaptive,
+        },
+    }
+
+
+@info.get("/metrics")
+async def metrics(st: AppState) -> Response:
+    if not st.config.metrics:
+        raise APIError(404, "metrics are off: start the server with --metrics",
+                       "not_found_error", code="metrics_disabled")
+    pool = st.pool
+    body = st.metrics.render(len(pool.slots) - pool.idle if pool else 0,
+                             len(pool.slots) if pool else 0, pool.waiting if pool else 0)
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+# -- generation -----------------------------------------------------------------------------
+
+async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
+                  events: Callable[[Generation], AsyncIterator[str]],
+                  final: Callable[[str, Done, Generation], dict],
+                  done_marker: bool = True) -> Response:
+    """The one shape of a generation route: a slot, then a stream or the whole answer."""
+    gen = await _start(pool, job)
+    if stream:
+        return f.sse(events(gen), gen, done_marker)
+    text, done = await _collect(gen, request)
+    return JSONResponse(final(text, done, gen))
+
+
+@openai.post("/v1/chat/completions")
+@openai.post("/chat/completions", include_in_schema=False)
+async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) -> Response:
+    _refuse_chat(body)
+    ids = st.engine.tokenize_messages([_message(m) for m in body.messages])
+    job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
+               "max_tokens")
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": st.config.model_id}
+    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}
+
+    def final(text: str, done: Done, gen: Generation) -> dict:
+        return {**head, "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": f.finish(done), "logprobs": None}],
+                "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
+
+    return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
+        gen, {**head, "object": "chat.completion.chunk"}, f.chat_choice,
+        _include_usage(body), first), final)
+
+
+@openai.post("/v1/completions")
+@openai.post("/completions", include_in_schema=False)
+async def completions(body: CompletionRequest, request: Request, st: AppState,
+                      pool: Pool) -> Response:
+    _refuse_completion(body)
+    ids = _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
+                      isinstance(body.prompt[0], str) else body.prompt)
+    job = _job(st, body, ids, body.max_tokens, "max_tokens")
+    head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": st.config.model_id, "object": "text_completion"}
+
+    def final(text: str, done: Done, gen: Generation) -> dict:
+        return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+                                     "finish_reason": f.finish(done)}],
+                "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
+
+    return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
+        gen, head, f.text_choice, _include_usage(body)), final)
+
+
+@llama.post("/completion")
+async def completion(body: LlamaCompletionRequest, request: Request, st: AppState,
+                     pool: Pool) -> Response:
+    if body.n_probs:
+        raise APIError(400, "n_probs is not supported", param="n_probs")
+    ids = _prompt_ids(st, body.prompt)
+    spec = body.speculative
+    if spec is None and any(v is not None for v in (
+            body.spec_n_max, body.spec_n_min, body.spec_p_min, body.spec_type)):
+        spec = Speculative(n_max=body.spec_n_max, n_min=body.spec_n_min,
+                           p_min=body.spec_p_min, type=body.spec_type)
+    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                        min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec)
+    job = _job(st, sampling, ids, body.n_predict, "n_predict")
+    model = st.config.model_id
+    return await _answer(request, pool, job, bool(body.stream),
+                         lambda gen: f.llama_events(gen, model),
+                         lambda text, done, gen: f.llama_final(text, done, gen, model),
+                         done_marker=False)
+
+
+# -- request handling -------------------------------------------------------------------------
+
+def _first(*values):
+    return next((v for v in values if v is not None), None)
+
+
+def _include_usage(body) -> bool:
+    return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _message(m) -> dict:
+    d = m.model_dump(exclude_none=True)
+    if isinstance(m.content, list):
+        d["content"] = "".join(p.text for p in m.content)
+    d.setdefault("content", "")
+    return d
+
+
+def _refuse_common(body: Sampling) -> None:
+    if body.n not in (None, 1):
+        raise refuse("n", "must be 1: one completion per request")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0, 0.0):
+            raise refuse(name)
+    if body.logit_bias:
+        raise refuse("logit_bias")
+
+
+def _refuse_chat(body: ChatRequest) -> None:
+    _refuse_common(body)
+    if body.logprobs or body.top_logprobs:
+        raise refuse("logprobs")
+    if body.tools or body.tool_choice not in (None, "none"):
+        raise refuse("tools")
+    if body.response_format and body.response_format.get("type") != "text":
+        raise refuse("response_format")
+
+
+def _refuse_completion(body: CompletionRequest) -> None:
+    _refuse_common(body)
+    if body.logprobs:
+        raise refuse("logprobs")
+    if body.echo:
+        raise refuse("echo")
+    if body.suffix:
+        raise refuse("suffix")
+    if body.best_of not in (None, 1):
+        raise refuse("best_of")
+
+
+def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        return st.engine.target.tokenize(prompt)
+    n_vocab = st.engine.target.n_vocab
+    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})",
+                       param="prompt")
+    return list(prompt)
+
+
+def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
+         n_param: str) -> Job:
+    c = st.config
+    n_ctx = st.engine.target.n_ctx
+    if body.model is not None and body.model not in _model_names(st):
+        raise APIError(400, f"the model '{body.model}' does not exist: this server has "
+                       f"'{c.model_id}'", param="model", code="model_not_found")
+    if n_predict is not None and n_predict < 1 and not (n_param == "n_predict"
+                                                        and n_predict == -1):
+        raise APIError(400, f"{n_param} must be at least 1, got {n_predict}", param=n_param)
+    if n_predict is not None and n_predict > n_ctx:
+        raise APIError(400, f"{n_param} is {n_predict}, more than the context holds "
+                       f"({n_ctx} tokens per slot)", param=n_param)
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt")
+    if len(ids) >= n_ctx:
+        raise APIError(400, f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per "
+                       "slot", param="messages" if n_param == "max_tokens" else "prompt",
+                       code="context_length_exceeded")
+    s = c.sampling
+    sampling = SamplingParams(
+        temp=_first(body.temperature, s.temp), top_k=_first(body.top_k, s.top_k),
+        top_p=_first(body.top_p, s.top_p), min_p=_first(body.min_p, s.min_p),
+        seed=s.seed if body.seed is None else None if body.seed < 0 else body.seed)
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    speculative, spec = _spec(st, body.speculative)
+    return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop)
+
+
+def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest | None]:
+    if spec is None or spec is True:
+        return True, None
+    if spec is False:
+        return False, None
+    types = None
+    if spec.type is not None:
+        try:
+            names = parse_spec_types(spec.type)
+        except ValueError as e:
+            raise APIError(400, f"unknown speculative type {e}: one or more of "
+                           f"{', '.join(SPEC_TYPES)}", param="speculative.type") from None
+        if "draft-simple" in names and st.config.draft is None:
+            raise APIError(400, "speculative type draft-simple needs a draft model: start the "
+                           "server with -md", param="speculative.type")
+        types = spec_key(names)
+    if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
+        raise APIError(400, "speculative.n_min is larger than speculative.n_max",
+                       param="speculative.n_min")
+    return True, SpecRequest(types, spec.n_max, spec.n_min, spec.p_min)
+
+
+def _model_names(st: State) -> set[str]:
+    c = st.config
+    base = os.path.basename(c.target.path)
+    return {c.model_id, base, os.path.splitext(base)[0], c.target.path}
+
+
+async def _start(pool: SlotPool, job: Job) -> Generation:
+    try:
+        slot = await pool.acquire()
+    except Busy as e:
+        raise APIError(503, f"server busy: {e}", "unavailable_error", code="server_busy",
+                       headers={"Retry-After": "1"}) from None
+    return pool.start(slot, job)
+
+
+async def _collect(gen: Generation, request: Request) -> tuple[str, Done]:
+    """The whole answer, cancelling the generation if the client goes away meanwhile."""
+    async def watch() -> None:
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.25)
+        gen.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        async for ev in gen.events():
+            if isinstance(ev, Done):
+                return ev.text, ev
+        raise APIError(500, "the generation ended without a result", "server_error")
+    finally:
+        watcher.cancel()

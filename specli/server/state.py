@@ -1,0 +1,63 @@
+"""What the server decided before it started (ServerConfig), and what it holds while it
+runs (State: the slots, once loaded, and the metrics)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field, replace
+
+from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
+from specli.engine import Engine
+from specli.server.metrics import Metrics
+from specli.server.slots import Slot, SlotPool
+
+MAX_BODY = 8 << 20  # bytes: far more than any context holds as text
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """Everything `specli serve` decides before the app starts."""
+
+    target: ModelParams
+    draft: ModelParams | None = None
+    draft_params: DraftPolicy = field(default_factory=DraftPolicy)
+    spec_types: tuple[str, ...] = ()
+    ngram: NgramParams = field(default_factory=NgramParams)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    n_predict: int = -1
+    parallel: int = 1
+    api_keys: tuple[str, ...] = ()
+    alias: str | None = None
+    metrics: bool = False
+    timeout: float = 600.0
+    max_queue: int = 16
+    max_body: int = MAX_BODY
+
+    @property
+    def model_id(self) -> str:
+        return self.alias or os.path.basename(self.target.path)
+
+
+class State:
+    def __init__(self, config: ServerConfig):
+        self.config = config
+        self.pool: SlotPool | None = None
+        self.error: str | None = None
+        self.metrics = Metrics()
+        self.created = int(time.time())
+
+    @property
+    def engine(self) -> Engine:
+        """Slot 0's engine, for tokenizing and templates (read-only, thread-safe calls)."""
+        return self.pool.slots[0].engine
+
+    def load(self) -> None:
+        c = self.config
+        n_ctx = max(c.target.n_ctx // c.parallel, 16)  # llama-server divides -c among slots
+        target = replace(c.target, n_ctx=n_ctx)
+        draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
+        engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
+                                            c.spec_types, c.ngram)
+        self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
+                             c.timeout, on_done=self.metrics.observe, contexts=shared)
