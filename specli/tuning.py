@@ -1,4 +1,5 @@
-"""Measuring a draft on this machine: the cost model and the probe behind `check-pair --probe`.
+"""Measuring a draft on this machine: the estimators of the cost model (cost.py) and the probe
+behind `check-pair --probe`.
 
 Returns rows and figures; prints nothing. A draft of k tokens yields E(k) = 1 + S(1) + ... +
 S(k) tokens per step, where S(j) is the measured share of steps whose first j draft tokens were
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from specli.config import SamplingParams, SpecRequest
+from specli.cost import CostModel, expected_tokens  # noqa: F401 - the model, re-exported
 from specli.errors import UsageError
 from specli.stats import Stats
 
@@ -39,27 +41,6 @@ class ProbeRow:
     baseline_tps: float
     speedup: float
     identical: bool  # greedy speculative output equals the target alone's
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Seconds on this machine: the draft's per drafted token (c), the target's to verify a
-    batch of n tokens (v[n - 1], n = 1..k+1), and Python's overhead per step and per token
-    of the target alone."""
-
-    c: float
-    v: tuple[float, ...]
-    overhead_step: float = 0.0
-    overhead_token: float = 0.0
-
-    def speedup(self, s: Sequence[float], k: int) -> float:
-        """Leviathan et al.: E[accepted + 1] tokens per step for k·c + v(k + 1) seconds,
-        against v(1) seconds per token for the target alone. s[j - 1] = S(j)."""
-        if k == 0:
-            return 1.0
-        step = k * self.c + self.v[min(k, len(self.v) - 1)] + self.overhead_step
-        per_token = self.v[0] + self.overhead_token
-        return expected_tokens(s, k) * per_token / step if step > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -89,11 +70,6 @@ class ProbeResult:
         d = asdict(self)
         d["recommendation"] = self.recommendation
         return d
-
-
-def expected_tokens(s: Sequence[float], k: int) -> float:
-    """E(k) = 1 + S(1) + ... + S(k); positions never measured count as never accepted."""
-    return 1.0 + sum(s[:k])
 
 
 def best_draft(s: Sequence[float], c: CostModel, k_max: int) -> tuple[int, float]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
+from specli.cost import CostModel
 from specli.drafts.base import DraftSource, Proposal
 
 DECAY = 0.95  # weight of the past per observation: about the last 20 steps count
@@ -28,7 +29,8 @@ PRIOR_STEPS = 2.0  # the weight, in steps, of the acceptance assumed before any 
 
 
 class VerifyCost:
-    """t(n) = a * (1 + s * (n - 1)) seconds to verify a batch of n tokens, fitted online."""
+    """t(n) = a * (1 + s * (n - 1)) seconds to verify a batch of n tokens, fitted online: the
+    verification half of the CostModel (cost.py) that --draft auto decides with."""
 
     def __init__(self) -> None:
         self.a = 0.0  # the cost of a batch of one; 0 until measured
@@ -87,27 +89,25 @@ class Adaptive:
              / (self._tried[1:].sum() + PRIOR_STEPS))
         return min(max(float(a), 0.01), 0.99)
 
-    def expected_tokens(self, k_max: int) -> np.ndarray:
-        """E(k) for k = 1..k_max. Each position's acceptance rate is shrunk towards the rate
-        of the position before it, so a position never tried inherits the deepest measured
-        one: a run of full acceptances makes longer drafts worth trying."""
+    def survival(self, k_max: int) -> np.ndarray:
+        """S(j) for j = 1..k_max, the chance that the first j drafted tokens are accepted.
+        Each position's acceptance rate is shrunk towards the rate of the position before
+        it, so a position never tried inherits the deepest measured one: a run of full
+        acceptances makes longer drafts worth trying."""
         rates = np.empty(k_max)
         prior = self.acceptance
         for j in range(1, k_max + 1):
             prior = (self._hit[j] + PRIOR_STEPS * prior) / (self._tried[j] + PRIOR_STEPS)
             rates[j - 1] = prior
-        return 1 + np.cumsum(np.cumprod(rates))
+        return np.cumprod(rates)
 
     def best_k(self, k_max: int) -> int:
         k_max = min(k_max, DRAFT_AUTO_MAX)
         if k_max <= 1:
             return k_max
         t1, slope = self.cost.fit()
-        t1 = t1 or 1.0
-        ks = np.arange(1, k_max + 1)
-        expected = self.expected_tokens(k_max)
-        seconds = self._t_token * ks + t1 * (1 + slope * ks)
-        k = int(ks[np.argmax(expected / seconds)])
+        model = CostModel.line(self._t_token, t1 or 1.0, slope, k_max)
+        k = 1 + int(np.argmax(model.speedups(self.survival(k_max))))
         if self._rng.random() < EXPLORE:
             k += int(self._rng.choice((-1, 1)))
         return min(max(k, self.n_min, 1), k_max)
