@@ -202,7 +202,7 @@ class Engine:
                 while n_left > 0 and len(context) <= tgt.n_ctx:
                     # draft at most what the budget, the context and one batch can take
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
-                            policy.limit or tgt.n_ctx) if draft else 0
+                            tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
                                                         stats)
                     for i, t in enumerate(tokens):
@@ -273,10 +273,8 @@ class Engine:
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         steps = self.steps(prompt, n_predict, sp, stats, speculative, spec)
         try:
-            for token, _ in steps:
-                text = utf8.decode(self.target.token_bytes(token))
-                if text:
-                    yield Chunk(text)
+            for token, _ in steps:  # a chunk per token, "" while UTF-8 is held back
+                yield Chunk(utf8.decode(self.target.token_bytes(token)))
             yield Chunk(utf8.decode(b"", final=True), stats.finish_reason, stats)
         finally:
             steps.close()

@@ -29,7 +29,7 @@ class ModelDraft:
     name = "draft"
     own_length = False  # --draft caps it
 
-    def __init__(self, model: Model, n_vocab_target: int | None = None):
+    def __init__(self, model: Model, *, n_vocab_target: int | None = None):
         self.model = model
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
         # ids the target does not have

@@ -127,8 +127,8 @@ class Generation:
             chunks = engine.stream(job.prompt, job.n_predict, job.sampling, job.speculative,
                                    job.spec, stats)
             try:
-                for chunk in chunks:
-                    if self._cancel.is_set():
+                for chunk in chunks:  # one per token, then the last with the finish reason
+                    if chunk.finish_reason is None and self._cancel.is_set():
                         finish = "cancelled"
                         break
                     text, hit = stop.feed(chunk.text)
