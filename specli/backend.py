@@ -278,7 +278,7 @@ class Model:
         mp.n_gpu_layers = params.n_gpu_layers
         keep = _placement(mp, params)
         self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
-        self._keep = keep
+        self._keep = keep  # llama.cpp keeps the device and override arrays' pointers
         if not self._model:
             placed = (params.devices is not None or params.tensor_overrides
                       or params.split_mode != "layer" or params.main_gpu or params.tensor_split)
