@@ -263,6 +263,7 @@ class Model:
         self.n_decode_calls = 0
         self.n_decode_tokens = 0
         self._local = threading.local()
+        self._views: dict[tuple[int, int], np.ndarray] = {}
         self._owner = share is None
         if share is not None:
             self._model, self._ctx, self._vocab, self._mem = (share._model, share._ctx,
@@ -424,7 +425,15 @@ class Model:
         if n_out == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         ptr = ll.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        # one view per (buffer, rows): llama.cpp moves the buffer only when it grows it, and
+        # building a view costs as much as a GPU-side argmax (every draft token pays it)
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        return view
 
     def rewind(self, n_keep: int) -> None:
         """Drop every cached token from position n_keep on."""
