@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 import inspect
-import io
 import json
 import os
 import subprocess
 import sys
-from contextlib import redirect_stdout
 from typing import Annotated
 
 import typer
 
 from specli import netguard
+from specli.cli import options as o
 from specli.cli import run as run_cmd
 from specli.cli.console import err, safe
 from specli.errors import SpecliError
+from specli.generate import generate
 
 AUDIT = "Audit"
 BIG = 32 << 20  # files above this hash behind a progress bar
@@ -40,7 +40,7 @@ def _audit_flags(
     """The audit's own flags; the rest are `specli run`'s."""
 
 
-def audit(**kw) -> None:
+def _audit(**kw) -> None:
     """Run a generation (same flags as `specli run`) and audit its network use.
 
     Records, for the whole run: every network call and process start made from Python (an
@@ -59,20 +59,19 @@ def audit(**kw) -> None:
         if code not in (0, 1, 2):  # 1 means "network seen": a crash must not read as that
             raise netguard.AuditError(f"the isolated audit ended abnormally (exit {code})")
         raise typer.Exit(code)
-    out = io.StringIO()
     try:
         with netguard.Guard(interval=poll_ms / 1000) as guard:
-            with redirect_stdout(out):
-                run_cmd.run(**kw, json_out=True, baseline=False)
+            # resolving -hf models is inside the watch: a download is network use
+            req = run_cmd.request(**kw, quiet=True)
+            gen = generate(req)
     except (SpecliError, typer.Exit):
         raise
     except KeyboardInterrupt:
         raise netguard.AuditError("interrupted: no verdict") from None
     except Exception as e:  # exit 1 means "network seen": anything else unforeseen is 2
         raise netguard.AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
-    doc = json.loads(out.getvalue())
-    models = [_model(role, path) for role, path in (("target", doc["model"]),
-                                                    ("draft", doc["model_draft"])) if path]
+    models = [_model(role, p.path) for role, p in (("target", req.target),
+                                                   ("draft", req.draft)) if p is not None]
     code, counted = netguard.verdict(guard.events, strict)
     report = {
         "schema_version": 1,
@@ -87,7 +86,7 @@ def audit(**kw) -> None:
         "environment": netguard.network_environment(),
         "counted": [netguard.to_dict(e) for e in counted],
         "events": [netguard.to_dict(e) for e in guard.events],
-        "run": _run_figures(doc["stats"]),
+        "run": _run_figures(gen.stats.to_dict()),
     }
     if json_out:
         sys.stdout.write(json.dumps(report) + "\n")
@@ -97,9 +96,10 @@ def audit(**kw) -> None:
 
 
 _own = list(inspect.signature(_audit_flags, eval_str=True).parameters.values())
-audit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [p for p in inspect.signature(run_cmd.run, eval_str=True).parameters.values()
+_audit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [p for p in inspect.signature(run_cmd.run.command, eval_str=True).parameters.values()
      if p.name not in ("baseline", "json_out")] + _own)
+audit = o.grouped(_audit)
 
 
 def _model(role: str, path: str) -> dict:

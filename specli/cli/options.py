@@ -71,6 +71,7 @@ def grouped(command):
     wrapper.__name__, wrapper.__doc__ = command.__name__, command.__doc__
     wrapper.__module__, wrapper.__qualname__ = command.__module__, command.__qualname__
     wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.command = command  # type: ignore[attr-defined]  # its groups unexpanded
     return wrapper
 
 

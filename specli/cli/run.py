@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -16,6 +15,7 @@ from specli.cli import options as o
 from specli.cli.console import err, spinner
 from specli.config import SamplingParams
 from specli.errors import SpecliError, UsageError
+from specli.generate import Generation, Request, generate
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -52,56 +52,41 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
+    req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
+                  resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out)
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def note(line: str) -> None:
+        err.print(line, markup=False)
+
+    try:
+        gen = generate(req, on_text=None if json_out else write,
+                       on_note=None if json_out else note,
+                       phase=lambda name: spinner(name, json_out))
+        _report(gen, json_out, req)
+    except BrokenPipeError:
+        raise _reader_gone() from None
+
+
+def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: bool,
+            n_predict: int, drafting: o.Drafting, no_spec: bool, sampling: SamplingParams,
+            resources: o.Resources, gpu: o.GpuFlags, *, verbose: bool = False,
+            baseline: bool = False, quiet: bool = False) -> Request:
+    """`run`'s flags, checked and resolved (models downloaded for -hf), as one Request."""
     o.check_n_predict(n_predict)
     text, chat = _prompt(prompt, file, chat)
     types = list(drafting.types)
-
-    model, model_draft = models.resolve(quiet=json_out)
+    model, model_draft = models.resolve(quiet=quiet)
     if "draft-simple" in types and model_draft is None:
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     if no_spec:
         model_draft, types = None, []
-
-    target_params, draft_params = resources.model_params(model, model_draft, verbose=verbose,
-                                                         gpu=gpu)
-
-    from specli.engine import Engine
-
-    with spinner("loading models", json_out):
-        engine = Engine.load(target_params, draft_params, drafting.params, spec_types=types,
-                             ngram=drafting.ngram)
-    try:
-        if engine.draft is None and not no_spec and not json_out:
-            err.print("note: no draft model (-md) or n-gram type (--spec-type): decoding with "
-                      "the target alone", markup=False)
-        if chat and engine.target.chat_template() is None and not json_out:
-            err.print("note: the target has no chat template; using ChatML", markup=False)
-        ids = engine.tokenize(text, chat=chat)
-        pieces: list[str] = []
-        stats = None
-        for chunk in engine.stream(ids, n_predict, sampling):
-            pieces.append(chunk.text)
-            if not json_out and chunk.text:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
-            stats = chunk.stats or stats
-        out_text = "".join(pieces)
-        baseline_match = None
-        if baseline:
-            with spinner("measuring the baseline (target alone)", json_out):
-                plain = engine.complete(ids, n_predict, replace(sampling, seed=stats.seed),
-                                        speculative=False)
-            stats.baseline_decode_tps = plain.stats.decode_tps
-            baseline_match = plain.text == out_text if sampling.greedy else None
-    except BrokenPipeError:
-        raise _reader_gone() from None
-    finally:
-        engine.close()
-
-    try:
-        _report(out_text, stats, baseline_match, json_out, model, model_draft)
-    except BrokenPipeError:
-        raise _reader_gone() from None
+    target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
+    return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
+                   drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline)
 
 
 def _reader_gone() -> typer.Exit:
@@ -110,20 +95,21 @@ def _reader_gone() -> typer.Exit:
     return typer.Exit(141)
 
 
-def _report(out_text: str, stats, baseline_match: bool | None, json_out: bool, model: str,
-            model_draft: str | None) -> None:
+def _report(gen: Generation, json_out: bool, req: Request) -> None:
     from specli.stats import format_llama
 
     if json_out:
-        doc = {"text": out_text, "model": model, "model_draft": model_draft,
-               "baseline_identical": baseline_match, "stats": stats.to_dict()}
+        doc = {"text": gen.text, "model": req.target.path,
+               "model_draft": req.draft.path if req.draft else None,
+               "baseline_identical": gen.baseline_identical, "stats": gen.stats.to_dict()}
         sys.stdout.write(json.dumps(doc) + "\n")
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
-    sys.stderr.write("\n" + format_llama(stats))
-    if baseline_match is not None:
-        sys.stderr.write(f"baseline output identical = {'yes' if baseline_match else 'no'}\n")
+    sys.stderr.write("\n" + format_llama(gen.stats))
+    if gen.baseline_identical is not None:
+        sys.stderr.write("baseline output identical = "
+                         f"{'yes' if gen.baseline_identical else 'no'}\n")
 
 
 def _prompt(prompt: str | None, file: Path | None, chat: bool) -> tuple[str, bool]:

@@ -1,0 +1,74 @@
+"""One generation, from parsed settings to text and statistics: what `specli run` prints and
+`specli audit` watches. No flags, no printing: callers pass callbacks for text and notes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+
+from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
+from specli.stats import Stats
+
+
+@dataclass(frozen=True)
+class Request:
+    """Everything one generation needs, as the CLI parsed it (paths already resolved)."""
+
+    target: ModelParams
+    draft: ModelParams | None
+    text: str
+    n_predict: int
+    sampling: SamplingParams
+    policy: DraftPolicy = DraftPolicy()
+    spec_types: Sequence[str] = ()
+    ngram: NgramParams = NgramParams()
+    chat: bool = False
+    speculative: bool = True  # False: --no-spec, the target alone
+    baseline: bool = False  # also decode with the target alone, same seed
+
+
+@dataclass
+class Generation:
+    text: str
+    stats: Stats
+    baseline_identical: bool | None = None  # greedy runs with a baseline only
+
+
+def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
+             on_note: Callable[[str], None] | None = None,
+             phase: Callable[[str], AbstractContextManager] | None = None) -> Generation:
+    """Load the pair, generate, optionally measure the target alone, close the models.
+
+    on_text receives the text as it is decoded; on_note one-line remarks for a person (no
+    draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal)."""
+    from specli.engine import Engine
+
+    phase = phase or (lambda _name: nullcontext())
+    with phase("loading models"):
+        engine = Engine.load(req.target, req.draft, req.policy, spec_types=req.spec_types,
+                             ngram=req.ngram)
+    try:
+        if on_note and engine.draft is None and req.speculative:
+            on_note("note: no draft model (-md) or n-gram type (--spec-type): decoding with "
+                    "the target alone")
+        if on_note and req.chat and engine.target.chat_template() is None:
+            on_note("note: the target has no chat template; using ChatML")
+        ids = engine.tokenize(req.text, chat=req.chat)
+        pieces: list[str] = []
+        stats = Stats()
+        for chunk in engine.stream(ids, req.n_predict, req.sampling, stats=stats):
+            pieces.append(chunk.text)
+            if on_text and chunk.text:
+                on_text(chunk.text)
+        out = Generation("".join(pieces), stats)
+        if req.baseline:
+            with phase("measuring the baseline (target alone)"):
+                plain = engine.complete(ids, req.n_predict, replace(req.sampling,
+                                                                    seed=stats.seed),
+                                        speculative=False)
+            stats.baseline_decode_tps = plain.stats.decode_tps
+            out.baseline_identical = plain.text == out.text if req.sampling.greedy else None
+        return out
+    finally:
+        engine.close()
