@@ -33,6 +33,10 @@ class HubError(SpecliError):
     """The hub or the cache could not provide a file (exit 2)."""
 
 
+class AmbiguousTag(HubError):
+    """A tag that names more than one model: no cache or network changes that."""
+
+
 @dataclass(frozen=True)
 class Ref:
     repo: str
@@ -59,6 +63,13 @@ def parse_ref(text: str) -> Ref:
     return Ref(repo, tag or None)
 
 
+def quiet() -> None:
+    """Silence huggingface_hub's own warnings (its retries), for -q."""
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+
+
 def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
@@ -72,6 +83,14 @@ def list_files(repo: str, revision: str | None = None, token: str | None = None,
     """Every file of the repository: from the hub, or, offline, from the local cache."""
     if offline():
         return _cached_files(repo, revision, cache_dir)
+    unreachable = _unreachable()
+    if unreachable:  # seconds, not the library's half a minute of retries
+        try:
+            return _cached_files(repo, revision, cache_dir)
+        except HubError:
+            raise HubError(f"cannot reach the Hub ({unreachable}); cached files of {repo}: "
+                           "none", hint="check the network or HF_ENDPOINT; set "
+                           "HF_HUB_OFFLINE=1 to use the cache only") from None
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
     from huggingface_hub.hf_api import RepoFile
@@ -90,6 +109,45 @@ def list_files(repo: str, revision: str | None = None, token: str | None = None,
             raise _hub_error(e, repo) from None
 
 
+def _unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hub's host cannot be reached (name resolution or connection), or None. Skipped
+    behind a proxy, which alone knows the way."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
+                                       "http_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlsplit(_endpoint() or "https://huggingface.co")
+    host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    found: list = []
+
+    def resolve() -> None:  # getaddrinfo has no timeout of its own
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as e:
+            found.append(e)
+
+    t = threading.Thread(target=resolve, daemon=True)
+    t.start()
+    t.join(timeout)
+    if not found:
+        return f"resolving {host} took over {timeout:g} s"
+    if isinstance(found[0], OSError):
+        return f"name resolution failed for {host}"
+    last = None
+    for family, kind, proto, _, addr in found[0][:4]:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.settimeout(timeout)
+                s.connect(addr)
+                return None
+        except OSError as e:
+            last = e
+    return f"cannot connect to {host}:{port}: {getattr(last, 'strerror', None) or last}"
+
+
 def _cached_files(repo: str, revision: str | None, cache_dir: str | None) -> list[RemoteFile]:
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
@@ -98,6 +156,11 @@ def _cached_files(repo: str, revision: str | None, cache_dir: str | None) -> lis
         cache = scan_cache_dir(cache_dir)
     except CacheNotFound:
         cache = None
+    except (OSError, ValueError) as e:  # a file for a folder, a refs file that is not text
+        where = cache_dir or os.environ.get("HF_HUB_CACHE") or "the Hugging Face cache"
+        raise HubError(f"cannot read {where}: {type(e).__name__}: "
+                       f"{str(e).splitlines()[0] if str(e) else ''}"[:300],
+                       hint="point HF_HUB_CACHE at a Hugging Face cache folder") from None
     for r in cache.repos if cache else ():
         if r.repo_id == repo and r.repo_type == "model":
             want = revision or "main"
@@ -148,8 +211,8 @@ def choose(files: Sequence[str], tag: str | None, repo: str = "") -> list[str]:
         if len(hits) == 1:
             return split_parts(hits[0], files)
         if len(hits) > 1:
-            raise HubError(f"{repo}:{t} matches {len(hits)} models" + _listing(hits),
-                           hint="name one with --file (-hff)")
+            raise AmbiguousTag(f"{repo}:{t} is ambiguous: it matches {len(hits)} models"
+                               + _listing(hits), hint="name one with --file (-hff)")
     if tag:
         raise HubError(f"no GGUF file in {repo} matches the tag {tag}" + _listing(firsts),
                        hint="tags are quantization names such as Q4_K_M or Q8_0")
@@ -338,6 +401,8 @@ def fetch(ref: Ref, file: str | None = None, revision: str | None = None,
             names = split_parts(file, list(by_path))
         else:
             names = choose(list(by_path), ref.tag, ref.repo)
+    except AmbiguousTag:
+        raise
     except HubError:
         if offline():  # the cache is all there is: say so, rather than "no such file"
             what = f"{ref.repo}/{file}" if file else str(ref)

@@ -60,6 +60,8 @@ def download(
         raise UsageError("give a repository (REPO[:QUANT]) or --pair NAME",
                          hint="specli download --list-pairs shows the presets")
     progress = not quiet and not json_out and err.is_terminal
+    if quiet or json_out:
+        hub.quiet()
     if pair_name is not None:
         if file is not None or revision is not None:
             raise UsageError("--file and --revision name one repository's file or version: "
