@@ -10,6 +10,7 @@ bills two interleaved contexts' work to whichever reads logits first).
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import threading
@@ -210,7 +211,11 @@ def _check_gguf(path: str) -> None:
 
 
 def _tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[int]:
-    data = text.encode("utf-8")
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: from JSON's "\ud800" or argv bytes
+        raise UsageError(f"the text is not valid Unicode: a lone surrogate "
+                         f"(U+{ord(text[e.start]):04X}) at character {e.start}") from None
     n_max = len(data) + 16
     buf = (ll.llama_token * n_max)()
     n = ll.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, parse_special)
@@ -332,6 +337,17 @@ class Model:
             n = ll.llama_token_to_piece(self._vocab, token, buf, -n, 0, special)
             return buf.raw[:n]
         return buf.raw[:n]
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest text one token spells (special tokens included): n tokens never spell
+        more than n times this, which bounds a prompt before it is tokenized."""
+        buf = ctypes.create_string_buffer(1024)
+        longest = 1
+        for t in range(self.n_vocab):
+            n = ll.llama_token_to_piece(self._vocab, t, buf, 1024, 0, True)
+            longest = max(longest, -n if n < 0 else n)
+        return longest
 
     def is_eog(self, token: int) -> bool:
         return bool(ll.llama_vocab_is_eog(self._vocab, token))

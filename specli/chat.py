@@ -1,24 +1,106 @@
-"""Chat templates from GGUF files, rendered in Jinja's immutable sandbox."""
+"""Chat templates from GGUF files, rendered in Jinja's immutable sandbox, within a budget.
+
+A template is code from a file someone else wrote. The sandbox stops it reaching anything; the
+budget stops it hanging or exhausting memory: a deadline checked on every line the template
+runs, and a size limit on every string or list it builds (operators, method calls, filters,
+`~` joins) and on its output. Breaking either is a one-line UsageError naming the template.
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
+import re
+import sys
+import time
+from functools import lru_cache, wraps
 
+import jinja2.runtime
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from specli.errors import UsageError
+from specli.errors import ContextOverflowError, UsageError
 
 # A file without a template gets ChatML, the most common format for small instruct models.
 FALLBACK_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+RENDER_SECONDS = 5.0  # a real template renders a long conversation in milliseconds
+RENDER_BYTES = 16 << 20  # the largest string, list or output a template may build
+_JOINS = {jinja2.runtime.str_join.__code__, jinja2.runtime.markup_join.__code__}
+_DIGITS = re.compile(r"\d+")
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*\d*(?:\.\d+)?")  # "%10.3f"
+_BRACES = re.compile(r"\{[^{}]*\}")  # "{:>10}"
+
+
+class _OverBudget(Exception):
+    pass
+
+
+def _sized(value, limit: int):
+    if isinstance(value, str | bytes | list | tuple | dict) and len(value) > limit:
+        raise _OverBudget(f"it built a value of {len(value)} items (limit {limit})")
+    return value
+
+
+def _check_args(args, kwargs, limit: int) -> None:
+    """No width, count or repeat argument beyond the size limit (center(10**10), ljust...)."""
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > limit:
+            raise _OverBudget(f"an argument of {a} (limit {limit})")
+
+
+def _check_format(fmt: str, spec: re.Pattern, limit: int) -> None:
+    """No field width or precision beyond the size limit in a format string."""
+    for field in spec.findall(fmt[:65536]):
+        if any(int(n) > limit for n in _DIGITS.findall(field)):
+            raise _OverBudget(f"a format width over {limit}")
+
+
+class _Budgeted(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.limit = RENDER_BYTES
+        for name, f in list(self.filters.items()):
+            self.filters[name] = self._guard(f)
+
+    def _guard(self, f):
+        @wraps(f)
+        def guarded(*args, **kwargs):
+            _check_args(args[1:], kwargs, self.limit)  # args[0] is the value filtered
+            if f.__name__ == "do_format" and args and isinstance(args[0], str):
+                _check_format(args[0], _PERCENT, self.limit)
+            return _sized(f(*args, **kwargs), self.limit)
+        return guarded
+
+    def call_binop(self, context, op: str, left, right):
+        limit = self.limit
+        if op == "*":
+            for seq, n in ((left, right), (right, left)):
+                if hasattr(seq, "__len__") and isinstance(n, int) and len(seq) * n > limit:
+                    raise _OverBudget(f"a repetition to {len(seq) * n} items (limit {limit})")
+        elif op == "**" and isinstance(left, int) and isinstance(right, int) and \
+                abs(left) > 1 and right > 0 and right * abs(left).bit_length() > 8 * limit:
+            raise _OverBudget("a power beyond the size limit")
+        elif op == "+" and hasattr(left, "__len__") and hasattr(right, "__len__") and \
+                len(left) + len(right) > limit:
+            raise _OverBudget(f"a concatenation of {len(left) + len(right)} items")
+        elif op == "%" and isinstance(left, str):
+            _check_format(left, _PERCENT, limit)
+        return _sized(super().call_binop(context, op, left, right), limit)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
+        _check_args(args, kwargs, __self.limit)
+        bound = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
+        if isinstance(bound, str):  # "{:>99999999999}".format(x)
+            _check_format(bound, _BRACES, __self.limit)
+        return _sized(super().call(__context, __obj, *args, **kwargs), __self.limit)
 
 
 @lru_cache(maxsize=8)
 def _compile(source: str):
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _Budgeted(trim_blocks=True, lstrip_blocks=True)
 
     def raise_exception(message):
         raise TemplateError(message)
@@ -35,13 +117,58 @@ def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
 
 
 def render_messages(template: str | None, messages: list[dict], bos: str = "",
-                    eos: str = "") -> str:
+                    eos: str = "", *, seconds: float | None = None,
+                    max_bytes: int | None = None) -> str:
     """A conversation through the model's template (ChatML when it has none), ready for the
-    assistant's reply."""
+    assistant's reply. A template that fails, runs past `seconds` or builds anything larger
+    than RENDER_BYTES is a UsageError; output past `max_bytes` (what the context can hold) is
+    a ContextOverflowError."""
+    seconds = RENDER_SECONDS if seconds is None else seconds
+    limit = RENDER_BYTES if max_bytes is None else max_bytes
+    hint = "run without --chat and format the prompt yourself"
     try:
-        return _compile(template or FALLBACK_TEMPLATE).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos, eos_token=eos)
+        compiled = _compile(template or FALLBACK_TEMPLATE)
+    except Exception as e:  # noqa: BLE001 - a template that does not compile
+        raise UsageError(f"the model's chat template does not compile: {e}", hint=hint) from e
+    deadline = time.monotonic() + seconds
+
+    def on_line(frame, event, arg):
+        if event == "return" and frame.f_code in _JOINS:
+            _sized(arg, limit)
+        elif time.monotonic() > deadline:
+            raise _OverBudget(f"it ran for more than {seconds:g} s")
+        return on_line
+
+    def on_call(frame, event, arg):
+        code = frame.f_code
+        return on_line if code.co_filename == "<template>" or code in _JOINS else None
+
+    previous = sys.gettrace()
+    sys.settrace(on_call)
+    try:
+        parts, size = [], 0
+        for piece in compiled.generate(messages=messages, add_generation_prompt=True,
+                                       bos_token=bos, eos_token=eos):
+            size += len(piece)
+            if size > limit:
+                if max_bytes is not None:  # the caller's bound: what the context can hold
+                    raise ContextOverflowError(
+                        f"the conversation renders to more than {limit} characters, more "
+                        "than the context can hold", hint="shorten the conversation or raise "
+                        "-c/--ctx-size")
+                raise _OverBudget(f"its output passed {limit} characters")
+            parts.append(piece)
+        return "".join(parts)
+    except ContextOverflowError:
+        raise
+    except _OverBudget as e:
+        raise UsageError(f"the model's chat template was stopped: {e}", hint=hint) from None
+    except RecursionError:
+        raise UsageError("the model's chat template was stopped: it recursed too deeply",
+                         hint=hint) from None
     except Exception as e:  # noqa: BLE001 - the sandbox stops anything worse than a failure
         kind = "" if isinstance(e, TemplateError) else f"{type(e).__name__}: "
-        raise UsageError(f"the model's chat template failed: {kind}{e}",
-                         hint="run without --chat and format the prompt yourself") from e
+        raise UsageError(f"the model's chat template failed: {kind}{e}", hint=hint) from e
+    finally:
+        sys.settrace(previous)
+

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specli import pairing
+from specli import loadable, pairing
 from specli.backend import Model, check_placement
 from specli.batching import Gate, SharedContext
 from specli.config import (
@@ -39,10 +39,9 @@ from specli.drafts import (
     Proposal,
     VerifyCost,
 )
-from specli.errors import ContextOverflowError, UsageError
-from specli.ggufmeta import read_header
+from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
-from specli.verify import verify
+from specli.verify import NonFinite, verify
 
 
 @dataclass
@@ -162,17 +161,37 @@ class Engine:
     def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
         if chat:
             return self.tokenize_messages([{"role": "user", "content": prompt}])
-        return self.target.tokenize(prompt)
+        return self.target.tokenize(self._fits(prompt))
 
     def tokenize_messages(self, messages: list[dict]) -> list[int]:
-        """A conversation rendered with the target's chat template (sandboxed; ChatML when the
-        file has none), tokenized with special tokens parsed."""
+        """A conversation rendered with the target's chat template (sandboxed, within a time
+        and size budget; ChatML when the file has none), tokenized with special tokens
+        parsed. What cannot fit the context is refused before the full work: more messages
+        than the context has tokens, or more bytes than its tokens could spell."""
         from specli.chat import render_messages
 
+        n_ctx = self.target.n_ctx
+        if len(messages) > n_ctx:
+            raise ContextOverflowError(
+                f"{len(messages)} messages cannot fit a context of {n_ctx} tokens",
+                hint="send fewer messages or raise -c/--ctx-size")
         bos = self.target.special_text("bos")
         text = render_messages(self.target.chat_template(), messages, bos=bos,
-                               eos=self.target.special_text("eos"))
-        return self.target.tokenize(text, add_special=not (bos and text.startswith(bos)))
+                               eos=self.target.special_text("eos"),
+                               max_bytes=n_ctx * self.target.max_token_bytes)
+        return self.target.tokenize(self._fits(text),
+                                    add_special=not (bos and text.startswith(bos)))
+
+    def _fits(self, text: str) -> str:
+        """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
+        max_token_bytes): then ContextOverflowError, before tokenizing megabytes."""
+        n_ctx, longest = self.target.n_ctx, self.target.max_token_bytes
+        if len(text) > n_ctx * longest:  # a character is at least a byte
+            raise ContextOverflowError(
+                f"the prompt is {len(text)} characters: at most {longest} bytes a token, it "
+                f"cannot fit a context of {n_ctx} tokens", hint="shorten the prompt or raise "
+                "-c/--ctx-size")
+        return text
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
@@ -228,14 +247,15 @@ class Engine:
         n_min = max(policy.n_min, 1)
         try:
             # 1. propose; a draft shorter than --draft-min is not worth a verification
-            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy)
+            proposal = (_finite(lambda: draft.propose(context, policy.k_for(draft, k), sp, rng,
+                                                      policy), "the draft model", stats)
                         if draft and k >= n_min else Proposal())
             drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            n_acc, token = verify(drafted, proposal.q if drafted else None, rows.__getitem__,
-                                  sp, rng)
+            n_acc, token = _finite(lambda: verify(drafted, proposal.q if drafted else None,
+                                                  rows.__getitem__, sp, rng), "the model", stats)
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
             n_keep = n_past + 1 + n_acc
@@ -288,20 +308,28 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
+def _finite(call, who: str, stats: Stats):
+    """call(), with a NaN or infinite logits row said in one line (BackendError)."""
+    try:
+        return call()
+    except NonFinite as e:
+        at = stats.n_predict + max(e.row, 0) + 1
+        raise BackendError(f"{who} produced NaN or infinite logits at token {at}",
+                           hint="its weights may be damaged: try another file or "
+                           "quantization") from None
+
+
 def check_files(target: ModelParams, draft: ModelParams | None,
                 spec_types: Sequence[str]) -> int | None:
     """The target's header is read once, before any weights: a damaged one is one clear error,
-    an incompatible draft is refused; the tokenizer is parsed only when a pair or a lookup
-    cache needs it. Devices and buffer types are checked last. Returns the target's
+    metadata llama.cpp would abort on is refused (loadable.py), an incompatible draft is
+    refused. Devices and buffer types are checked last. Returns the target's
     vocabulary size when it was read."""
-    n_vocab = None
-    if draft is None and "ngram-cache" not in spec_types:
-        read_header(target.path)
-    else:
-        info = pairing.read_tokenizer(target.path)
-        if draft is not None:
-            pairing.ensure_compatible(info, draft.path)
-        n_vocab = info.n_vocab
+    header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
+    info = pairing.tokenizer_info(header)
+    if draft is not None:
+        pairing.ensure_compatible(info, pairing.tokenizer_info(loadable.check_file(draft.path)))
+    n_vocab = info.n_vocab if draft is not None or "ngram-cache" in spec_types else None
     for params in (target, draft):
         if params is not None:
             check_placement(params)

@@ -277,11 +277,11 @@ def check_pair(target: TokenizerInfo, draft: TokenizerInfo) -> Verdict:
     return Verdict(True)
 
 
-def ensure_compatible(target: str | TokenizerInfo, draft_path: str) -> None:
+def ensure_compatible(target: str | TokenizerInfo, draft: str | TokenizerInfo) -> None:
     """Raise IncompatiblePairError (exit 1) naming the failed rule, or return quietly."""
     if isinstance(target, str):
         target = read_tokenizer(target)
-    verdict = check_pair(target, read_tokenizer(draft_path))
+    verdict = check_pair(target, read_tokenizer(draft) if isinstance(draft, str) else draft)
     if not verdict.ok:
         raise IncompatiblePairError(
             f"incompatible draft/target pair ({verdict.rule}): {verdict.message}",

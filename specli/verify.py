@@ -14,6 +14,24 @@ import numpy as np
 from specli.config import SamplingParams
 
 
+class NonFinite(ArithmeticError):
+    """A logits row holding NaN or infinity (damaged weights, a broken backend): no token can
+    be chosen from it. `row` is its index in the verification batch (-1: a draft's row)."""
+
+    def __init__(self, row: int = -1):
+        super().__init__(f"non-finite logits in row {row}")
+        self.row = row
+
+
+def finite_argmax(row: np.ndarray, index: int = -1) -> int:
+    """The row's argmax, after checking the row is usable: numpy's argmax lands on a NaN or
+    an infinity if there is one, so one look at the winner checks the whole row."""
+    best = int(np.argmax(row))
+    if not np.isfinite(row[best]):
+        raise NonFinite(index)
+    return best
+
+
 @dataclass(frozen=True)
 class Dist:
     """Token ids and their probabilities, probabilities summing to 1, highest first."""
@@ -80,8 +98,8 @@ def verify(
     """
     for i, x in enumerate(drafted):
         row = target_row(i)
+        best = finite_argmax(row, i)
         if sp.greedy:
-            best = int(np.argmax(row))
             if best != x:
                 return i, best
             continue
@@ -92,6 +110,7 @@ def verify(
             continue
         return i, residual(p, qi, x).sample(rng)
     bonus = target_row(len(drafted))
+    best = finite_argmax(bonus, len(drafted))
     if sp.greedy:
-        return len(drafted), int(np.argmax(bonus))
+        return len(drafted), best
     return len(drafted), sampling_dist(bonus, sp).sample(rng)

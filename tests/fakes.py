@@ -49,6 +49,8 @@ class FakeModel:
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         return b"" if token == EOG else chr(ord("a") + token % 26).encode()
 
+    max_token_bytes = 1  # one character a token
+
     def is_eog(self, token: int) -> bool:
         return token == EOG
 

@@ -104,6 +104,7 @@ def write(path: Path, arch="llama", pre="smollm", template: str | None = None,
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_token_merges(["t o"])  # a BPE vocabulary llama.cpp can load has merges
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     if template is not None:
@@ -144,6 +145,7 @@ def test_a_single_rule_failure_names_the_rule_on_the_cli(tmp_path):
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_token_merges(["t o"])  # a BPE vocabulary llama.cpp can load has merges
     w.add_bos_token_id(1)
     w.add_eos_token_id(7)
     w.add_add_eos_token(True)
@@ -235,6 +237,9 @@ def _tokens(n: int = 16) -> bytes:
                struct.pack("<IQ", STRING, n) + b"".join(_s(f"t{i}") for i in range(n)))
 
 
+MERGES = _kv("tokenizer.ggml.merges", ARRAY, struct.pack("<IQ", STRING, 1) + _s("t 1"))
+
+
 def raw_gguf(path: Path, *kvs: bytes, tensors: bytes = b"", n_tensors: int = 0,
              data: bytes = b"") -> str:
     body = b"".join(kvs)
@@ -297,7 +302,8 @@ def test_tensors_must_follow_each_other_as_gguf_cpp_requires(tmp_path):
 
 def test_metadata_is_text_not_markup_nor_terminal_control(tmp_path, q4_1):
     evil = raw_gguf(tmp_path / "evil.gguf", _kv("general.architecture", STRING, _s("[/]")),
-                    _kv("general.name", STRING, _s("x\x1b]0;owned\x07y")), GPT2, _tokens())
+                    _kv("general.name", STRING, _s("x\x1b]0;owned\x07y")), GPT2, _tokens(),
+                    MERGES)
     r = specli("check-pair", evil, evil)
     assert r.returncode == 0, r.stderr
     assert "[/]" in r.stdout

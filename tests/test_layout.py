@@ -6,9 +6,9 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "specli"
-CORE = ["engine.py", "generate.py", "verify.py", "stats.py", "config.py", "pairing.py",
-        "ggufmeta.py", "tuning.py", "cost.py", "errors.py", "netguard.py", "_audit_site",
-        "backend.py", "batching.py", "chat.py", "defaults.py", "drafts"]
+CORE = ["engine.py", "generate.py", "loadable.py", "verify.py", "stats.py", "config.py",
+        "pairing.py", "ggufmeta.py", "tuning.py", "cost.py", "errors.py", "netguard.py",
+        "_audit_site", "backend.py", "batching.py", "chat.py", "defaults.py", "drafts"]
 
 
 def imports(path: Path) -> set[str]:

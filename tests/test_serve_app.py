@@ -84,3 +84,45 @@ def test_fuzzed_requests_never_get_a_5xx(operations, data):
     case = data.draw(op.as_strategy(generation_mode=mode))
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+
+
+@pytest.fixture(scope="module")
+def hostile_app(q4_1):
+    """Its own slots, and one client (one event loop) for every example."""
+    st = State(_config(q4_1))
+    st.load()
+    with TestClient(create_app(st.config, state=st)) as client:
+        yield client
+
+
+# strings and arrays a hostile client sends (issue 16): lone surrogates, NUL, huge values
+HOSTILE = st.sampled_from(["\ud800", "a\udfffb", "\udc00\ud800", "\x00", "\x00" * 4096,
+                           "x" * 200_000, "\u202e\u0000{{ 7 * 7 }}", "\ufffe"])
+HUGE = st.sampled_from([list(range(100_000)), ["x"] * 100_000, [{}] * 10_000])
+
+
+def _mutate(value, draw, depth: int = 0):
+    """value with one leaf (a string, an array or anything at random) made hostile."""
+    if isinstance(value, dict) and value and depth < 6:
+        key = draw(st.sampled_from(sorted(value)))
+        return {**value, key: _mutate(value[key], draw, depth + 1)}
+    if isinstance(value, list) and value and depth < 6 and draw(st.booleans()):
+        i = draw(st.integers(0, len(value) - 1))
+        return value[:i] + [_mutate(value[i], draw, depth + 1)] + value[i + 1:]
+    return draw(st.one_of(HOSTILE, HUGE))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_strings_and_arrays_never_get_a_5xx(hostile_app, operations, data):
+    """Schema-valid cases from the app's schema, one value swapped for a lone surrogate, NUL,
+    a 200 kB string or a 100,000-item array: sent as JSON escapes, as a client would."""
+    import json
+
+    op = data.draw(st.sampled_from([o for o in operations if o.method.upper() == "POST"]))
+    case = data.draw(op.as_strategy(generation_mode=GenerationMode.POSITIVE))
+    body = _mutate(case.body if isinstance(case.body, dict) else {}, data.draw)
+    r = hostile_app.post(case.formatted_path, content=json.dumps(body),
+                    headers={"Content-Type": "application/json"})
+    assert r.status_code < 500, (case.path, body if len(str(body)) < 2000 else "...", r.text)

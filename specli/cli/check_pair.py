@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from specli import loadable
 from specli.cli import options as o
 from specli.cli.console import err, out, safe, spinner
 from specli.errors import UsageError
@@ -56,6 +57,8 @@ def check_pair(
     """
     if n_predict < 1 or draft_max < 1:
         raise UsageError("-n/--n-predict and --draft must be at least 1")
+    for path in (target, draft):  # a file run would refuse or abort on gets no verdict
+        loadable.check_file(str(path))
     report = compare(read_model_info(str(target)), read_model_info(str(draft)))
     result = None
     if probe and report.verdict.ok:

@@ -11,8 +11,9 @@ from typing import Annotated
 
 import typer
 
+from specli import loadable
 from specli.cli import options as o
-from specli.cli.console import safe
+from specli.cli.console import err, safe
 from specli.ggufmeta import ArrayInfo, Header, read_header
 from specli.pairing import TOKENS, model_info, size_text, vocab_type
 
@@ -39,10 +40,15 @@ def info(
     """
     h = read_header(str(model), {TOKENS}, preview=PREVIEW)
     m = model_info(h)
+    unloadable = loadable.problem(str(model))
+    if unloadable:
+        err.print(f"warning: llama.cpp would abort on this file: {safe(unloadable)}",
+                  markup=False)
     if json_out:
         doc = {"schema_version": SCHEMA_VERSION, "path": h.path, "file_size": h.file_size,
                "version": h.version, "byte_order": h.byte_order, "n_kv": len(h.types),
                "n_tensors": len(h.tensors), "summary": m.to_dict(),
+               "loadable": {"ok": unloadable is None, "problem": unloadable},
                "metadata": {k: _json_value(h, k) for k in h.types},
                "tensors": _tensor_summary(h, tensors)}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -58,6 +64,7 @@ def info(
         f"{t.n_vocab} tokens, BOS {_id(t.bos_id, t.add_bos)}, EOS {_id(t.eos_id, t.add_eos)}, "
         f"EOT {_id(t.eot_id)}, PAD {_id(t.pad_id)}, {t.n_merges} merges, chat template "
         f"{'yes' if t.chat_template else 'no'}",
+        f"loadable: {'no: ' + unloadable if unloadable else 'yes'}",
         "",
         f"metadata ({len(h.types)} keys):",
     ]

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specli import loadable
 from specli.cli import options as o
 from specli.cli.console import err
 from specli.drafts import lookup
@@ -48,6 +49,7 @@ def create(
 
         model = default_pair()[0]
     size = _size(file)
+    loadable.check_file(model)  # a vocabulary llama.cpp would abort on while tokenizing
     tok = Tokenizer(model, verbose)
     cache: lookup.Cache = {}
     n_tokens = 0

@@ -9,6 +9,7 @@ corpus, bigrams only), which also re-weights the other two's candidates.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -133,6 +134,8 @@ def load(path: str | os.PathLike, n_vocab: int | None = None) -> Cache:
     model's vocabulary) is a LookupCacheError naming the file, never a crash."""
     p = Path(path)
     try:
+        if not stat.S_ISREG(os.stat(p).st_mode):  # a FIFO or a device would block the read
+            raise LookupCacheError(f"cannot read lookup cache {p}: not a regular file")
         with open(p, "rb") as f:
             if f.read(4) == b"GGUF":
                 raise _corrupt(p, "it is a GGUF model")
@@ -221,6 +224,23 @@ def save(cache: Cache, path: str | os.PathLike) -> None:
         pass
 
 
+def writable(path: str | os.PathLike) -> None:
+    """LookupCacheError now if `save` could not write there later: the folder must exist and
+    take a new file (tried, which also holds for root and read-only mounts), and the file, if
+    there, must be a regular one."""
+    p = Path(os.path.realpath(path))
+    if p.exists() and not p.is_file():
+        raise LookupCacheError(f"cannot write lookup cache {path}: not a regular file")
+    if not p.parent.is_dir():
+        raise LookupCacheError(f"cannot write lookup cache {path}: no such directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".probe", dir=p.parent)
+    except OSError as e:
+        raise LookupCacheError(f"cannot write lookup cache {path}: {e.strerror or e}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def statistics(cache: Cache) -> dict:
     """Sizes of a cache: n-grams by length, distinct continuations, observations."""
     by_size = {n: 0 for n in range(1, NGRAM_MAX + 1)}
@@ -258,8 +278,8 @@ class NgramCache:
         # like llama-lookup: a dynamic cache that does not exist yet is created at the end
         dynamic = (load(dynamic_path, n_vocab) if dynamic_path and Path(dynamic_path).exists()
                    else {})
-        if dynamic_path and not Path(dynamic_path).parent.is_dir():
-            raise LookupCacheError(f"cannot write lookup cache {dynamic_path}: no such directory")
+        if dynamic_path:
+            writable(dynamic_path)  # before generating, not after: nothing is lost
         return cls(static, dynamic, dynamic_path)
 
     def begin(self, prompt: Sequence[int]) -> None:

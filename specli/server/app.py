@@ -8,6 +8,7 @@ answers every error in OpenAI's envelope; formats.py writes usage, timings and s
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from contextlib import asynccontextmanager, suppress
 
@@ -51,8 +52,10 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         if st.pool is not None:
             await asyncio.to_thread(st.pool.close)
 
+    # no /docs or /redoc, and the schema is served behind the key (routes.info)
     app = FastAPI(title="specli", version=__version__, lifespan=lifespan,
-                  description="OpenAI-compatible speculative decoding server (llama.cpp).")
+                  description="OpenAI-compatible speculative decoding server (llama.cpp).",
+                  docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specli = st
     app.add_middleware(BodyLimit, limit=config.max_body)
     app.add_middleware(CountRequests, metrics=st.metrics)
@@ -86,6 +89,35 @@ class CountRequests:
             self.metrics.requests.labels(route=path, code=str(status[0])).inc()
 
 
+_ESCAPE = re.compile(rb"(\\+)u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def lone_surrogate(body: bytes) -> int | None:
+    """The byte offset of a JSON escape of a lone UTF-16 surrogate ("\\ud800" not in a
+    pair), or None. One regex pass; only bodies that hold such escapes are looked at closer."""
+    expect_low = -1  # where a low surrogate must follow
+    for m in _ESCAPE.finditer(body):
+        if len(m.group(1)) % 2 == 0:  # "\\\\ud800": an escaped backslash, then text
+            continue
+        start = m.start(1) + len(m.group(1)) - 1
+        low = m.group(2)[1:2].lower() in (b"c", b"d", b"e", b"f")
+        if expect_low >= 0:
+            if low and start == expect_low:
+                expect_low = -1
+                continue
+            return expect_low - 6
+        if low:
+            return start
+        expect_low = m.end()
+    return expect_low - 6 if expect_low >= 0 else None
+
+
+def _as_json(scope: dict) -> None:
+    """In place: the outer middleware reads what the router writes into this scope."""
+    headers = [(k, v) for k, v in scope.get("headers", ()) if k != b"content-type"]
+    scope["headers"] = [*headers, (b"content-type", b"application/json")]
+
+
 class BodyLimit:
     """413 for a request body over the limit, counted as it arrives (chunked or not)."""
 
@@ -109,6 +141,13 @@ class BodyLimit:
                 return await self._too_large(scope, receive, send)
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
+        at = lone_surrogate(body)
+        if at is not None:  # json.loads would make it a str that no UTF-8 encoder takes
+            return await envelope(400, f"the body holds a lone UTF-16 surrogate escape at byte "
+                                  f"{at}, which is not valid Unicode",
+                                  code="invalid_unicode")(scope, receive, send)
+        if body and scope["method"] == "POST":  # `curl -d` says form-urlencoded: llama-server
+            _as_json(scope)                      # parses any body as JSON, and so do we
 
         async def replay():
             nonlocal replayed

@@ -3,12 +3,14 @@ a 4xx, never a 500; a 5xx is a bug or a failed decode."""
 
 from __future__ import annotations
 
+import json
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specli.errors import BackendError, SpecliError
+from specli.errors import BackendError, ContextOverflowError, SpecliError
 
 
 class APIError(Exception):
@@ -20,11 +22,19 @@ class APIError(Exception):
         self.param, self.code, self.headers = param, code, headers
 
 
+class _Ascii(JSONResponse):
+    """JSON with every non-ASCII character escaped: an error may quote a client's own string,
+    and a lone surrogate in it cannot be written as UTF-8."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
 def envelope(status: int, message: str, type: str = "invalid_request_error",
              param: str | None = None, code: str | int | None = None,
              headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": type, "param": param,
-                                   "code": code}}, status_code=status, headers=headers)
+    return _Ascii({"error": {"message": message, "type": type, "param": param,
+                             "code": code}}, status_code=status, headers=headers)
 
 
 def refuse(param: str, why: str = "is not supported by specli") -> APIError:
@@ -40,21 +50,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        err = e.errors()[0] if e.errors() else {}
-        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        param = ".".join(loc) or None
-        kind = err.get("type", "")
-        if kind == "json_invalid":
-            return envelope(400, "the body is not valid JSON", code="invalid_json")
-        if kind == "extra_forbidden":
-            return envelope(400, f"unknown parameter '{param}'", param=param,
-                            code="unknown_parameter")
-        if loc == [] and kind in ("model_attributes_type", "dict_type"):
-            return envelope(400, "the request body must be a JSON object", code="invalid_json")
-        if kind == "missing":
-            return envelope(400, f"'{param}' is required", param=param, code="missing")
-        return envelope(400, f"{param or 'body'}: {err.get('msg', 'invalid')}", param=param,
-                        code="invalid_value")
+        message, param, code = describe(list(e.errors()))
+        return envelope(400, message, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
@@ -70,8 +67,67 @@ def install(app: FastAPI) -> None:
     async def specli_error(request: Request, e: SpecliError) -> JSONResponse:
         if isinstance(e, BackendError):
             return envelope(500, e.message, "server_error")
-        return envelope(400, e.message)
+        return envelope(400, e.message, code="context_length_exceeded"
+                        if isinstance(e, ContextOverflowError) else None)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception) -> JSONResponse:
         return envelope(500, f"internal error: {type(e).__name__}: {e}", "server_error")
+
+
+# -- a body that failed validation, in the API's own terms ------------------------------------
+
+_EXPECT = {
+    "string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "bool_type": "a boolean", "list_type": "an array",
+    "dict_type": "an object", "model_type": "an object", "model_attributes_type": "an object",
+    "none_required": "null",
+}
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
+def _is_tag(part) -> bool:
+    """A union member's tag in a pydantic error location ('str', 'list[TextPart]',
+    'constrained-int', 'Speculative'), not one of the request's own field names."""
+    return isinstance(part, str) and (part in _TYPE_NAMES or part[:1].isupper()
+                                      or any(c in part for c in "[-("))
+
+
+def _where(loc) -> str:
+    """messages[0].content, from pydantic's ('body', 'messages', 0, 'content', 'str')."""
+    out = ""
+    for part in loc:
+        if (part == "body" and not out) or _is_tag(part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else f".{part}" if out else str(part)
+    return out
+
+
+def describe(errors: list[dict]) -> tuple[str, str | None, str]:
+    """(message, param, code) for a body that failed validation: the field as the client
+    wrote it (messages[0].content) and what it must be, never pydantic's internals."""
+    first = errors[0] if errors else {}
+    where, kind = _where(first.get("loc", ())), first.get("type", "")
+    if kind == "json_invalid":
+        return "the body is not valid JSON", None, "invalid_json"
+    if not where and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
+        return "the request body must be a JSON object", None, "invalid_json"
+    if kind == "extra_forbidden":
+        return f"unknown parameter '{where}'", where, "unknown_parameter"
+    if kind == "missing":
+        return f"'{where}' is required", where, "missing"
+    deeper = [e for e in errors if _where(e.get("loc", ())).startswith((f"{where}[", f"{where}."))]
+    if deeper:  # a union matched by type deeper down: the part inside that failed says more
+        return describe(deeper)
+    wants = list(dict.fromkeys(_EXPECT[e.get("type", "")] for e in errors
+                               if _where(e.get("loc", ())) == where
+                               and e.get("type", "") in _EXPECT))
+    if wants and kind in _EXPECT:
+        return f"{where or 'the body'} must be {' or '.join(wants)}", where or None, \
+            "invalid_type"
+    if kind == "too_long":
+        most = (first.get("ctx") or {}).get("max_length")
+        return f"{where} has too many items (at most {most})", where, "too_long"
+    msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return (f"{where}: {msg[:1].lower()}{msg[1:]}" if where else msg), where or None, \
+        "invalid_value"

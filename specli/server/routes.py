@@ -121,6 +121,11 @@ async def props(st: AppState, pool: Pool) -> dict:
     }
 
 
+@info.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request) -> dict:
+    return request.app.openapi()
+
+
 @info.get("/metrics")
 async def metrics(st: AppState) -> Response:
     if not st.config.metrics:
@@ -150,7 +155,9 @@ async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
 @openai.post("/chat/completions", include_in_schema=False)
 async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) -> Response:
     _refuse_chat(body)
-    ids = st.engine.tokenize_messages([_message(m) for m in body.messages])
+    # rendering and tokenizing run off the event loop, within their bounds (engine.py)
+    ids = await asyncio.to_thread(st.engine.tokenize_messages,
+                                  [_message(m) for m in body.messages])
     job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
                "max_tokens")
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -174,8 +181,8 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
 async def completions(body: CompletionRequest, request: Request, st: AppState,
                       pool: Pool) -> Response:
     _refuse_completion(body)
-    ids = _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
-                      isinstance(body.prompt[0], str) else body.prompt)
+    ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
+                            isinstance(body.prompt[0], str) else body.prompt)
     job = _job(st, body, ids, body.max_tokens, "max_tokens")
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "object": "text_completion"}
@@ -194,7 +201,7 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
                      pool: Pool) -> Response:
     if body.n_probs:
         raise APIError(400, "n_probs is not supported", param="n_probs")
-    ids = _prompt_ids(st, body.prompt)
+    ids = await _prompt_ids(st, body.prompt)
     spec = body.speculative
     if spec is None and any(v is not None for v in (
             body.spec_n_max, body.spec_n_min, body.spec_p_min, body.spec_type)):
@@ -260,11 +267,11 @@ def _refuse_completion(body: CompletionRequest) -> None:
         raise refuse("best_of")
 
 
-def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
+async def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        return st.engine.target.tokenize(prompt)
+        return await asyncio.to_thread(st.engine.tokenize, prompt)
     n_vocab = st.engine.target.n_vocab
     bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
     if bad is not None:

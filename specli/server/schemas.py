@@ -13,9 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specli.config import SPEC_TYPES
 
+MAX_MESSAGES = 65536
+
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Types as the OpenAI API checks them: "10" is not an integer, nor true a number."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Speculative(Strict):
@@ -61,14 +65,15 @@ class TextPart(Strict):
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")  # name, tool_call_id...: passed to the template
+    model_config = ConfigDict(extra="allow", strict=True)  # name...: passed to the template
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
 
 
 class ChatRequest(Sampling):
-    messages: Annotated[list[Message], Field(min_length=1)]
+    # a bound the event loop can validate in well under a second (the context is the real one)
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None

@@ -61,3 +61,4 @@ class State:
                                             c.spec_types, c.ngram)
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
                              c.timeout, on_done=self.metrics.observe, contexts=shared)
+        _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here

@@ -1,0 +1,187 @@
+"""Hostile files (issue 16, items 2 and 7-10): metadata llama.cpp aborts on, templates that
+loop or exhaust memory, NaN weights, a FIFO as a lookup cache. Each is one line and exit 2
+within a time bound, never an abort, a hang or garbage with exit 0."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import specli
+from hostile_models import T, copy_gguf, with_nan, with_template
+
+from specli.chat import render_messages
+from specli.errors import UsageError
+
+LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+DOUBLE = ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
+          "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s }}")
+
+
+def one_line(r, needle: str, code: int = 2) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+    assert "Traceback" not in r.stderr and "GGML_ASSERT" not in r.stderr
+
+
+# -- metadata llama.cpp aborts on, or refuses: refused first, by run and check-pair alike --------
+
+U32 = T.UINT32
+RULES = {
+    "block_count 10^6": ({"llama.block_count": (10**6, U32, None)}, "block_count is 1000000"),
+    "block_count 0": ({"llama.block_count": (0, U32, None)}, "block_count is 0"),
+    "block_count 513": ({"llama.block_count": (513, U32, None)}, "block_count is 513"),
+    "nextn layers": ({"llama.nextn_predict_layers": (31, U32, None)}, "nextn_predict_layers"),
+    "head_count 0": ({"llama.attention.head_count": (0, U32, None)}, "head_count has a value"),
+    "kv heads do not divide": ({"llama.attention.head_count_kv": (2, U32, None)},
+                               "does not divide head_count"),
+    "rope dimension": ({"llama.rope.dimension_count": (32, U32, None)},
+                       "rope.dimension_count (32)"),
+    "rope scaling": ({"llama.rope.scaling.type": ("cubic", T.STRING, None)}, "'cubic'"),
+    "experts": ({"llama.expert_count": (2, U32, None), "llama.expert_used_count": (3, U32, None)},
+                "expert_used_count (3)"),
+    "no vocabulary": ({"tokenizer.ggml.model": ("none", T.STRING, None)}, "tokenizer is 'none'"),
+    "short token_type": ({"tokenizer.ggml.token_type": ([1] * 5, T.ARRAY, T.INT32)},
+                         "token_type has 5 entries for 49152 tokens"),
+    "split part": ({"split.count": (2, T.UINT16, None)}, "split model"),
+}
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory, q4_1):
+    """Header-only copies of the real Q4_1, each with one rule broken (no weights are read)."""
+    d = tmp_path_factory.mktemp("hostile")
+    return {name: copy_gguf(q4_1, d / f"{i}.gguf", kv, tensors=False)
+            for i, (name, (kv, _)) in enumerate(RULES.items())}
+
+
+@pytest.mark.parametrize("name", list(RULES))
+def test_check_pair_refuses_what_run_cannot_load(hostile, q4_1, name):
+    t0 = time.monotonic()
+    one_line(specli("check-pair", q4_1, hostile[name]), RULES[name][1])
+    one_line(specli("check-pair", hostile[name], q4_1, "--json"), RULES[name][1])
+    r = specli("info", hostile[name])
+    assert r.returncode == 0 and "loadable: no: " in r.stdout
+    assert "would abort" in r.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_a_duplicated_token_is_refused(tmp_path, q4_1):
+    import gguf
+
+    tokens = list(gguf.GGUFReader(q4_1).fields["tokenizer.ggml.tokens"].contents())
+    tokens[100] = tokens[99]
+    bad = copy_gguf(q4_1, tmp_path / "dup.gguf",
+                    {"tokenizer.ggml.tokens": (tokens, T.ARRAY, T.STRING)}, tensors=False)
+    one_line(specli("check-pair", q4_1, bad), "token 100")
+
+
+@pytest.mark.parametrize("count", [10**6, 513])
+def test_run_says_one_line_where_llama_cpp_would_abort(tmp_path, q4_1, count):
+    """A full copy, weights and all: without the check, llama.cpp's load aborts (exit 134)."""
+    bad = copy_gguf(q4_1, tmp_path / "m.gguf", {"llama.block_count": (count, U32, None)})
+    for draft in ((), ("-md", bad)):
+        r = specli("run", "-m", q4_1 if draft else bad, *draft, "-p", "hi", "-n", "2")
+        one_line(r, f"block_count is {count}")
+
+
+# -- chat templates: bounded in time and size ----------------------------------------------------
+
+def test_a_template_that_loops_forever_is_stopped():
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match="ran for more than 1 s"):
+        render_messages(LOOP, [{"role": "user", "content": "hi"}], seconds=1.0)
+    assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("template,needle", [
+    (DOUBLE, "built a value of"),
+    ("{{ 'a' * 10000000000 }}", "repetition"),
+    ("{{ 'a'|center(10000000000) }}", "argument of 10000000000"),
+    ("{{ 'a'.ljust(10000000000) }}", "argument of 10000000000"),
+    ("{{ '{:>10000000000}'.format('a') }}", "format width"),
+    ("{{ '%10000000000s' % 'a' }}", "format width"),
+    ("{{ '%10000000000s'|format('a') }}", "format width"),
+    ("{{ 2 ** 100000000000 }}", "power"),
+    ("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}"
+     "{% endfor %}", "concatenation"),
+    ("{% for i in range(100000) %}{% for j in range(100000) %}" + "x" * 64 +
+     "{% endfor %}{% endfor %}", "output passed"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed"),
+])
+def test_a_template_that_builds_too_much_is_stopped(template, needle):
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match=needle):
+        render_messages(template, [{"role": "user", "content": "hi"}])
+    assert time.monotonic() - t0 < 5
+
+
+def test_real_templates_render_as_before(q4_1):
+    from specli.backend import Model
+    from specli.config import ModelParams
+
+    m = Model(ModelParams(q4_1, n_ctx=256))
+    try:
+        text = render_messages(m.chat_template(), [
+            {"role": "system", "content": "be brief 12345678901234567890"},
+            {"role": "user", "content": "%s {} {:>5} ~ ** " * 50}])
+    finally:
+        m.close()
+    assert text.startswith("<|im_start|>system\nbe brief 12345678901234567890<|im_end|>")
+    assert "%s {} {:>5} ~ ** " * 50 in text
+
+
+@pytest.mark.parametrize("template,needle,limit", [
+    (LOOP, "ran for more than 5 s", 12),
+    (DOUBLE, "built a value of", 10),
+])
+def test_run_chat_with_a_hostile_template_is_one_line(tmp_path, q4_1, template, needle, limit):
+    bad = with_template(q4_1, tmp_path / "t.gguf", template)
+    t0 = time.monotonic()
+    r = specli("run", "-m", bad, "--no-spec", "-p", "hi", "--chat", "-n", "2")
+    one_line(r, needle)
+    assert "chat template" in r.stderr and r.stdout == ""
+    assert time.monotonic() - t0 < limit
+
+
+# -- NaN weights ---------------------------------------------------------------------------------
+
+def test_nan_logits_are_an_error_not_garbage(tmp_path, q4_1):
+    bad = with_nan(q4_1, tmp_path / "nan.gguf")
+    r = specli("run", "-m", bad, "--no-spec", "-p", "hi", "-n", "4")
+    one_line(r, "produced NaN or infinite logits at token 1")
+    r = specli("run", "-m", q4_1, "-md", bad, "-p", "hi", "-n", "4", "--temp", "0.8")
+    assert r.returncode == 2 and "draft model produced NaN" in r.stderr, r.stderr
+
+
+# -- lookup caches -------------------------------------------------------------------------------
+
+def test_a_fifo_is_not_a_lookup_cache(tmp_path, q4_1):
+    fifo = tmp_path / "f.bin"
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    one_line(specli("lookup", "stats", str(fifo), timeout=30), "not a regular file")
+    r = specli("run", "-m", q4_1, "--spec-type", "ngram-cache", "-lcs", str(fifo), "-p", "hi",
+               "-n", "2", timeout=30)
+    one_line(r, "not a regular file")
+    assert time.monotonic() - t0 < 20
+
+
+def test_an_unwritable_dynamic_cache_fails_before_generating(tmp_path, q4_1):
+    for path in ("/proc/specli-cache.bin", str(tmp_path / "no" / "such" / "dir.bin"),
+                 str(tmp_path)):
+        r = specli("run", "-m", q4_1, "--spec-type", "ngram-cache", "-lcd", path, "-p", "hi",
+                   "-n", "8")
+        one_line(r, "lookup cache")
+        assert r.stdout == ""  # nothing was generated, so nothing is lost
+
+
+def test_serve_says_one_line_for_a_file_it_cannot_load(hostile):
+    t0 = time.monotonic()
+    r = specli("serve", "-m", hostile["block_count 513"], "--port", "0", timeout=60)
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "block_count is 513" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30

@@ -1,0 +1,194 @@
+"""Hostile clients against `specli serve` (issue 16, items 1-6, and the server side of 2 and
+10): nothing a request sends blocks the event loop, crashes a route or is coerced; SIGTERM
+always ends the server."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+from hostile_models import with_nan, with_template
+from test_hostile_files import DOUBLE, LOOP
+from test_serve import Server
+
+KEY = "test-key-123"
+
+
+@pytest.fixture(scope="module")
+def server(q4_1):
+    s = Server("-m", q4_1, "-c", "1024", "-t", "2", "--api-key", KEY, "--temp", "0")
+    yield s
+    s.stop()
+
+
+def health_while(s: Server, send) -> tuple[httpx.Response, float]:
+    """send() in a thread; meanwhile /health is polled. Returns send's response and the
+    slowest /health answer seen."""
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(send()))
+    t.start()
+    slowest = 0.0
+    with httpx.Client(base_url=s.url, timeout=5) as h:
+        while t.is_alive():
+            t0 = time.monotonic()
+            assert h.get("/health").status_code == 200
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.05)
+    t.join()
+    return out[0], slowest
+
+
+def post(s: Server, path: str, body, timeout: float = 60, **kw) -> httpx.Response:
+    with s.http() as h:
+        return h.post(path, content=body if isinstance(body, bytes | str) else
+                      json.dumps(body), timeout=timeout, **kw)
+
+
+# -- 1. no request blocks the event loop ------------------------------------------------------
+
+@pytest.mark.parametrize("name,path,body", [
+    ("200,000 messages", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "a"}] * 200_000, "max_tokens": 4}),
+    ("a 7.5 MB prompt", "/completion", {"prompt": "word " * 1_500_000, "n_predict": 4}),
+    ("a 7.5 MB message", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "word " * 1_500_000}], "max_tokens": 4}),
+])
+def test_a_huge_request_is_refused_and_health_keeps_answering(server, name, path, body):
+    t0 = time.monotonic()
+    r, slowest = health_while(server, lambda: post(server, path, body))
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] in ("context_length_exceeded", "too_long")
+    assert slowest < 1.0 and time.monotonic() - t0 < 15, (slowest, name)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_server_with_a_generation_in_flight(q4_1, sig):
+    s = Server("-m", q4_1, "-c", "1024", "-t", "2")
+    try:
+        with httpx.Client(base_url=s.url, timeout=60) as h, h.stream(
+                "POST", "/completion", json={"prompt": "Count to a thousand:",
+                                             "n_predict": 900, "stream": True}) as r:
+            next(r.iter_lines())  # generating now
+            t0 = time.monotonic()
+            s.proc.send_signal(sig)
+            s.proc.wait(10)
+        assert time.monotonic() - t0 < 5
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
+# -- 2. hostile templates: 400 naming the template, the loop free meanwhile --------------------
+
+@pytest.mark.parametrize("template,needle", [(LOOP, "ran for more than"),
+                                             (DOUBLE, "built a value of")])
+def test_a_hostile_template_is_a_400_and_health_keeps_answering(tmp_path, q4_1, template,
+                                                                needle):
+    s = Server("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256", "-t", "2")
+    try:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        r, slowest = health_while(s, lambda: post(s, "/v1/chat/completions", body))
+        assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
+        assert needle in r.json()["error"]["message"] and slowest < 1.0
+        r = post(s, "/completion", {"prompt": "hi", "n_predict": 2})  # still serving
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
+
+
+# -- 3, 4. surrogates and types: 400 in the API's own terms -------------------------------------
+
+SURROGATE = '"\\ud800"'
+SURROGATE_CASES = [
+    ("/completion", '{"prompt": %s}'),
+    ("/v1/completions", '{"prompt": %s}'),
+    ("/v1/completions", '{"prompt": [%s]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": %s}]}'),
+    ("/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": [{"type": "text", "text": %s}]}]}'),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "x", "name": %s}]}'),
+    ("/v1/chat/completions", '{"model": %s, "messages": [{"role": "user", "content": "x"}]}'),
+    ("/v1/completions", '{"model": %s, "prompt": "x"}'),
+    ("/completion", '{"prompt": "x", "stop": [%s]}'),
+]
+
+
+@pytest.mark.parametrize("path,template", SURROGATE_CASES)
+def test_a_lone_surrogate_is_a_400(server, path, template):
+    r = post(server, path, template % SURROGATE)
+    assert r.status_code == 400, r.text
+    assert "surrogate" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path,body,message", [
+    ("/v1/completions", {"prompt": "x", "max_tokens": "10"}, "max_tokens must be an integer"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, "max_tokens must be an integer"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, "stream must be a boolean"),
+    ("/completion", {"prompt": "x", "speculative": "yes"},
+     "speculative must be an object or a boolean"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]},
+     "messages[0].content must be a string or an array"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text",
+                                                                         "text": 1}]}]},
+     "messages[0].content[0].text must be a string"),
+    ("/v1/completions", {"prompt": "x", "temperature": "0.5"}, "temperature must be a number"),
+])
+def test_types_are_strict_and_errors_speak_the_api(server, path, body, message):
+    r = post(server, path, body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"] == message, err
+    assert ".str" not in err["message"] and "Speculative." not in err["message"]
+
+
+@pytest.mark.parametrize("body", [b"", b"null", b"[]", b"7"])
+def test_a_body_that_is_not_an_object_says_so(server, body):
+    r = post(server, "/v1/chat/completions", body)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"] in ("the request body must be a JSON object",
+                                            "the body is not valid JSON"), r.text
+
+
+# -- 5. no schema or docs for strangers ---------------------------------------------------------
+
+def test_docs_are_off_and_the_schema_is_behind_the_key(server):
+    with httpx.Client(base_url=server.url) as anon, server.http() as keyed:
+        for path in ("/docs", "/redoc"):
+            assert anon.get(path).status_code in (401, 404)
+            assert keyed.get(path).status_code == 404
+        assert anon.get("/openapi.json").status_code == 401
+        r = keyed.get("/openapi.json")
+        assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
+
+
+# -- 6. a JSON body without a JSON content type (curl -d) ---------------------------------------
+
+@pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
+                                          "text/plain"])
+def test_json_without_a_json_content_type_is_parsed(server, content_type):
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if content_type:
+        headers["Content-Type"] = content_type
+    r = httpx.post(f"{server.url}/completion", headers=headers, timeout=60,
+                   content=json.dumps({"prompt": "hi", "n_predict": 2}).encode())
+    assert r.status_code == 200, r.text
+    assert "content" in r.json()
+
+
+# -- 10. NaN weights: a 500 that says so, and the slot is free again ----------------------------
+
+def test_nan_logits_are_a_500_and_the_slot_recovers(tmp_path, q4_1):
+    s = Server("-m", with_nan(q4_1, tmp_path / "nan.gguf"), "-c", "256", "-t", "2")
+    try:
+        for _ in range(2):
+            r = post(s, "/completion", {"prompt": "hi", "n_predict": 4})
+            assert r.status_code == 500
+            assert "NaN or infinite logits at token 1" in r.json()["error"]["message"]
+            with httpx.Client(base_url=s.url) as h:
+                assert h.get("/health").json()["slots_idle"] == 1
+    finally:
+        s.stop()
