@@ -15,6 +15,7 @@ from functools import lru_cache, wraps
 
 import jinja2.runtime
 from jinja2 import TemplateError
+from jinja2.nodes import EvalContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specli.errors import ContextOverflowError, UsageError
@@ -42,18 +43,31 @@ def _sized(value, limit: int):
     return value
 
 
-def _check_args(args, kwargs, limit: int) -> None:
-    """No width, count or repeat argument beyond the size limit (center(10**10), ljust...)."""
+# the filters and str methods whose int arguments are widths or counts of what they build
+_WIDTH_FILTERS = {"do_center", "do_indent", "do_truncate", "do_wordwrap"}
+_WIDTH_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+
+
+def _check_widths(args, kwargs, limit: int) -> None:
+    """No width or count argument beyond the size limit (center(10**10), ljust...)."""
     for a in (*args, *kwargs.values()):
         if isinstance(a, int) and not isinstance(a, bool) and abs(a) > limit:
             raise _OverBudget(f"an argument of {a} (limit {limit})")
 
 
-def _check_format(fmt: str, spec: re.Pattern, limit: int) -> None:
-    """No field width or precision beyond the size limit in a format string."""
-    for field in spec.findall(fmt[:65536]):
+def _check_format(fmt: str, spec: re.Pattern, limit: int, values=()) -> None:
+    """No field width or precision beyond the size limit in a format string, nor a `*`
+    width taken from the values that is."""
+    for field in spec.findall(fmt):
         if any(int(n) > limit for n in _DIGITS.findall(field)):
             raise _OverBudget(f"a format width over {limit}")
+    if "*" in fmt:
+        _check_widths(values if isinstance(values, tuple) else (values,), {}, limit)
+
+
+def _check_size(n: int, limit: int, what: str) -> None:
+    if n > limit:
+        raise _OverBudget(f"{what} of {n} items (limit {limit})")
 
 
 class _Budgeted(ImmutableSandboxedEnvironment):
@@ -66,11 +80,20 @@ class _Budgeted(ImmutableSandboxedEnvironment):
             self.filters[name] = self._guard(f)
 
     def _guard(self, f):
+        name = f.__name__
+
         @wraps(f)
         def guarded(*args, **kwargs):
-            _check_args(args[1:], kwargs, self.limit)  # args[0] is the value filtered
-            if f.__name__ == "do_format" and args and isinstance(args[0], str):
-                _check_format(args[0], _PERCENT, self.limit)
+            # the value filtered comes after the context for pass_context filters
+            values = [a for a in args if not isinstance(a, jinja2.runtime.Context | EvalContext)]
+            if name in _WIDTH_FILTERS:
+                _check_widths(values[1:], kwargs, self.limit)
+            elif name == "do_format" and values and isinstance(values[0], str):
+                _check_format(values[0], _PERCENT, self.limit, tuple(values[1:]))
+            elif name == "do_join" and values and isinstance(values[0], list | tuple):
+                sep = values[1] if len(values) > 1 else kwargs.get("d", "")
+                _check_size(sum(len(x) if isinstance(x, str) else 1 for x in values[0])
+                            + len(sep) * max(len(values[0]) - 1, 0), self.limit, "a join")
             return _sized(f(*args, **kwargs), self.limit)
         return guarded
 
@@ -78,24 +101,34 @@ class _Budgeted(ImmutableSandboxedEnvironment):
         limit = self.limit
         if op == "*":
             for seq, n in ((left, right), (right, left)):
-                if hasattr(seq, "__len__") and isinstance(n, int) and len(seq) * n > limit:
-                    raise _OverBudget(f"a repetition to {len(seq) * n} items (limit {limit})")
+                if hasattr(seq, "__len__") and isinstance(n, int):
+                    _check_size(len(seq) * n, limit, "a repetition")
         elif op == "**" and isinstance(left, int) and isinstance(right, int) and \
                 abs(left) > 1 and right > 0 and right * abs(left).bit_length() > 8 * limit:
             raise _OverBudget("a power beyond the size limit")
-        elif op == "+" and hasattr(left, "__len__") and hasattr(right, "__len__") and \
-                len(left) + len(right) > limit:
-            raise _OverBudget(f"a concatenation of {len(left) + len(right)} items")
+        elif op == "+" and hasattr(left, "__len__") and hasattr(right, "__len__"):
+            _check_size(len(left) + len(right), limit, "a concatenation")
         elif op == "%" and isinstance(left, str):
-            _check_format(left, _PERCENT, limit)
+            _check_format(left, _PERCENT, limit, right)
         return _sized(super().call_binop(context, op, left, right), limit)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's signature
-        _check_args(args, kwargs, __self.limit)
-        bound = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)
-        if isinstance(bound, str):  # "{:>99999999999}".format(x)
-            _check_format(bound, _BRACES, __self.limit)
-        return _sized(super().call(__context, __obj, *args, **kwargs), __self.limit)
+        limit = __self.limit
+        method = getattr(__obj, "__wrapped__", __obj)
+        bound, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+        if isinstance(bound, str):
+            if name in _WIDTH_METHODS:
+                _check_widths(args, kwargs, limit)
+            elif name in ("format", "format_map"):  # "{:>99999999999}".format(x)
+                _check_format(bound, _BRACES, limit)
+            elif name == "replace" and len(args) >= 2 and isinstance(args[0], str) and \
+                    isinstance(args[1], str):  # "".replace("", s) grows by len(s) a char
+                _check_size(len(bound) + bound.count(args[0]) * len(args[1]), limit,
+                            "a replacement")
+            elif name == "join" and args and isinstance(args[0], list | tuple):
+                _check_size(sum(len(x) if isinstance(x, str) else 1 for x in args[0])
+                            + len(bound) * max(len(args[0]) - 1, 0), limit, "a join")
+        return _sized(super().call(__context, __obj, *args, **kwargs), limit)
 
 
 @lru_cache(maxsize=8)
@@ -134,7 +167,7 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
 
     def on_line(frame, event, arg):
         if event == "return" and frame.f_code in _JOINS:
-            _sized(arg, limit)
+            _sized(arg, RENDER_BYTES)  # the output's own bound (max_bytes) is checked below
         elif time.monotonic() > deadline:
             raise _OverBudget(f"it ran for more than {seconds:g} s")
         return on_line

@@ -115,12 +115,13 @@ def _unreachable(timeout: float = 3.0) -> str | None:
     import socket
     import threading
     from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
 
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY",
-                                       "http_proxy", "ALL_PROXY", "all_proxy")):
-        return None
     url = urlsplit(_endpoint() or "https://huggingface.co")
     host, port = url.hostname or "", url.port or (80 if url.scheme == "http" else 443)
+    proxies = getproxies()  # the environment's, or the system's (macOS, Windows)
+    if any(proxies.get(k) for k in (url.scheme, "all")) and not proxy_bypass(host):
+        return None
     found: list = []
 
     def resolve() -> None:  # getaddrinfo has no timeout of its own

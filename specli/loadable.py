@@ -65,8 +65,12 @@ def _int(kv: dict, key: str, default: int | None = None) -> int | None:
 
 def _problem(h: Header) -> str | None:  # noqa: C901 - one flat list of llama.cpp's asserts
     kv = h.kv
-    if (_int(kv, "split.count") or 1) > 1:
-        return "it is one part of a split model (split.count > 1), which specli does not load"
+    if (_int(kv, "split.count") or 1) > 1:  # llama.cpp loads a split model from part 1
+        if h.types.get("split.no") != "UINT16":
+            return f"split.no is {h.types.get('split.no', 'missing')}, not UINT16"
+        if kv.get("split.no"):
+            return (f"it is part {kv['split.no'] + 1} of a split model of "
+                    f"{kv['split.count']}: give the first part")
     for t in h.tensors:
         if any(d < 1 for d in t.shape):
             return f"tensor {t.name} has a dimension of {min(t.shape)}"
@@ -125,7 +129,7 @@ def _arrays(h: Header) -> str | None:
         return None
     for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
         a = h.arrays.get(key)
-        if a is not None and a.count != tokens.count:
+        if a is not None and a.count < tokens.count:  # longer: llama.cpp reads the head
             return f"{key} has {a.count} entries for {tokens.count} tokens"
     if h.kv.get("tokenizer.ggml.model") == "gpt2" and "tokenizer.ggml.merges" not in h.arrays:
         return "its BPE vocabulary has no merges"
@@ -157,14 +161,16 @@ def _heads(kv: dict, key: str, arch: str) -> str | None:
     heads_kv = _values(kv.get(key + "attention.head_count_kv", heads))
     if not heads or not heads_kv:
         return None
-    if any(n < 1 for n in heads):
+    # recurrent models (Mamba, RWKV) have no attention heads, and some models skip layers
+    # (Deci): only the architectures whose graphs divide by them are held to n >= 1
+    if arch in ("llama", "gemma3") and any(n < 1 for n in heads):
         return f"{key}attention.head_count has a value below 1"
     if arch in ("llama", "gemma3") and (len(set(heads)) > 1 or len(set(heads_kv)) > 1):
         return f"{key}attention.head_count(_kv) differs between layers, which {arch} " \
                "does not support"
     for n, n_kv in zip(heads, heads_kv * (len(heads) // max(len(heads_kv), 1) or 1),
                        strict=False):
-        if n_kv and (n_kv > n or n % n_kv):
+        if n and n_kv and (n_kv > n or n % n_kv):
             return f"{key}attention.head_count_kv ({n_kv}) does not divide head_count ({n})"
     n_embd = _int(kv, key + "embedding_length")
     if arch in ("llama", "gemma3") and n_embd:

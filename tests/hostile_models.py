@@ -22,7 +22,8 @@ def copy_gguf(src: str, dst: Path, set_kv: dict[str, tuple[object, T, T | None]]
     tensors=False, the metadata alone (a header-only file, for checks that read no weights)."""
     set_kv = dict(set_kv or {})
     r, fields = _read(src)
-    w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    arch = set_kv.pop("general.architecture", (None,))[0]
+    w = gguf.GGUFWriter(str(dst), arch or r.fields["general.architecture"].contents())
     for key, (value, vtype, sub) in fields.items():
         if key not in drop and key not in set_kv:
             w.add_key_value(key, value, vtype, sub_type=sub)

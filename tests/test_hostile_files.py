@@ -45,7 +45,10 @@ RULES = {
     "no vocabulary": ({"tokenizer.ggml.model": ("none", T.STRING, None)}, "tokenizer is 'none'"),
     "short token_type": ({"tokenizer.ggml.token_type": ([1] * 5, T.ARRAY, T.INT32)},
                          "token_type has 5 entries for 49152 tokens"),
-    "split part": ({"split.count": (2, T.UINT16, None)}, "split model"),
+    "split part 2": ({"split.count": (2, T.UINT16, None), "split.no": (1, T.UINT16, None)},
+                     "part 2 of a split model of 2"),
+    "split.no type": ({"split.count": (2, T.UINT16, None), "split.no": (0, T.UINT32, None)},
+                      "split.no is UINT32"),
 }
 
 
@@ -118,6 +121,33 @@ def test_a_template_that_builds_too_much_is_stopped(template, needle):
     assert time.monotonic() - t0 < 5
 
 
+@pytest.mark.parametrize("template,needle", [
+    ('{{ "%*s" % (100000000, "") }}', "argument of 100000000"),
+    ('{% set s = "x" * 5000 %}{{ s.replace("", s) }}', "replacement"),
+    ('{% set s = "x" * 5000 %}{{ ([s] * 4000)|join(s) }}', "join"),
+    ('{% set s = "x" * 5000 %}{{ s.join([s] * 4000) }}', "join"),
+])
+def test_sizes_are_judged_before_they_are_built(template, needle):
+    with pytest.raises(UsageError, match=needle):
+        render_messages(template, [{"role": "user", "content": "hi"}])
+
+
+def test_large_numbers_are_values_not_widths():
+    """Only widths and counts are bounded: ids and timestamps in tool calls render."""
+    out = render_messages('{{ 123456789012|tojson }} {{ "%d"|format(123456789012) }} '
+                          '{{ "{}".format(123456789012) }} {{ "a-b".replace("-", "+") }}',
+                          [{"role": "user", "content": "hi"}])
+    assert out == "123456789012 123456789012 123456789012 a+b"
+
+
+def test_a_conversation_longer_than_the_context_is_a_context_error():
+    from specli.errors import ContextOverflowError
+
+    joined = "{% for m in messages %}{{ m.role ~ ': ' ~ m.content ~ '\\n' }}{% endfor %}"
+    with pytest.raises(ContextOverflowError):
+        render_messages(joined, [{"role": "user", "content": "x" * 5000}], max_bytes=1000)
+
+
 def test_real_templates_render_as_before(q4_1):
     from specli.backend import Model
     from specli.config import ModelParams
@@ -185,3 +215,25 @@ def test_serve_says_one_line_for_a_file_it_cannot_load(hostile):
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "block_count is 513" in errors[0], r.stderr
     assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
+
+
+def test_what_llama_cpp_loads_is_not_refused(tmp_path, q4_1):
+    """The first part of a split model, a recurrent model without attention heads, longer
+    per-token arrays: llama.cpp loads these, so the checks let them through."""
+    import gguf
+
+    from specli import loadable
+
+    n = len(gguf.GGUFReader(q4_1).fields["tokenizer.ggml.tokens"].data)
+    for i, kv in enumerate([
+        {"split.count": (2, T.UINT16, None), "split.no": (0, T.UINT16, None)},
+        {"llama.attention.head_count": (9, U32, None),
+         "tokenizer.ggml.scores": ([0.0] * (n + 3), T.ARRAY, T.FLOAT32)},
+    ]):
+        assert loadable.problem(copy_gguf(q4_1, tmp_path / f"{i}.gguf", kv, tensors=False)) \
+            is None
+    mamba = copy_gguf(q4_1, tmp_path / "m.gguf", {
+        "general.architecture": ("mamba", T.STRING, None),
+        "mamba.block_count": (2, U32, None), "mamba.attention.head_count": (0, U32, None)},
+        tensors=False)
+    assert loadable.problem(mamba) is None

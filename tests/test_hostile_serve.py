@@ -145,6 +145,19 @@ def test_types_are_strict_and_errors_speak_the_api(server, path, body, message):
     assert ".str" not in err["message"] and "Speculative." not in err["message"]
 
 
+def test_an_unknown_key_is_named_as_the_client_wrote_it(server):
+    for body, key in (({"prompt": "x", "Foo": 1}, "Foo"), ({"prompt": "x", "max-tokens": 1},
+                                                             "max-tokens"),
+                      ({"prompt": "x", "speculative": {"N_max": 1}}, "speculative.N_max")):
+        r = post(server, "/completion", body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == key, r.text
+
+
+def test_a_body_that_is_not_utf8_is_a_400(server):
+    r = post(server, "/completion", b'{"prompt": "\xed\xa0\x80"}')
+    assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"], r.text
+
+
 @pytest.mark.parametrize("body", [b"", b"null", b"[]", b"7"])
 def test_a_body_that_is_not_an_object_says_so(server, body):
     r = post(server, "/v1/chat/completions", body)

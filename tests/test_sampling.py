@@ -89,9 +89,12 @@ def sample_runs(e: Engine, prompt: list[int], n_tokens: int) -> tuple[list, floa
 
 
 def test_first_token_follows_the_target_distribution(engine):
+    """Two tokens a run: the first step drafts one token, and the first token is that draft
+    accepted or the residual's sample, as at any draft length (the fake model's tests below
+    cover the later positions)."""
     prompt = engine.tokenize("My favourite fruit is")
     exact = exact_sequences(engine, prompt, 1)
-    runs, rate = sample_runs(engine, prompt, 3)
+    runs, rate = sample_runs(engine, prompt, 2)
     assert 0.05 < rate < 0.99, "the draft must be rejected sometimes for this to test anything"
     assert chi_square(Counter(r[:1] for r in runs), exact, N_SEEDS) > 0.01
 

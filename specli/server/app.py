@@ -141,6 +141,11 @@ class BodyLimit:
                 return await self._too_large(scope, receive, send)
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
+        try:
+            body.decode("utf-8")  # JSON travels as UTF-8 (RFC 8259); json.loads would take more
+        except UnicodeDecodeError as e:
+            return await envelope(400, f"the body is not valid UTF-8 (byte {e.start})",
+                                  code="invalid_json")(scope, receive, send)
         at = lone_surrogate(body)
         if at is not None:  # json.loads would make it a str that no UTF-8 encoder takes
             return await envelope(400, f"the body holds a lone UTF-16 surrogate escape at byte "

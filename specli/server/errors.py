@@ -112,8 +112,11 @@ def describe(errors: list[dict]) -> tuple[str, str | None, str]:
         return "the body is not valid JSON", None, "invalid_json"
     if not where and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
         return "the request body must be a JSON object", None, "invalid_json"
-    if kind == "extra_forbidden":
-        return f"unknown parameter '{where}'", where, "unknown_parameter"
+    if kind == "extra_forbidden":  # the last place is the client's own key, as written
+        loc = tuple(first.get("loc", ()))
+        parent = _where(loc[:-1])
+        key = f"{parent}.{loc[-1]}" if parent else str(loc[-1]) if loc else ""
+        return f"unknown parameter '{key}'", key, "unknown_parameter"
     if kind == "missing":
         return f"'{where}' is required", where, "missing"
     deeper = [e for e in errors if _where(e.get("loc", ())).startswith((f"{where}[", f"{where}."))]
