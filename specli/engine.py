@@ -176,16 +176,23 @@ class Engine:
                 f"{len(messages)} messages cannot fit a context of {n_ctx} tokens",
                 hint="send fewer messages or raise -c/--ctx-size")
         bos = self.target.special_text("bos")
+        # the context's own bound on the output when the contents could reach it; short ones
+        # skip measuring the vocabulary (RENDER_BYTES still bounds the template)
+        size = sum(len(str(m.get("content") or "")) for m in messages)
         text = render_messages(self.target.chat_template(), messages, bos=bos,
                                eos=self.target.special_text("eos"),
-                               max_bytes=n_ctx * self.target.max_token_bytes)
+                               max_bytes=n_ctx * self.target.max_token_bytes
+                               if size > n_ctx else None)
         return self.target.tokenize(self._fits(text),
                                     add_special=not (bos and text.startswith(bos)))
 
     def _fits(self, text: str) -> str:
         """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
         max_token_bytes): then ContextOverflowError, before tokenizing megabytes."""
-        n_ctx, longest = self.target.n_ctx, self.target.max_token_bytes
+        n_ctx = self.target.n_ctx
+        if len(text) <= n_ctx:  # fits whatever the vocabulary: no need to measure it
+            return text
+        longest = self.target.max_token_bytes
         if len(text) > n_ctx * longest:  # a character is at least a byte
             raise ContextOverflowError(
                 f"the prompt is {len(text)} characters: at most {longest} bytes a token, it "
@@ -247,18 +254,22 @@ class Engine:
         n_min = max(policy.n_min, 1)
         try:
             # 1. propose; a draft shorter than --draft-min is not worth a verification
-            proposal = (_finite(lambda: draft.propose(context, policy.k_for(draft, k), sp, rng,
-                                                      policy), "the draft model", stats)
+            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy)
                         if draft and k >= n_min else Proposal())
             drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            n_acc, token = _finite(lambda: verify(drafted, proposal.q if drafted else None,
-                                                  rows.__getitem__, sp, rng), "the model", stats)
+            n_acc, token = verify(drafted, proposal.q if drafted else None, rows.__getitem__,
+                                  sp, rng)
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
             n_keep = n_past + 1 + n_acc
+        except NonFinite as e:  # a row of NaN or inf: no token can be chosen from it
+            who = "the draft model" if e.row < 0 else "the model"
+            raise BackendError(f"{who} produced NaN or infinite logits at token "
+                               f"{stats.n_predict + max(e.row, 0) + 1}", hint="its weights "
+                               "may be damaged: try another file or quantization") from None
         finally:
             # 4. rewind both caches past the first rejection
             self.target.rewind(n_keep)
@@ -306,17 +317,6 @@ class Engine:
         tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
-
-
-def _finite(call, who: str, stats: Stats):
-    """call(), with a NaN or infinite logits row said in one line (BackendError)."""
-    try:
-        return call()
-    except NonFinite as e:
-        at = stats.n_predict + max(e.row, 0) + 1
-        raise BackendError(f"{who} produced NaN or infinite logits at token {at}",
-                           hint="its weights may be damaged: try another file or "
-                           "quantization") from None
 
 
 def check_files(target: ModelParams, draft: ModelParams | None,

@@ -28,7 +28,7 @@ def check_file(path: str) -> Header:
               and k.startswith(f"{arch}.")}
     if arrays:  # per-layer values: decode them too
         h = read_header(path, {TOKENS, *arrays})
-    pairing.tokenizer_info(h)  # the tokenizer keys' types first: a wrong one is its own error
+    pairing.check_types(h)  # the tokenizer keys' types first: a wrong one is its own error
     check(h)
     return h
 
@@ -108,12 +108,14 @@ def _tokenizer(kv: dict) -> str | None:
         return None  # llama.cpp refuses a file without a vocabulary
     if not tokens:
         return "its token list is empty"
-    seen: set[str] = set()
-    for i, t in enumerate(tokens):
-        t = t or f"[EMPTY_{i}]"  # as llama.cpp renames an empty token
-        if t in seen:
-            return f"token {i} ({t[:40]!r}) appears twice in the vocabulary"
-        seen.add(t)
+    seen = set(tokens)
+    if len(seen) < len(tokens) or "" in seen:  # look closer only where something is off
+        seen = set()
+        for i, t in enumerate(tokens):
+            t = t or f"[EMPTY_{i}]"  # as llama.cpp renames an empty token
+            if t in seen:
+                return f"token {i} ({t[:40]!r}) appears twice in the vocabulary"
+            seen.add(t)
     if model == "llama":  # SentencePiece: byte fallback looks up every <0xXX> token
         missing = next((b for b in range(256) if f"<0x{b:02X}>" not in seen), None)
         if missing is not None:

@@ -120,7 +120,7 @@ _KEY_TYPES = {
 }
 
 
-def _check_types(h: Header) -> None:
+def check_types(h: Header) -> None:
     arch = h.kv.get("general.architecture")
     wanted = dict(_KEY_TYPES)
     if isinstance(arch, str):
@@ -132,7 +132,7 @@ def _check_types(h: Header) -> None:
 
 
 def tokenizer_info(h: Header) -> TokenizerInfo:
-    _check_types(h)
+    check_types(h)
     kv = h.kv
     model, pre = kv.get("tokenizer.ggml.model"), kv.get("tokenizer.ggml.pre")
     if model == "gemma4":  # llama.cpp: this tokenizer implies its pre-tokenizer

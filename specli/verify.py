@@ -49,13 +49,17 @@ class Dist:
         return int(self.ids[min(i, self.ids.size - 1)])
 
 
-def sampling_dist(logits: np.ndarray, sp: SamplingParams) -> Dist:
-    """llama.cpp's default chain on one logits row: top-k, top-p, min-p, then temperature."""
+def sampling_dist(logits: np.ndarray, sp: SamplingParams, index: int = -1) -> Dist:
+    """llama.cpp's default chain on one logits row: top-k, top-p, min-p, then temperature.
+    NonFinite(index) for a row with NaN or no finite maximum: numpy partitions NaN to the
+    top, so looking at the k kept is looking at the whole row."""
     n = logits.shape[0]
     k = sp.top_k if 0 < sp.top_k < n else n
     ids = np.argpartition(logits, n - k)[n - k :] if k < n else np.arange(n)
     ids = ids[np.argsort(-logits[ids], kind="stable")]
     z = logits[ids].astype(np.float64)
+    if np.isnan(z).any() or not np.isfinite(z[0]):
+        raise NonFinite(index)
     p = np.exp(z - z[0])
     p /= p.sum()
     if sp.top_p < 1.0:  # keep the smallest prefix whose mass reaches top_p
@@ -98,19 +102,18 @@ def verify(
     """
     for i, x in enumerate(drafted):
         row = target_row(i)
-        best = finite_argmax(row, i)
         if sp.greedy:
+            best = finite_argmax(row, i)
             if best != x:
                 return i, best
             continue
-        p = sampling_dist(row, sp)
+        p = sampling_dist(row, sp, i)
         qi = q[i] if q is not None else None
         px, qx = p.prob(x), (qi.prob(x) if qi is not None else 1.0)
         if qx > 0.0 and rng.random() * qx < px:  # u < p/q without dividing
             continue
         return i, residual(p, qi, x).sample(rng)
     bonus = target_row(len(drafted))
-    best = finite_argmax(bonus, len(drafted))
     if sp.greedy:
-        return len(drafted), best
-    return len(drafted), sampling_dist(bonus, sp).sample(rng)
+        return len(drafted), finite_argmax(bonus, len(drafted))
+    return len(drafted), sampling_dist(bonus, sp, len(drafted)).sample(rng)

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from specli.backend import Model
 from specli.errors import BackendError, ContextOverflowError
 
 EOG = 0
@@ -84,14 +85,7 @@ class FakeModel:
     def rewind(self, n_keep: int) -> None:
         del self.tokens[n_keep:]
 
-    def sync(self, tokens: Sequence[int]) -> int:
-        n = 0
-        while n < min(len(self.tokens), len(tokens)) and self.tokens[n] == tokens[n]:
-            n += 1
-        self.rewind(n)
-        if n < len(tokens):
-            self.decode(tokens[n:], logits="none")
-        return n
+    sync = Model.sync  # the real one: it needs only tokens, rewind and decode
 
     def kv_pos_max(self) -> int:
         return len(self.tokens) - 1

@@ -103,3 +103,24 @@ def test_rejection_sampling_preserves_the_target_distribution(deterministic):
         counts[x if n_acc == 1 else nxt] += 1
     _, pvalue = sst.chisquare(counts, n * np.exp(target_logits))
     assert pvalue > 0.001
+
+
+@pytest.mark.parametrize("top_k", [0, 40])
+def test_a_nan_or_infinite_row_is_refused_and_a_masked_one_is_not(top_k):
+    from specli.verify import NonFinite, finite_argmax
+
+    sp = SamplingParams(temp=0.8, top_k=top_k)
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=1000).astype(np.float32)
+    for bad in (np.nan, np.inf):
+        row = base.copy()
+        row[rng.integers(1000)] = bad
+        for check in (lambda r: sampling_dist(r, sp, 3), lambda r: finite_argmax(r, 3)):
+            with pytest.raises(NonFinite) as e:
+                check(row)
+            assert e.value.row == 3
+    with pytest.raises(NonFinite):
+        sampling_dist(np.full(1000, -np.inf, dtype=np.float32), sp)
+    masked = base.copy()
+    masked[:500] = -np.inf  # a grammar or a bias may rule tokens out: that is a usable row
+    assert sampling_dist(masked, sp).ids.min() >= 500 and finite_argmax(masked) >= 500

@@ -61,8 +61,8 @@ class ModelDraft:
         logits = m.decode(new, logits="last")[0, : self.n_vocab]
         out = Proposal(q=None if sp.greedy else [], source=self.name)
         while True:
-            token = finite_argmax(logits)
             if sp.greedy:
+                token = finite_argmax(logits)
                 if p_min > 0.0 and _top_p(logits) < p_min:
                     break
             else:
