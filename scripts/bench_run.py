@@ -37,6 +37,19 @@ PROMPTS = {
     "prose": "Explain how a hash map works.",
     "structured": "Write a SQL query that finds the top 3 customers by total order value.",
 }
+# --prompts wide: more prompts, so one near-tied greedy choice moves the acceptance less
+WIDE = {
+    **PROMPTS,
+    "story": "Write a short story about a lighthouse keeper.",
+    "list": "List ten fruits and their colours.",
+    "math": "Explain step by step how to compute 17 times 23.",
+    "email": "Write a polite email asking for a meeting next week.",
+    "rust": "Write a Rust function that reverses a string.",
+    "history": "Summarise the causes of the French Revolution.",
+    "json": "Give a JSON object describing a book with title, author and year.",
+    "shell": "Write a bash script that counts lines in every .py file.",
+    "recipe": "Give a recipe for pancakes.",
+}
 BEGIN, END = "<!-- bench_run:begin -->", "<!-- bench_run:end -->"
 
 
@@ -83,6 +96,9 @@ def main() -> None:
     ap.add_argument("-ngl", type=int, default=0)
     ap.add_argument("-ngld", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--prompts", choices=("default", "wide"), default="default")
+    ap.add_argument("--per-prompt", action="store_true",
+                    help="also a table per prompt and k: acceptance and ms per step, both engines")
     ap.add_argument("--write", help="replace the results block of this markdown file")
     args = ap.parse_args()
 
@@ -99,13 +115,17 @@ def main() -> None:
     greedy = SamplingParams(temp=0.0)
     tmp = Path(tempfile.mkdtemp())
     prompts = {}
-    for name, text in PROMPTS.items():
+    chosen = WIDE if args.prompts == "wide" else PROMPTS
+    for name, text in chosen.items():
         rendered = render_chat(tgt.chat_template(), text)
         (tmp / f"{name}.txt").write_text(rendered + "\n")  # native -f drops one newline
         prompts[name] = tgt.tokenize(rendered)
 
     tps: dict[str, list[float]] = {}
     extra: dict[str, list[float]] = {}
+
+    # (prompt, k, engine) -> [(accept rate, decode ms per verification step)]
+    per: dict[tuple[str, int, str], list[tuple[float, float]]] = {}
 
     def add(key: str, value: float) -> None:
         tps.setdefault(key, []).append(value)
@@ -122,6 +142,8 @@ def main() -> None:
                 s = out.stats
                 assert out.tokens == plain.tokens or args.model, "greedy output drifted"
                 add(f"specli k={k}", s.decode_tps)
+                per.setdefault((name, k, "specli"), []).append(
+                    (s.accept_rate, 1e3 * s.t_decode_s / max(s.n_steps, 1)))
                 extra.setdefault(f"specli k={k}", []).extend(
                     [s.accept_rate, 1e3 * s.overhead_s / max(s.target.eval_runs, 1),
                      100 * s.overhead_s / s.t_decode_s])
@@ -135,13 +157,17 @@ def main() -> None:
                 r = native.speculative(bin_dir, target_path, draft_path, f, args.n, k,
                                        args.threads, extra=gpu)
                 add(f"native speculative k={k}", fair_tps(r, s))
+                steps = -(-r.n_drafted // k)  # llama-speculative drafts k per step (no p_min)
+                per.setdefault((name, k, "native"), []).append(
+                    (r.accept_rate, 1e3 * r.n_predict / r.decode_tps / max(steps, 1)
+                     if r.decode_tps else 0.0))
                 extra.setdefault(f"native speculative k={k}", []).append(r.accept_rate)
 
     base = statistics.median(tps["target alone (specli)"])
     lines = [
         f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl} -ngld {args.ngld}.",
         f"Target `{Path(target_path).name}`, draft `{Path(draft_path).name}`, greedy, "
-        f"-n {args.n}, prompts: {', '.join(PROMPTS)} (chat template), median of "
+        f"-n {args.n}, prompts: {', '.join(chosen)} (chat template), median of "
         f"{args.repeat} interleaved rounds. Native speeds count the tokens actually output "
         "(native counters include accepted tokens past end-of-generation; see fair_tps).",
         "",
@@ -165,6 +191,29 @@ def main() -> None:
             simple = statistics.median(tps[f"native speculative-simple k={k}"])
             spec = statistics.median(tps[f"native speculative k={k}"])
             lines.append(f"| {k} | {ours / simple:.2f}x | {ours / spec:.2f}x |")
+    if args.per_prompt and bin_dir is not None:
+        lines += ["", "Per prompt (median over rounds): acceptance, and decode time per "
+                  "verification step, which does not depend on how much was accepted.", "",
+                  "| prompt | k | accept specli | accept native | ms/step specli "
+                  "| ms/step native | specli / native per step |", "|---|---:|---:|---:|---:|---:|---:|"]
+        ratios = {k: [] for k in ks}
+        for name in chosen:
+            for k in ks:
+                a = per.get((name, k, "specli"), [])
+                b = per.get((name, k, "native"), [])
+                if not a or not b:
+                    continue
+                acc_a = statistics.median(x[0] for x in a)
+                acc_b = statistics.median(x[0] for x in b)
+                ms_a = statistics.median(x[1] for x in a)
+                ms_b = statistics.median(x[1] for x in b)
+                ratios[k].append(ms_b / ms_a if ms_a else 0.0)
+                lines.append(f"| {name} | {k} | {100 * acc_a:.1f}% | {100 * acc_b:.1f}% "
+                             f"| {ms_a:.2f} | {ms_b:.2f} | {ms_b / ms_a:.2f}x |")
+        for k in ks:
+            if ratios[k]:
+                lines.append(f"| all (median) | {k} | | | | | "
+                             f"{statistics.median(ratios[k]):.2f}x |")
     table = "\n".join(lines)
     print(table)
     if args.write:
