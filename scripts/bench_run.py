@@ -195,7 +195,8 @@ def main() -> None:
         lines += ["", "Per prompt (median over rounds): acceptance, and decode time per "
                   "verification step, which does not depend on how much was accepted.", "",
                   "| prompt | k | accept specli | accept native | ms/step specli "
-                  "| ms/step native | specli / native per step |", "|---|---:|---:|---:|---:|---:|---:|"]
+                  "| ms/step native | specli / native per step |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         ratios = {k: [] for k in ks}
         for name in chosen:
             for k in ks:
