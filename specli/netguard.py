@@ -1,23 +1,28 @@
 """Observing and blocking network use: what `specli audit` (and its tests) rely on.
 
-Three layers, each covering what the others cannot:
+Two processes: the auditor (`Auditor`, in `specli audit`) and the audited (`python -I -S
+specli/_audit_site/boot.py`, which runs the generation). Four layers, each covering what the
+others cannot:
 
-- the recorder (specli/_audit_site): a `sys.addaudithook` hook in this process and, through
-  PYTHONPATH, in Python children. It sees every connect, bind, sendto, DNS lookup and process
-  start made from Python, failed ones included, and who made it; not what C code does.
-- a /proc poller: the sockets this process and all its descendants hold, read from
-  /proc/PID/fd and /proc/PID/net/* every `interval`. It sees C code (llama.cpp) and children
-  that are not Python; a socket opened and closed between two polls slips through.
-- `isolate()`: a new network namespace whose only interface is a downed loopback, so any
-  attempt, by anyone, fails by construction (ENETUNREACH).
+- isolation: the audited process moves into a new network namespace whose only interface is a
+  downed loopback before anything else runs in it, so any attempt, by anyone in its tree,
+  fails by construction (ENETUNREACH). This is what makes a clean verdict a proof.
+- the seccomp listener (`Supervisor`): every connect, addressed sendto, sendmsg and sendmmsg of
+  the tree, C code and raw syscalls included, waits in the auditor until its destination is
+  recorded. Isolated or not, this is what reports what was tried.
+- the recorder (specli/_audit_site): a `sys.addaudithook` hook in the audited process (before
+  site) and, through PYTHONPATH, in Python children: who in Python made a call, DNS lookups
+  through Python, process starts, and how each call ended.
+- a /proc poller: the sockets the tree holds, read from /proc/PID/fd and /proc/PID/net/*
+  every `interval`: listeners, and a cross-check of the other layers.
 
-Nothing here prints; the CLI reports. Linux only (/proc, namespaces).
+Nothing here prints; the CLI reports. Linux only (/proc, namespaces, seccomp).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import errno
 import hashlib
 import ipaddress
 import json
@@ -29,7 +34,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -39,6 +44,8 @@ from specli.errors import SpecliError
 SITE_DIR = str(Path(recorder.__file__).parent)
 
 EXTERNAL, LOOPBACK, LOCAL, PROCESS = "external", "loopback", "local", "process"
+OUTLIVED = "outlived"  # a process of the tree still running after the run: killed, counted
+RESULT_ENV = "SPECLI_AUDIT_RESULT"
 _AF_UNIX, _AF_NETLINK = 1, 16
 _TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
                6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN",
@@ -60,14 +67,14 @@ class NetEvent:
     """One network use, or one process start, seen during an audit."""
 
     event: str  # the audit event (socket.connect, ...) or "socket" for one seen in /proc
-    scope: str  # external | loopback | local | process
+    scope: str  # external | loopback | local | process | outlived
     pid: int
     t: float  # seconds since the audit began
     address: str = ""  # host:port, a path, a URL, or a command line
     proto: str = ""  # tcp, udp6, unix, ... where known
     where: str = ""  # who: file:line in function (hook), the process's command line (/proc)
     outcome: str | None = None  # ok, ENETUNREACH, ... (hook); the socket's state (/proc)
-    source: str = "hook"  # hook | proc
+    source: str = "hook"  # hook | seccomp | hook+seccomp | proc | auditor
     inherited: bool = False  # held before the audit began: listed, not counted
 
 
@@ -222,14 +229,14 @@ def _cmdline(pid: int) -> str:
 class ProcPoller:
     """The sockets a process tree holds, polled; each (pid, socket, peer) is reported once."""
 
-    def __init__(self, pid: int, t0: float):
+    def __init__(self, pid: int, t0: float, skip: int | None = None):
         if not os.path.isdir(f"/proc/{pid}/fd"):
             raise AuditError("/proc is not available: the socket poll cannot run",
                              hint="specli audit needs Linux with /proc mounted")
         if not os.path.exists(f"/proc/{pid}/task/{pid}/children"):
             raise AuditError("this kernel has no /proc/PID/task/TID/children "
                              "(CONFIG_PROC_CHILDREN): child processes cannot be followed")
-        self.pid, self.t0 = pid, t0
+        self.pid, self.t0, self.skip = pid, t0, skip
         self.events: list[NetEvent] = []
         self.polls = 0
         self._seen: set[tuple] = set()
@@ -245,7 +252,7 @@ class ProcPoller:
         self.polls += 1
         tables: dict[str, dict] = {}  # per network namespace
         for pid in descendants(self.pid):
-            inodes = _socket_inodes(pid)
+            inodes = _socket_inodes(pid) if pid != self.skip else set()
             if not inodes:
                 continue
             try:
@@ -280,116 +287,505 @@ class ProcPoller:
                         inherited=inode in self._inherited)
 
 
-# --- the guard ------------------------------------------------------------------------------
+# --- the auditor ----------------------------------------------------------------------------
 
-@dataclass
-class Guard:
-    """Records network use between `with Guard():` and its end: the recorder in this process
-    and its Python children, and a /proc poll of the whole process tree."""
+SECCOMP_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the call goes on as if not watched
+_AF_INET, _AF_INET6, _AF_UNSPEC = 2, 10, 0
+_SYSCALLS: dict[tuple[int, int], str] = {}
 
-    interval: float = 0.02
-    events: list[NetEvent] = field(default_factory=list)
-    polls: int = 0
-    seconds: float = 0.0
 
-    def __enter__(self) -> Guard:
-        self._t0 = time.time()
-        self._poller = ProcPoller(os.getpid(), self._t0)
-        self._failed: BaseException | None = None
-        _subreaper()
-        fd, self._log = tempfile.mkstemp(prefix="specli-audit-", suffix=".jsonl")
+def _subreaper() -> None:
+    """Adopt orphaned descendants (a daemon's double fork), so that the /proc walk still finds
+    them below this process and the auditor can wait for them (PR_SET_CHILD_SUBREAPER)."""
+    if ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) != 0:
+        raise AuditError("cannot become a child subreaper (prctl PR_SET_CHILD_SUBREAPER): "
+                         "daemons of the audited run could not be followed")
+
+
+class _SeccompData(ctypes.Structure):
+    _fields_ = [("nr", ctypes.c_int), ("arch", ctypes.c_uint32),
+                ("instruction_pointer", ctypes.c_uint64), ("args", ctypes.c_uint64 * 6)]
+
+
+class _Notif(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("pid", ctypes.c_uint32), ("flags", ctypes.c_uint32),
+                ("data", _SeccompData)]
+
+
+class _NotifResp(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_uint64), ("val", ctypes.c_int64), ("error", ctypes.c_int32),
+                ("flags", ctypes.c_uint32)]
+
+
+def _pidfd_getfd(pid: int, fd: int) -> int:
+    """A copy of another process's descriptor (pidfd_getfd(2), Linux 5.6+; a parent may)."""
+    pidfd = os.pidfd_open(pid)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        got = libc.syscall(438, pidfd, fd, 0)  # SYS_pidfd_getfd (the same on every arch)
+        if got < 0:
+            e = ctypes.get_errno()
+            raise OSError(e, f"pidfd_getfd: {os.strerror(e)}")
+        return got
+    finally:
+        os.close(pidfd)
+
+
+def _tgid(tid: int) -> int:
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("Tgid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
+
+
+def _read_mem(tid: int, addr: int, n: int) -> bytes:
+    fd = os.open(f"/proc/{tid}/mem", os.O_RDONLY)
+    try:
+        return os.pread(fd, n, addr)
+    finally:
         os.close(fd)
-        self._env = {k: os.environ.get(k) for k in (recorder.LOG_ENV, "PYTHONPATH")}
-        os.environ[recorder.LOG_ENV] = self._log
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (SITE_DIR, os.environ.get("PYTHONPATH")) if p)
+
+
+def sockaddr(raw: bytes) -> tuple[str, str, str] | None:
+    """(scope, address, proto) of a struct sockaddr as a syscall passed it; None for
+    AF_UNSPEC (a disconnect)."""
+    if len(raw) < 2:
+        return EXTERNAL, f"unreadable address ({len(raw)} bytes)", ""
+    family = int.from_bytes(raw[:2], sys.byteorder)
+    if family == _AF_UNSPEC:
+        return None
+    if family == _AF_UNIX:
+        path = raw[2:]
+        text = ("@" + path[1:].split(b"\0")[0].decode("utf-8", "replace") if path[:1] == b"\0"
+                else path.split(b"\0")[0].decode("utf-8", "replace"))
+        return LOCAL, text or "(unnamed)", "unix"
+    if family == _AF_NETLINK:
+        return LOCAL, "netlink", "netlink"
+    if family in (_AF_INET, _AF_INET6) and len(raw) >= (8 if family == _AF_INET else 24):
+        port = int.from_bytes(raw[2:4], "big")
+        host = str(ipaddress.ip_address(raw[4:8] if family == _AF_INET else raw[8:24]))
+        proto = "inet" if family == _AF_INET else "inet6"
+        if port == 53:  # a resolver, wherever it listens, answers from outside
+            return EXTERNAL, f"{_join(host, port)} (DNS)", proto
+        return host_scope(host), _join(host, port), proto
+    return EXTERNAL, f"address family {family}", f"family {family}"
+
+
+class Supervisor:
+    """The auditor's end of the seccomp filter the audited process loaded (boot.py): every
+    connect, addressed sendto, sendmsg and sendmmsg of the whole tree waits here until its
+    destination is read from the caller's memory and recorded; then it continues unchanged
+    (isolation, not this, is what stops it). Runs in the auditor, out of the tree's reach."""
+
+    def __init__(self, fd: int, t0: float):
+        from specli._audit_site import boot
+
+        self.fd, self.t0 = fd, t0
+        self.events: list[NetEvent] = []
+        self.calls = 0
+        self.failed: BaseException | None = None
+        self._lib = lib = boot.libseccomp()
+        lib.seccomp_notify_alloc.argtypes = [ctypes.POINTER(ctypes.POINTER(_Notif)),
+                                             ctypes.POINTER(ctypes.POINTER(_NotifResp))]
+        lib.seccomp_notify_receive.argtypes = [ctypes.c_int, ctypes.POINTER(_Notif)]
+        lib.seccomp_notify_respond.argtypes = [ctypes.c_int, ctypes.POINTER(_NotifResp)]
+        lib.seccomp_notify_id_valid.argtypes = [ctypes.c_int, ctypes.c_uint64]
+        lib.seccomp_notify_free.argtypes = [ctypes.POINTER(_Notif), ctypes.POINTER(_NotifResp)]
+        lib.seccomp_syscall_resolve_num_arch.restype = ctypes.c_void_p
+        lib.seccomp_syscall_resolve_num_arch.argtypes = [ctypes.c_uint32, ctypes.c_int]
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="specli-audit-poll",
+        self._thread = threading.Thread(target=self._serve, name="specli-audit-seccomp",
                                         daemon=True)
-        try:
-            self._poller.baseline()
-            recorder.install(self._log)
-            self._thread.start()
-        except BaseException:
-            self._close()
-            raise
-        return self
 
-    def _poll(self) -> None:
-        try:
-            while not self._stop.wait(self.interval):
-                self._poller.poll()
-        except BaseException as e:  # noqa: BLE001 - reported by __exit__: the audit failed
-            self._failed = e
+    def start(self) -> None:
+        self._thread.start()
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        if self.fd >= 0:
+            os.close(self.fd)
+
+    def _serve(self) -> None:
+        import select
+
+        lib = self._lib
+        req, resp = ctypes.POINTER(_Notif)(), ctypes.POINTER(_NotifResp)()
+        if lib.seccomp_notify_alloc(ctypes.byref(req), ctypes.byref(resp)) < 0:
+            self.failed = OSError("seccomp_notify_alloc failed")
+            return
         try:
-            self._poller.poll()  # a last look, after the run
-            self.events = sorted(self._recorded() + self._poller.events, key=lambda e: e.t)
+            while True:
+                ready, _, _ = select.select([self.fd], [], [], 0.05)
+                if not ready:
+                    if self._stop.is_set():
+                        return
+                    continue
+                ctypes.memset(req, 0, ctypes.sizeof(_Notif))  # the kernel wants it zeroed
+                if lib.seccomp_notify_receive(self.fd, req) < 0:
+                    # the caller died before it was read (libseccomp says ECANCELED for the
+                    # kernel's ENOENT), or the tree is gone and the listener hangs up
+                    if self._stop.is_set():
+                        return
+                    time.sleep(0.002)
+                    continue
+                n = req.contents
+                nid, tid, nr, arch = n.id, n.pid, n.data.nr, n.data.arch
+                args = list(n.data.args)
+                try:
+                    found = self._describe(tid, nr, arch, args)
+                    valid = lib.seccomp_notify_id_valid(self.fd, nid) == 0
+                except Exception as e:  # noqa: BLE001 - the call is answered, and counted
+                    found, valid = [NetEvent("syscall", EXTERNAL, _tgid(tid), time.time() -
+                                             self.t0, f"undecodable ({e!r})"[:200], "", "",
+                                             None, "seccomp")], True
+                finally:
+                    r = resp.contents
+                    r.id, r.val, r.error, r.flags = nid, 0, 0, SECCOMP_CONTINUE
+                    lib.seccomp_notify_respond(self.fd, resp)  # ENOENT: the caller is gone
+                self.calls += 1
+                if valid:
+                    self.events += found
+        except BaseException as e:  # noqa: BLE001 - reported by the auditor: no verdict
+            self.failed = e
+            os.close(self.fd)  # calls waiting here fail (ENOSYS) rather than hang
+            self.fd = -1
         finally:
-            self._close()
-        self.seconds = time.time() - self._t0
-        self.polls = self._poller.polls
-        if self._failed is not None and exc[0] is None:
-            raise AuditError(f"the /proc poll failed: {self._failed!r}")
+            lib.seccomp_notify_free(req, resp)
 
-    def _close(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        recorder.uninstall()
-        for k, v in self._env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        if os.path.exists(self._log):
-            os.unlink(self._log)
+    def _name(self, nr: int, arch: int) -> str:
+        if (nr, arch) not in _SYSCALLS:
+            p = self._lib.seccomp_syscall_resolve_num_arch(arch, nr)
+            _SYSCALLS[(nr, arch)] = ctypes.string_at(p).decode() if p else f"syscall {nr}"
+        return _SYSCALLS[(nr, arch)]
 
-    def _recorded(self) -> list[NetEvent]:
-        """The recorder's lines (this process and its Python children) as events."""
+    def _describe(self, tid: int, nr: int, arch: int, a: list[int]) -> list[NetEvent]:
+        name = self._name(nr, arch)
+        t = time.time() - self.t0
+        pid = _tgid(tid)
+        addrs: list[bytes] = []
+        try:
+            if name == "connect":
+                addrs.append(_read_mem(tid, a[1], min(a[2], 128)))
+            elif name == "sendto":
+                addrs.append(_read_mem(tid, a[4], min(a[5], 128)))
+            elif name in ("sendmsg", "sendmmsg"):
+                count, stride = (1, 56) if name == "sendmsg" else (min(a[2], 64), 64)
+                block = _read_mem(tid, a[1], count * stride)
+                for i in range(0, len(block) - 15, stride):
+                    ptr = int.from_bytes(block[i:i + 8], sys.byteorder)
+                    size = int.from_bytes(block[i + 8:i + 12], sys.byteorder)
+                    if ptr:  # no name: a connected socket, whose connect was recorded
+                        addrs.append(_read_mem(tid, ptr, min(size, 128)))
+        except OSError as e:
+            return [NetEvent(name, EXTERNAL, pid, t, f"unreadable destination ({e.strerror})",
+                             "", f"{_cmdline(pid)} (thread {tid})", None, "seccomp")]
+        out = []
+        for raw in dict.fromkeys(addrs):
+            found = sockaddr(raw)
+            if found is None:
+                continue
+            scope, address, proto = found
+            out.append(NetEvent(name, scope, pid, t, address, proto,
+                                f"{_cmdline(pid)} (thread {tid})", None, "seccomp"))
+        return out
+
+
+def isolation_refused() -> str | None:
+    """Why a new network namespace is not permitted here, or None: tried in a forked child,
+    which exits with the errno (this process keeps its namespace)."""
+    from specli._audit_site import boot
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            how, why = boot.isolate()
+            os.write(w, why.encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        why = f.read().decode()
+    os.waitpid(pid, 0)
+    return why or None
+
+
+@dataclass
+class Audit:
+    """What the auditor saw of one audited run."""
+
+    events: list[NetEvent]
+    exit_code: int  # the audited process's
+    seconds: float
+    polls: int
+    isolated: dict | None  # how, netns, interfaces (read by the auditor, not claimed)
+    seccomp: str  # "" when active, else why not
+    result: dict | None  # what the audited process wrote: models, run statistics
+    outlived: int = 0
+
+
+class Auditor:
+    """Run `argv` (a specli command line) as the audited process, watched from its first
+    instruction to the exit of the last process of its tree.
+
+    The audited process is `python -I -S boot.py`: the recorder, the namespace and the seccomp
+    filter come before anything else runs in it. This process stays outside: child subreaper
+    (orphans and daemons are adopted), it polls /proc for the tree's sockets, serves the
+    seccomp listener, and after the audited process exits waits `grace` seconds for the rest
+    of the tree, then kills what outlives the run and reports it."""
+
+    def __init__(self, argv: list[str], isolate: bool, interval: float = 0.02,
+                 grace: float = 2.0):
+        self.argv, self.isolate, self.interval, self.grace = argv, isolate, interval, grace
+
+    def run(self) -> Audit:
+        import signal
+        import site
+        import subprocess
+
+        from specli._audit_site import boot
+
+        _subreaper()
+        me = os.getpid()
+        t0 = time.time()
+        fd, log = tempfile.mkstemp(prefix="specli-audit-", suffix=".jsonl")
+        os.close(fd)
+        fd, result = tempfile.mkstemp(prefix="specli-audit-", suffix=".json")
+        os.close(fd)
+        status_r, status_w = os.pipe()
+        go_r, go_w = os.pipe()
+        cfg = {"status_fd": status_w, "go_fd": go_r, "isolate": self.isolate,
+               "path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE),
+               "argv": self.argv}
+        env = {**os.environ, recorder.LOG_ENV: log, RESULT_ENV: result,
+               boot.BOOT_ENV: json.dumps(cfg),
+               "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR, os.environ.get("PYTHONPATH"))
+                                             if p)}
+        poller = ProcPoller(me, t0, skip=me)
+        poller.baseline()
+        proc = subprocess.Popen([sys.executable, "-I", "-S", boot.__file__], env=env,
+                                pass_fds=(status_w, go_r))
+        os.close(status_w)
+        os.close(go_r)
+        supervisor, seccomp, isolated = None, "", None
+        stop = threading.Event()
+        thread = threading.Thread(target=self._poll, args=(poller, stop), daemon=True,
+                                  name="specli-audit-poll")
+        try:
+            with os.fdopen(status_r, "rb") as f:
+                line = f.readline()
+                state = json.loads(line) if line.strip() else {}
+                if "error" in state:
+                    raise AuditError(state["error"])
+                if not state:
+                    raise AuditError(f"the audited process ended before it began "
+                                     f"(exit {proc.wait()})")
+                if state.get("seccomp_fd") is not None:
+                    try:
+                        supervisor = Supervisor(_pidfd_getfd(proc.pid, state["seccomp_fd"]), t0)
+                    except OSError as e:
+                        seccomp = str(e)
+                else:
+                    seccomp = state.get("seccomp_error") or "not loaded"
+                if self.isolate:
+                    isolated = self._check_isolated(proc.pid)
+                if supervisor:
+                    supervisor.start()
+                thread.start()
+                os.write(go_w, b"g")
+            code = self._wait(proc)
+            outlived = self._outlive(me, t0)
+        except BaseException:
+            for pid in descendants(me)[1:]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                proc.wait()
+            raise
+        finally:
+            os.close(go_w)
+            stop.set()
+            if thread.is_alive():
+                thread.join()
+            if supervisor:
+                supervisor.stop()
+            events = self._recorded(log, t0) if os.path.exists(log) else []
+            for path in (log,):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        poller.poll()
+        events = _merge(events, supervisor.events if supervisor else [])
+        events = sorted(_unpeered(events + poller.events) + outlived, key=lambda e: e.t)
+        if supervisor and supervisor.failed is not None:
+            raise AuditError(f"the seccomp listener failed: {supervisor.failed!r}")
+        if getattr(self, "_poll_failed", None) is not None:
+            raise AuditError(f"the /proc poll failed: {self._poll_failed!r}")
+        try:
+            doc = json.loads(Path(result).read_text() or "null")
+        except (OSError, ValueError):
+            doc = None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(result)
+        return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp, doc,
+                     len(outlived))
+
+    def _poll(self, poller: ProcPoller, stop: threading.Event) -> None:
+        try:
+            while not stop.wait(self.interval):
+                poller.poll()
+        except BaseException as e:  # noqa: BLE001 - reported by run(): the audit failed
+            self._poll_failed = e
+
+    @staticmethod
+    def _check_isolated(pid: int) -> dict:
+        """The audited process's namespace, read from here: its claim is not trusted."""
+        mine, theirs = os.readlink("/proc/self/ns/net"), os.readlink(f"/proc/{pid}/ns/net")
+        names = sorted(line.split(":")[0].strip() for line in
+                       Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:])
+        if theirs == mine or any(n != "lo" for n in names):
+            raise AuditError(f"not isolated: the audited process's network namespace "
+                             f"{theirs} has {', '.join(names)}")
+        return {"netns": theirs, "interfaces": names}
+
+    @staticmethod
+    def _wait(proc) -> int:
+        """The audited process's exit code; orphans adopted meanwhile are reaped as they go."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:  # reaped elsewhere
+                return proc.wait()
+            except InterruptedError:
+                continue
+            if pid == proc.pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                return proc.returncode
+
+    def _outlive(self, me: int, t0: float) -> list[NetEvent]:
+        """Wait up to `grace` for the rest of the tree (atexit handlers finish, daemons run);
+        then kill and report what is left."""
+        import signal
+
+        deadline = time.monotonic() + self.grace
+        out: list[NetEvent] = []
+        while True:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            rest = [p for p in descendants(me) if p != me and not _zombie(p)]
+            if not rest:
+                return out
+            if time.monotonic() >= deadline:
+                for pid in rest:
+                    if pid not in {e.pid for e in out}:
+                        out.append(NetEvent("outlived the run", OUTLIVED, pid, time.time() - t0,
+                                            _cmdline(pid), "", f"killed after a {self.grace:g} s "
+                                            "grace period", "killed", "auditor"))
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    @staticmethod
+    def _recorded(log: str, t0: float) -> list[NetEvent]:
+        """The recorder's lines (the audited process and its Python children) as events."""
         recs, outcomes = [], {}
-        with open(self._log, encoding="utf-8", errors="replace") as f:
+        with open(log, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
                     rec = json.loads(line)
                 except ValueError:
                     continue  # a child killed mid-write: its last line
+                if not isinstance(rec, dict):
+                    continue
                 if "ref" in rec:
                     outcomes[rec["ref"]] = rec.get("outcome")
-                elif "event" in rec:
+                elif "event" in rec and "pid" in rec and "t" in rec:
                     recs.append(rec)
         out = []
         for rec in recs:
-            if rec["event"] in recorder.PROCESS:
-                cmd = rec.get("command")
-                scope = PROCESS
-                address = shlex.join(map(str, cmd)) if isinstance(cmd, list) else _text(cmd)
-            else:
-                scope, address = _address(rec)
-            proto = {1: "unix", 2: "inet", 10: "inet6", 16: "netlink"}.get(rec.get("family"), "")
-            if proto.startswith("inet"):
-                proto += {1: "/tcp", 2: "/udp"}.get(rec.get("type", 0) & 0xF, "")
-            out.append(NetEvent(rec["event"], scope, rec["pid"], rec["t"] - self._t0, address,
-                                proto, rec.get("where", ""), outcomes.get(rec.get("id"))))
+            try:
+                if rec["event"] in recorder.PROCESS:
+                    cmd = rec.get("command")
+                    scope = PROCESS
+                    address = shlex.join(map(str, cmd)) if isinstance(cmd, list) else _text(cmd)
+                else:
+                    scope, address = _address(rec)
+                proto = {1: "unix", 2: "inet", 10: "inet6", 16: "netlink"}.get(
+                    rec.get("family"), "")
+                if proto.startswith("inet"):
+                    proto += {1: "/tcp", 2: "/udp"}.get(rec.get("type", 0) & 0xF, "")
+                out.append(NetEvent(str(rec["event"]), scope, int(rec["pid"]),
+                                    float(rec["t"]) - t0, address, proto,
+                                    str(rec.get("where", "")), outcomes.get(rec.get("id"))))
+            except (TypeError, ValueError, KeyError):  # a forged or broken line: kept, as is
+                out.append(NetEvent("unreadable record", EXTERNAL, 0, 0.0, _text(rec)[:200],
+                                    source="hook"))
         return out
 
 
-def _subreaper() -> None:
-    """Adopt orphaned descendants (a daemon's double fork), so the /proc walk still finds
-    them below this process; best effort (prctl PR_SET_CHILD_SUBREAPER, Linux 3.4+)."""
+def _zombie(pid: int) -> bool:
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True  # gone
+
+
+_PAIRS = {"connect": "socket.connect", "sendto": "socket.sendto", "sendmsg": "socket.sendmsg"}
+
+
+def _merge(hooked: list[NetEvent], syscalls: list[NetEvent]) -> list[NetEvent]:
+    """One event per call: a syscall the hook also saw (same process, call, address) adds
+    "seccomp" to the hook's event, which knows the Python caller and the outcome."""
+    free = {}
+    for e in hooked:
+        free.setdefault((e.pid, e.event, e.address), []).append(e)
+    out = list(hooked)
+    for s in syscalls:
+        match = free.get((s.pid, _PAIRS.get(s.event, ""), s.address.removesuffix(" (DNS)")))
+        if match:
+            e = match.pop(0)
+            e.source = "hook+seccomp"
+            if s.scope == EXTERNAL:
+                e.scope = EXTERNAL
+        else:
+            out.append(s)
+    return out
+
+
+def _unpeered(events: list[NetEvent]) -> list[NetEvent]:
+    """A datagram socket with no peer, seen in /proc, sent to destinations /proc cannot show:
+    local only when every addressed send of that process was seen going to loopback or a
+    local socket; otherwise external (destination unknown)."""
+    sends: dict[int, list[str]] = {}
+    for e in events:
+        if e.source != "proc" and e.event in ("socket.sendto", "socket.sendmsg", "sendto",
+                                              "sendmsg", "sendmmsg"):
+            sends.setdefault(e.pid, []).append(e.scope)
+    for e in events:
+        if e.source == "proc" and e.proto.startswith("udp") and e.outcome == "unconnected" \
+                and not e.inherited and host_scope(_split(e.address.split(" (")[0])) != LOOPBACK:
+            seen = sends.get(e.pid)
+            if seen and all(s in (LOOPBACK, LOCAL) for s in seen):
+                e.scope = LOCAL
+            else:
+                e.scope = EXTERNAL
+                e.address = e.address.replace("(bound, no peer)", "(no peer: destination "
+                                              "unknown)")
+    return events
 
 
 def verdict(events: list[NetEvent], strict: bool = False) -> tuple[int, list[NetEvent]]:
     """(exit code, the events that decided it): 1 if anything left, or tried to leave, the
-    machine; with `strict`, loopback, local sockets and process starts count too."""
-    counted = {EXTERNAL} | ({LOOPBACK, LOCAL, PROCESS} if strict else set())
+    machine, or a process outlived the run; with `strict`, loopback, local sockets and process
+    starts count too."""
+    counted = {EXTERNAL, OUTLIVED} | ({LOOPBACK, LOCAL, PROCESS} if strict else set())
     bad = [e for e in events if e.scope in counted and not e.inherited]
     return (1 if bad else 0), bad
 
@@ -418,7 +814,7 @@ def network_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     env = os.environ if environ is None else environ
     out = {}
     for k in sorted(env):
-        if not _ENV.search(k) or k in (recorder.LOG_ENV, ISOLATED_ENV):
+        if not _ENV.search(k) or k in (recorder.LOG_ENV, RESULT_ENV, "SPECLI_AUDIT_ROLE"):
             continue
         v = env[k]
         if _SECRET.search(k) and v:
@@ -427,103 +823,3 @@ def network_environment(environ: dict[str, str] | None = None) -> dict[str, str]
             v = re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)?.*@", r"\1***@", v)  # to the last @
         out[k] = v
     return out
-
-
-# --- isolation ------------------------------------------------------------------------------
-
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
-
-
-def _unshare(flags: int) -> int:
-    """0, or the errno of unshare(2) (os.unshare is Python 3.12+)."""
-    if hasattr(os, "unshare"):
-        try:
-            os.unshare(flags)
-        except OSError as e:
-            return e.errno or errno.EPERM
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    return 0 if libc.unshare(flags) == 0 else ctypes.get_errno()
-
-
-ISOLATED_ENV = "SPECLI_AUDIT_ISOLATED"
-
-
-def enter_namespace() -> str:
-    """Move this process into a new network namespace, so that everything it and its children
-    do from now on has no way out; returns how. Only a single-threaded process can (a thread
-    keeps its namespace, and a user namespace needs it): hence `isolated_command`, which
-    re-executes a command through this, first thing. AuditError if not permitted."""
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        raise AuditError(f"cannot isolate: this process already runs {threads} threads, "
-                         "which would keep the old network namespace")
-    e1 = _unshare(CLONE_NEWNET)
-    if not e1:
-        return "network namespace"
-    e2 = _unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    if not e2:
-        return "user and network namespaces"
-    raise AuditError(
-        f"network isolation is not permitted here: unshare(CLONE_NEWNET): {os.strerror(e1)}; "
-        f"with a new user namespace: {os.strerror(e2)}",
-        hint="run as root, or allow unprivileged user namespaces "
-             "(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces)")
-
-
-def isolated_command() -> list[str]:
-    """This process's own command line, re-executed in a new network namespace. AuditError
-    when this process is not its own command (the audit called from another program)."""
-    args = sys.argv[1:]
-    if not args or sys.orig_argv[len(sys.orig_argv) - len(args):] != args:
-        raise AuditError("--isolate re-executes the command line, and this process was not "
-                         "started as `specli audit ...`")
-    return [sys.executable, "-m", "specli.netguard", sys.executable, *sys.orig_argv[1:]]
-
-
-def isolation() -> dict | None:
-    """How this process was isolated (None: it was not), after checking that its network
-    namespace has no interface but a loopback: the claim is checked, not trusted."""
-    how = os.environ.get(ISOLATED_ENV)
-    if not how:
-        return None
-    found = interfaces()
-    if any(not i.startswith("lo ") for i in found):
-        raise AuditError(f"not isolated: this network namespace has {', '.join(found)}")
-    return {"how": how, "interfaces": found, "netns": os.readlink("/proc/self/ns/net")}
-
-
-def interfaces() -> list[str]:
-    """This process's network namespace's interfaces, each with `up` or `down` (from
-    /proc/self/net/dev: /sys/class/net shows the namespace sysfs was mounted in)."""
-    import fcntl
-    import socket
-    import struct
-
-    names = [line.split(":")[0].strip()
-             for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]]
-    out = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        for name in sorted(names):
-            try:
-                req = struct.pack("16sH", name.encode()[:15], 0)
-                flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, req)[:18])[1]
-            except OSError:
-                flags = 0
-            out.append(f"{name} ({'up' if flags & 1 else 'down'})")
-    return out
-
-
-def _bootstrap(argv: list[str]) -> None:
-    """python -m specli.netguard PROGRAM ARGS...: PROGRAM in a new network namespace."""
-    try:
-        how = enter_namespace()
-    except AuditError as e:
-        sys.stderr.write(f"error: {e.message}" + (f" (hint: {e.hint})" if e.hint else "") + "\n")
-        sys.exit(e.exit_code)
-    os.environ[ISOLATED_ENV] = how
-    os.execv(argv[0], argv)
-
-
-if __name__ == "__main__":
-    _bootstrap(sys.argv[1:])

@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import subprocess
 import sys
 from typing import Annotated
 
 import typer
 
 from specli import netguard
+from specli._audit_site import boot
 from specli.cli import options as o
 from specli.cli import run as run_cmd
 from specli.cli.console import err, safe
@@ -24,12 +24,21 @@ BIG = 32 << 20  # files above this hash behind a progress bar
 
 def _audit_flags(
     isolate: Annotated[bool, typer.Option(
-        "--isolate", help="Run the generation in a new network namespace with no way out, so "
-        "any attempt fails by construction (root, or unprivileged user namespaces); exit 2 if "
-        "not permitted.", rich_help_panel=AUDIT)] = False,
+        "--isolate/--no-isolate", help="Run the generation in a new network namespace with "
+        "no way out (the default: the verdict is then a proof). --no-isolate keeps the real "
+        "network up, for runs that need it: the verdict is then an observation.",
+        rich_help_panel=AUDIT)] = True,
+    allow_unisolated: Annotated[bool, typer.Option(
+        "--allow-unisolated", help="Where this system refuses a network namespace, audit "
+        "unisolated (an observation, said so in the verdict) instead of exiting 2.",
+        rich_help_panel=AUDIT)] = False,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Fail on loopback and local sockets and on process starts too.",
         rich_help_panel=AUDIT)] = False,
+    grace: Annotated[float, typer.Option(
+        "--grace", help="Seconds to wait, after the generation ends, for the processes it "
+        "started; what is still running then is killed and counted.", min=0, max=3600,
+        rich_help_panel=AUDIT)] = 2.0,
     poll_ms: Annotated[int, typer.Option(
         "--poll-ms", help="How often the sockets of the process tree are read from /proc.",
         rich_help_panel=AUDIT)] = 20,
@@ -40,59 +49,116 @@ def _audit_flags(
     """The audit's own flags; the rest are `specli run`'s."""
 
 
+BLIND_ISOLATED = [
+    "what a process does with a descriptor passed in from outside its tree (it inherits only "
+    "stdin, stdout and stderr)",
+]
+BLIND_UNISOLATED = [
+    "nothing is stopped: what is reported has happened",
+    "a destination rewritten by another thread between the report and the call (seccomp "
+    "user notification reads it first)",
+    "network use by another process on the run's behalf (a local proxy or daemon reached "
+    "over loopback or a unix socket: listed, counted only with --strict)",
+    *BLIND_ISOLATED,
+]
+BLIND_NO_SECCOMP = [
+    "C-level connections and datagrams shorter than the /proc poll interval",
+    "raw syscalls, and children that ignore PYTHONPATH, between two polls",
+]
+
+
 def _audit(**kw) -> None:
     """Run a generation (same flags as `specli run`) and audit its network use.
 
-    Records, for the whole run: every network call and process start made from Python (an
-    audit hook in this process and in Python children), and every socket the process tree
-    holds (/proc, polled). Reports the models loaded (path, size, sha256), the environment
-    variables that could turn on network use, and the run's acceptance figures. Exit 0: no
-    network use beyond loopback; 1: an attempt was seen (listed); 2: the audit could not run.
+    The generation runs in a child process, watched from its first instruction to the exit of
+    the last process it started. By default it runs in a new network namespace with no way
+    out, so a clean verdict is a proof; every attempt is still recorded (a seccomp listener
+    for every connect and send with an address, C code included; an audit hook for Python;
+    /proc for the sockets held). Reports the models loaded (path, size, sha256), the
+    environment variables that could turn on network use, and the run's acceptance figures.
+    Exit 0: no network use beyond loopback; 1: an attempt was seen (listed), or a process
+    outlived the run; 2: the audit could not run, or isolation was refused (see
+    --allow-unisolated).
     """
-    isolate, strict, poll_ms, json_out = (kw.pop(k) for k in
-                                          ("isolate", "strict", "poll_ms", "json_out"))
+    isolate, allow, strict, grace, poll_ms, json_out = (
+        kw.pop(k) for k in ("isolate", "allow_unisolated", "strict", "grace", "poll_ms",
+                            "json_out"))
+    if os.environ.get(boot.ROLE_ENV) == "audited":
+        return _audited(kw)
     if poll_ms < 1:
         raise SpecliError(f"--poll-ms must be at least 1, got {poll_ms}")
-    namespace = netguard.isolation() if isolate else None
-    if isolate and namespace is None:  # re-execute this command in a new network namespace
-        code = subprocess.run(netguard.isolated_command()).returncode
-        if code not in (0, 1, 2):  # 1 means "network seen": a crash must not read as that
-            raise netguard.AuditError(f"the isolated audit ended abnormally (exit {code})")
-        raise typer.Exit(code)
+    if sys.argv[1:2] != ["audit"]:
+        raise netguard.AuditError("specli audit re-executes its command line, and this process "
+                                  "was not started as `specli audit ...`")
+    refused = netguard.isolation_refused() if isolate else None
+    if refused and not allow:
+        raise netguard.AuditError(
+            f"network isolation is not permitted here ({refused}): a clean verdict could only "
+            "be an observation", hint="--allow-unisolated accepts that; --no-isolate never "
+            "isolates; root or unprivileged user namespaces make it a proof")
     try:
-        with netguard.Guard(interval=poll_ms / 1000) as guard:
-            # resolving -hf models is inside the watch: a download is network use
-            req = run_cmd.request(**kw, quiet=True)
-            gen = generate(req)
-    except (SpecliError, typer.Exit):
-        raise
+        audit = netguard.Auditor(["specli", *sys.argv[1:]], isolate and not refused,
+                                 poll_ms / 1000, grace).run()
     except KeyboardInterrupt:
         raise netguard.AuditError("interrupted: no verdict") from None
-    except Exception as e:  # exit 1 means "network seen": anything else unforeseen is 2
-        raise netguard.AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
-    models = [_model(role, p.path) for role, p in (("target", req.target),
-                                                   ("draft", req.draft)) if p is not None]
-    code, counted = netguard.verdict(guard.events, strict)
+    if audit.exit_code != 0 or audit.result is None:
+        if audit.exit_code not in (0, 2):  # exit 2: the audited run said why, in one line
+            err.print(f"error: the audited run ended abnormally (exit {audit.exit_code}): "
+                      "no verdict", markup=False, highlight=False)
+        raise typer.Exit(2)
+    models = [_model(role, path) for role, path in audit.result["models"]]
+    code, counted = netguard.verdict(audit.events, strict)
+    if audit.isolated:
+        mode, blind = "isolated", list(BLIND_ISOLATED)
+    else:
+        mode = "unisolated (isolation refused)" if refused else "unisolated (--no-isolate)"
+        blind = list(BLIND_UNISOLATED)
+    if audit.seccomp:
+        blind += BLIND_NO_SECCOMP
     report = {
-        "schema_version": 1,
+        "schema_version": 2,
         "verdict": "network use seen" if code else "clean",
         "exit_code": code,
+        "proof": bool(audit.isolated),
+        "mode": mode,
         "strict": strict,
-        "isolated": namespace is not None,
-        "namespace": namespace,
-        "seconds": round(guard.seconds, 3),
-        "poll": {"interval_ms": poll_ms, "polls": guard.polls},
+        "isolated": audit.isolated is not None,
+        "namespace": audit.isolated,
+        "isolation_refused": refused,
+        "seccomp": {"active": not audit.seccomp, "reason": audit.seccomp or None},
+        "blind_spots": blind,
+        "seconds": round(audit.seconds, 3),
+        "grace_s": grace,
+        "outlived": audit.outlived,
+        "poll": {"interval_ms": poll_ms, "polls": audit.polls},
         "models": models,
         "environment": netguard.network_environment(),
         "counted": [netguard.to_dict(e) for e in counted],
-        "events": [netguard.to_dict(e) for e in guard.events],
-        "run": _run_figures(gen.stats.to_dict()),
+        "events": [netguard.to_dict(e) for e in audit.events],
+        "run": _run_figures(audit.result["stats"]),
     }
     if json_out:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
-        _print(report, guard.events, counted)
+        _print(report, audit.events, counted)
     raise typer.Exit(code)
+
+
+def _audited(kw: dict) -> None:
+    """The audited process (started by the auditor through boot.py): the generation, and what
+    the auditor reports about it, into the file it named."""
+    try:
+        req = run_cmd.request(**kw, quiet=True)  # resolving -hf models is watched too
+        gen = generate(req)
+    except (SpecliError, typer.Exit):
+        raise
+    except Exception as e:  # exit 1 means "network seen": anything unforeseen is 2
+        raise netguard.AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
+    doc = {"models": [(role, p.path) for role, p in (("target", req.target),
+                                                      ("draft", req.draft)) if p is not None],
+           "stats": gen.stats.to_dict()}
+    with open(os.environ[netguard.RESULT_ENV], "w", encoding="utf-8") as f:
+        json.dump(doc, f)
 
 
 _own = list(inspect.signature(_audit_flags, eval_str=True).parameters.values())
@@ -138,20 +204,28 @@ def _print(report: dict, events: list[netguard.NetEvent],
     w(f"\n[ network during the run: {report['seconds']:.1f} s, /proc polled "
       f"{report['poll']['polls']} times every {report['poll']['interval_ms']} ms ]\n")
     if ns:
-        w(f"  isolated in a new {ns['how']} ({ns['netns']}): "
-          f"{', '.join(ns['interfaces']) or 'no interfaces'}\n")
+        w(f"  isolated: network namespace {ns['netns']} with only "
+          f"{', '.join(ns['interfaces']) or 'no interfaces'}, checked from outside\n")
+    else:
+        w(f"  not isolated: {report['mode']}\n")
+    sc = report["seccomp"]
+    w("  every connect and addressed send of the process tree recorded (seccomp)\n"
+      if sc["active"] else f"  no seccomp listener ({safe(sc['reason'])})\n")
     groups = [("external", [e for e in events if e.scope == netguard.EXTERNAL
                             and not e.inherited]),
               ("loopback and local", [e for e in events if e.scope in (netguard.LOOPBACK,
                                                                        netguard.LOCAL)
                                       and not e.inherited]),
               ("processes started", [e for e in events if e.scope == netguard.PROCESS]),
+              ("outlived the run (killed)", [e for e in events
+                                             if e.scope == netguard.OUTLIVED]),
               ("held before the audit began (not counted)", [e for e in events
                                                              if e.inherited])]
     if not groups[0][1]:
         w("  ✓ no external connections or attempts\n")
     for title, group in groups:
-        if group or title != "held before the audit began (not counted)":
+        if group or title not in ("held before the audit began (not counted)",
+                                  "outlived the run (killed)"):
             w(f"  {title}: {len(group) or 'none'}\n")
         for e in group:
             w(f"    {_line(e)}\n")
@@ -163,11 +237,21 @@ def _print(report: dict, events: list[netguard.NetEvent],
     else:
         w("  no tokens drafted\n")
     w(f"  tokens per second: {r['decode_tps']:.1f} t/s ({r['n_predict']} tokens)\n\n")
+    if not report["proof"]:
+        w("[ blind spots of an unisolated audit ]\n" + "".join(
+            f"  - {b}\n" for b in report["blind_spots"]) + "\n")
     if counted:
+        how = ("none could leave this machine (isolated)" if report["proof"]
+               else "observed, not isolated")
         w(f"verdict: NETWORK USE SEEN: {len(counted)} event(s) counted"
-          f"{' (--strict)' if report['strict'] else ''}\n")
+          f"{' (--strict)' if report['strict'] else ''}: {how}\n")
+    elif report["proof"]:
+        w("verdict: clean, proven: no connection could leave this machine (network namespace "
+          "with only lo), and none was attempted beyond loopback"
+          f"{' (none at all: --strict)' if report['strict'] else ''}\n")
     else:
-        w("verdict: clean: both models local, no network use beyond loopback"
+        w("verdict: clean, observed (not a proof: not isolated; blind spots above): both "
+          "models local, no network use beyond loopback seen"
           f"{' (none at all: --strict)' if report['strict'] else ''}\n")
 
 

@@ -1,0 +1,208 @@
+"""The audited process's first instructions: `specli audit` starts its generation as
+`python -I -S boot.py` (see specli/netguard.py, `Auditor`).
+
+With `-I -S` nothing of the environment runs before this file: no `site`, no `.pth` file, no
+`sitecustomize`, no PYTHONPATH. In order, it
+
+1. installs the audit hook (the recorder, loaded by path from this folder),
+2. moves into a new network namespace (when isolating),
+3. loads a seccomp filter that hands every connect, addressed sendto, sendmsg and sendmmsg of
+   this process and all its descendants to the auditor (a user-notification listener, whose
+   descriptor the auditor takes with pidfd_getfd), and refuses io_uring (which bypasses it),
+4. restores the auditor's sys.path and runs site's processing (`.pth` files, sitecustomize,
+   usercustomize: all of it now watched),
+5. runs specli (as `python -m specli` would) with the auditor's command line, in the audited
+   role.
+
+Stdlib only, and self-contained: it runs before site-packages are on sys.path. libseccomp
+(Debian's libseccomp2, which apt itself depends on) is reached through ctypes: a Python binding
+(pyseccomp) lives in site-packages, which are not importable before step 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+BOOT_ENV = "SPECLI_AUDIT_BOOT"
+ROLE_ENV = "SPECLI_AUDIT_ROLE"
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+ALLOW, NOTIFY = 0x7FFF0000, 0x7FC00000
+SCMP_CMP_NE = 1
+ENOSYS = 38
+NOTIFIED = ("connect", "sendto", "sendmsg", "sendmmsg")
+CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
+
+
+def libseccomp():
+    """libseccomp through ctypes, or raise OSError. No ctypes.util.find_library: on Linux it
+    spawns ldconfig, a process start the audit would record."""
+    import ctypes
+
+    for name in ("libseccomp.so.2", "libseccomp.so"):
+        try:
+            lib = ctypes.CDLL(name, use_errno=True)
+            break
+        except OSError:
+            continue
+    else:
+        raise OSError("libseccomp is not installed (Debian/Ubuntu: libseccomp2)")
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int,
+                                           ctypes.c_uint, ctypes.c_void_p]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_notify_fd.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+class _ArgCmp:  # struct scmp_arg_cmp, built lazily (ctypes is imported only when used)
+    @staticmethod
+    def make(arg: int, op: int, a: int):
+        import ctypes
+
+        class C(ctypes.Structure):
+            _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                        ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+        return C(arg, op, a, 0)
+
+
+def load_filter() -> int:
+    """Load the notifying filter into this process (inherited by every descendant); return the
+    listener's descriptor. OSError when libseccomp or the kernel refuses."""
+    lib = libseccomp()
+    ctx = lib.seccomp_init(ALLOW)
+    if not ctx:
+        raise OSError("seccomp_init failed")
+    try:
+        def rule(action: int, name: str, *cmps) -> None:
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr < 0:
+                return  # not a syscall on this architecture
+            arr = (type(cmps[0]) * len(cmps))(*cmps) if cmps else None
+            rc = lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr)
+            if rc < 0:
+                raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
+
+        rule(NOTIFY, "connect")
+        rule(NOTIFY, "sendto", _ArgCmp.make(4, SCMP_CMP_NE, 0))  # only with a destination
+        rule(NOTIFY, "sendmsg")
+        rule(NOTIFY, "sendmmsg")
+        for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
+            rule(0x00050000 | ENOSYS, name)  # SCMP_ACT_ERRNO: io_uring bypasses seccomp
+        rc = lib.seccomp_load(ctx)
+        if rc < 0:
+            raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
+        fd = lib.seccomp_notify_fd(ctx)
+        if fd < 0:
+            raise OSError(-fd, f"seccomp_notify_fd: {os.strerror(-fd)}")
+        return os.dup(fd)  # the context's own copy is closed with it
+    finally:
+        lib.seccomp_release(ctx)
+
+
+def listener_blocker() -> str:
+    """Why the auditor could not take this process's listener, or "": pidfd_getfd (Linux 5.6+)
+    is checked on this process itself before a filter is loaded, since a filter whose listener
+    nobody holds makes every watched call fail (ENOSYS)."""
+    import ctypes
+
+    try:
+        pidfd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError) as e:
+        return f"pidfd_open: {e}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        fd = libc.syscall(438, pidfd, 0, 0)  # SYS_pidfd_getfd
+        if fd < 0:
+            return f"pidfd_getfd: {os.strerror(ctypes.get_errno())} (Linux 5.6+)"
+        os.close(fd)
+        return ""
+    finally:
+        os.close(pidfd)
+
+
+def unshare(flags: int) -> int:
+    """0, or the errno of unshare(2) (os.unshare is Python 3.12+)."""
+    if hasattr(os, "unshare"):
+        try:
+            os.unshare(flags)
+        except OSError as e:
+            return e.errno or 1
+        return 0
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    return 0 if libc.unshare(flags) == 0 else ctypes.get_errno()
+
+
+def isolate() -> tuple[str, str]:
+    """(how, "") or ("", why not): a new network namespace for this single-threaded process."""
+    e1 = unshare(CLONE_NEWNET)
+    if not e1:
+        return "network namespace", ""
+    e2 = unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    if not e2:
+        return "user and network namespaces", ""
+    return "", (f"unshare(CLONE_NEWNET): {os.strerror(e1)}; with a new user namespace: "
+                f"{os.strerror(e2)}")
+
+
+def _recorder():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("specli_audit_recorder",
+                                                  os.path.join(HERE, "sitecustomize.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["specli_audit_recorder"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    cfg = json.loads(os.environ.pop(BOOT_ENV))
+    status = cfg["status_fd"]
+    _recorder().install()  # 1: from here on, every Python-level call is recorded
+
+    def say(**kw) -> None:
+        os.write(status, (json.dumps(kw) + "\n").encode())
+
+    if cfg["isolate"]:  # 2
+        how, why = isolate()
+        if not how:
+            say(error=f"network isolation is not permitted here: {why}")
+            sys.exit(2)
+    fd, why = None, listener_blocker()  # 3
+    if why:
+        say(seccomp_fd=None, seccomp_error=why)
+    else:
+        try:
+            fd = load_filter()
+            say(seccomp_fd=fd)
+        except OSError as e:
+            say(seccomp_fd=None, seccomp_error=str(e))
+    os.read(cfg["go_fd"], 1)  # the auditor holds the listener now (or knows there is none)
+    for d in (fd, status, cfg["go_fd"]):
+        if d is not None:
+            os.close(d)
+    # 4: the path the auditor had, without this folder (its sitecustomize is the recorder,
+    # already installed; the one it shadows is the user's, and site imports that one now)
+    sys.path[:] = [p for p in cfg["path"] if os.path.abspath(p or ".") != HERE]
+    import site
+
+    site.ENABLE_USER_SITE = cfg["user_site"]
+    site.main()
+    os.environ[ROLE_ENV] = "audited"  # 5: as `python -m specli audit ...` would
+    sys.argv[:] = cfg["argv"]
+    import runpy
+
+    runpy.run_module("specli", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Test-only: a network attempt planted in the audited process, the way hostile code would
+arrive there (a sitecustomize on PYTHONPATH).
+
+SPECLI_TEST_PLANT=KIND puts this folder's sitecustomize on PYTHONPATH. It acts only in the
+audited process (where the auditor set SPECLI_AUDIT_LOG), once per tree: `early` at interpreter
+start, before specli is imported; every other kind in the engine's first step. The attempt's
+outcome goes to stderr as `plant: KIND pid N: ...`. Every attempt aims at 203.0.113.7
+(TEST-NET-3, never routed); the tests run it inside a fresh network namespace where that
+address is a local listener (tests/standin.py), so nothing can leave the machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+HOST, PORT = "203.0.113.7", 9
+NOWHERE = (HOST, PORT)
+CONNECT = f"import socket; socket.create_connection({NOWHERE!r}, timeout=2)"
+BASH = f"exec 3<>/dev/tcp/{HOST}/{PORT}"
+CHILD_HOLD = ("import socket, sys, time; c = socket.create_connection(('127.0.0.1', "
+              "int(sys.argv[1]))); time.sleep(0.4); c.close()")
+libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _sockaddr_in(host: str, port: int) -> bytes:
+    return struct.pack("=H", socket.AF_INET) + struct.pack(">H", port) + \
+        socket.inet_aton(host) + b"\0" * 8
+
+
+def _c_socket(kind: int) -> int:
+    fd = libc.socket(socket.AF_INET, kind, 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "socket")
+    return fd
+
+
+def connect():
+    socket.create_connection(NOWHERE, timeout=2).close()
+
+
+def sendto():
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"x", NOWHERE)
+
+
+def getaddrinfo():
+    socket.getaddrinfo("specli-audit-plant.example", 443)
+
+
+def c_tcp():
+    """C-level TCP connect (no Python socket call), closed at once."""
+    fd = _c_socket(socket.SOCK_STREAM)
+    addr = _sockaddr_in(HOST, PORT)
+    rc = libc.connect(fd, addr, len(addr))
+    e = ctypes.get_errno()
+    libc.close(fd)
+    if rc:
+        raise OSError(e, os.strerror(e))
+
+
+def c_udp(n: int = 1, over: float = 0.0):
+    fd = _c_socket(socket.SOCK_DGRAM)
+    addr = _sockaddr_in(HOST, PORT)
+    try:
+        for _ in range(n):
+            if libc.sendto(fd, b"x", 1, 0, addr, len(addr)) < 0:
+                e = ctypes.get_errno()
+                raise OSError(e, os.strerror(e))
+            time.sleep(over / n)
+    finally:
+        libc.close(fd)
+
+
+def c_udp_burst():
+    c_udp(50, 1.0)
+
+
+def c_dns():
+    """libc's resolver, called from C: its query goes to resolv.conf's nameserver."""
+    res = ctypes.c_void_p()
+    rc = libc.getaddrinfo(b"specli-audit-plant.example", b"443", None, ctypes.byref(res))
+    if rc == 0:
+        libc.freeaddrinfo(res)
+    else:
+        raise OSError(f"getaddrinfo: {rc}")
+
+
+def posix_spawn():
+    pid = os.posix_spawn("/bin/bash", ["bash", "-c", BASH], dict(os.environ))
+    if os.waitpid(pid, 0)[1]:
+        raise OSError("bash /dev/tcp failed")
+
+
+def system():
+    if libc.system(f"bash -c '{BASH}' 2>/dev/null".encode()):
+        raise OSError("bash /dev/tcp failed")
+
+
+def python_isolated_child():
+    r = subprocess.run([sys.executable, "-I", "-c", CONNECT], capture_output=True, text=True)
+    if r.returncode:
+        raise OSError(r.stderr.strip().splitlines()[-1])
+
+
+def daemon():
+    """A double-forked daemon: connects 1 s later (after the run ended), then stays."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            time.sleep(1.0)
+            try:
+                connect()
+            except OSError:
+                pass
+            time.sleep(60)
+        os._exit(0)
+
+
+def at_exit():
+    atexit.register(lambda: _quiet(connect))
+
+
+def tamper():
+    """Silence everything the audited process can reach, then hold a connection for 1 s."""
+    for name in ("specli_audit_recorder", "sitecustomize"):
+        rec = sys.modules.get(name)
+        if rec is not None and hasattr(rec, "uninstall"):
+            rec.uninstall()
+    log = os.environ.pop("SPECLI_AUDIT_LOG", None)
+    if log:
+        open(log, "w").close()  # what was recorded so far: gone
+    fd = _c_socket(socket.SOCK_STREAM)
+    addr = _sockaddr_in(HOST, PORT)
+    rc = libc.connect(fd, addr, len(addr))
+    e = ctypes.get_errno()
+    time.sleep(1.0)
+    libc.close(fd)
+    if rc:
+        raise OSError(e, os.strerror(e))
+
+
+def loopback():
+    with socket.create_server(("127.0.0.1", 0)) as srv, \
+            socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        c = socket.create_connection(srv.getsockname())
+        peer, _ = srv.accept()
+        udp.sendto(b"x", srv.getsockname())  # auto-binds the UDP socket to 0.0.0.0
+        time.sleep(0.2)  # long enough for the /proc poll to see every socket
+        c.close()
+        peer.close()
+
+
+def child_unhooked():
+    """A child the audit hook cannot see (python -I ignores PYTHONPATH) holds a loopback
+    connection: seccomp and the /proc poll report it."""
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        child = subprocess.Popen([sys.executable, "-I", "-c", CHILD_HOLD,
+                                  str(srv.getsockname()[1])])
+        peer, _ = srv.accept()
+        child.wait()
+        peer.close()
+
+
+PLANTS = {"connect": connect, "sendto": sendto, "getaddrinfo": getaddrinfo, "c-tcp": c_tcp,
+          "c-udp": c_udp, "c-udp-burst": c_udp_burst, "c-dns": c_dns,
+          "posix-spawn": posix_spawn, "system": system, "python-I": python_isolated_child,
+          "daemon": daemon, "atexit": at_exit, "tamper": tamper, "early": connect,
+          "loopback": loopback, "child-unhooked": child_unhooked}
+
+
+def _quiet(fn):
+    try:
+        fn()
+    except OSError:
+        pass
+
+
+def _run(kind: str) -> None:
+    try:
+        PLANTS[kind]()
+        outcome = "ok"
+    except OSError as e:
+        outcome = f"{type(e).__name__}: {e}"
+    print(f"plant: {kind} pid {os.getpid()}: {outcome}", file=sys.stderr, flush=True)
+
+
+def _arm(kind: str) -> None:
+    os.environ["SPECLI_TEST_PLANT_DONE"] = "1"  # once per tree: children do not plant again
+    if kind == "early":
+        _run(kind)
+        return
+    from specli import engine
+
+    step, done = engine.Engine._step, []
+
+    def planted(self, *a, **k):
+        if not done:
+            done.append(1)
+            _run(kind)
+        return step(self, *a, **k)
+
+    engine.Engine._step = planted
+
+
+_kind = os.environ.get("SPECLI_TEST_PLANT")
+if _kind and os.environ.get("SPECLI_AUDIT_LOG") and not os.environ.get("SPECLI_TEST_PLANT_DONE"):
+    _arm(_kind)
