@@ -292,6 +292,9 @@ class ProcPoller:
 SECCOMP_CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the call goes on as if not watched
 _AF_INET, _AF_INET6, _AF_UNSPEC = 2, 10, 0
 _SYSCALLS: dict[tuple[int, int], str] = {}
+# devices a new network namespace gets when their modules are loaded: down, no address
+_FALLBACK_DEVICES = {"sit0", "tunl0", "ip6tnl0", "ip6gre0", "gre0", "gretap0", "erspan0",
+                     "ip_vti0", "ip6_vti0", "ip6erspan0"}
 
 
 def _subreaper() -> None:
@@ -350,14 +353,17 @@ def _read_mem(tid: int, addr: int, n: int) -> bytes:
         os.close(fd)
 
 
-def sockaddr(raw: bytes) -> tuple[str, str, str] | None:
-    """(scope, address, proto) of a struct sockaddr as a syscall passed it; None for
-    AF_UNSPEC (a disconnect)."""
+def sockaddr(raw: bytes, connect: bool = True) -> tuple[str, str, str] | None:
+    """(scope, address, proto) of a struct sockaddr as a syscall passed it; None for a
+    connect to AF_UNSPEC (a disconnect). A send to AF_UNSPEC goes where an AF_INET address
+    would (the kernel reads it so for IPv4 datagram and raw sockets)."""
     if len(raw) < 2:
         return EXTERNAL, f"unreadable address ({len(raw)} bytes)", ""
     family = int.from_bytes(raw[:2], sys.byteorder)
     if family == _AF_UNSPEC:
-        return None
+        if connect:
+            return None
+        family = _AF_INET
     if family == _AF_UNIX:
         path = raw[2:]
         text = ("@" + path[1:].split(b"\0")[0].decode("utf-8", "replace") if path[:1] == b"\0"
@@ -397,6 +403,10 @@ class Supervisor:
         lib.seccomp_notify_free.argtypes = [ctypes.POINTER(_Notif), ctypes.POINTER(_NotifResp)]
         lib.seccomp_syscall_resolve_num_arch.restype = ctypes.c_void_p
         lib.seccomp_syscall_resolve_num_arch.argtypes = [ctypes.c_uint32, ctypes.c_int]
+        self._req, self._resp = ctypes.POINTER(_Notif)(), ctypes.POINTER(_NotifResp)()
+        if lib.seccomp_notify_alloc(ctypes.byref(self._req), ctypes.byref(self._resp)) < 0:
+            os.close(fd)
+            raise AuditError("seccomp_notify_alloc failed: the seccomp listener cannot run")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="specli-audit-seccomp",
                                         daemon=True)
@@ -406,33 +416,32 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive() or self._thread.ident is not None:
+            self._thread.join()
         if self.fd >= 0:
             os.close(self.fd)
+            self.fd = -1
+        self._lib.seccomp_notify_free(self._req, self._resp)
+        self._req = self._resp = None
 
     def _serve(self) -> None:
         import select
 
-        lib = self._lib
-        req, resp = ctypes.POINTER(_Notif)(), ctypes.POINTER(_NotifResp)()
-        if lib.seccomp_notify_alloc(ctypes.byref(req), ctypes.byref(resp)) < 0:
-            self.failed = OSError("seccomp_notify_alloc failed")
-            return
+        lib, req, resp = self._lib, self._req, self._resp
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
         try:
             while True:
-                ready, _, _ = select.select([self.fd], [], [], 0.05)
+                ready = poller.poll(50)
                 if not ready:
                     if self._stop.is_set():
                         return
                     continue
+                if not ready[0][1] & select.POLLIN:  # hung up: no process uses the filter
+                    return
                 ctypes.memset(req, 0, ctypes.sizeof(_Notif))  # the kernel wants it zeroed
                 if lib.seccomp_notify_receive(self.fd, req) < 0:
-                    # the caller died before it was read (libseccomp says ECANCELED for the
-                    # kernel's ENOENT), or the tree is gone and the listener hangs up
-                    if self._stop.is_set():
-                        return
-                    time.sleep(0.002)
-                    continue
+                    continue  # the caller died before it was read (libseccomp: ECANCELED)
                 n = req.contents
                 nid, tid, nr, arch = n.id, n.pid, n.data.nr, n.data.arch
                 args = list(n.data.args)
@@ -450,12 +459,8 @@ class Supervisor:
                 self.calls += 1
                 if valid:
                     self.events += found
-        except BaseException as e:  # noqa: BLE001 - reported by the auditor: no verdict
+        except BaseException as e:  # noqa: BLE001 - the auditor stops the run: no verdict
             self.failed = e
-            os.close(self.fd)  # calls waiting here fail (ENOSYS) rather than hang
-            self.fd = -1
-        finally:
-            lib.seccomp_notify_free(req, resp)
 
     def _name(self, nr: int, arch: int) -> str:
         if (nr, arch) not in _SYSCALLS:
@@ -474,7 +479,7 @@ class Supervisor:
             elif name == "sendto":
                 addrs.append(_read_mem(tid, a[4], min(a[5], 128)))
             elif name in ("sendmsg", "sendmmsg"):
-                count, stride = (1, 56) if name == "sendmsg" else (min(a[2], 64), 64)
+                count, stride = (1, 56) if name == "sendmsg" else (min(a[2], 1024), 64)
                 block = _read_mem(tid, a[1], count * stride)
                 for i in range(0, len(block) - 15, stride):
                     ptr = int.from_bytes(block[i:i + 8], sys.byteorder)
@@ -486,7 +491,7 @@ class Supervisor:
                              "", f"{_cmdline(pid)} (thread {tid})", None, "seccomp")]
         out = []
         for raw in dict.fromkeys(addrs):
-            found = sockaddr(raw)
+            found = sockaddr(raw, connect=name == "connect")
             if found is None:
                 continue
             scope, address, proto = found
@@ -545,53 +550,66 @@ class Auditor:
         self.argv, self.isolate, self.interval, self.grace = argv, isolate, interval, grace
 
     def run(self) -> Audit:
-        import signal
         import site
         import subprocess
 
         from specli._audit_site import boot
 
         _subreaper()
-        me = os.getpid()
-        t0 = time.time()
-        fd, log = tempfile.mkstemp(prefix="specli-audit-", suffix=".jsonl")
-        os.close(fd)
-        fd, result = tempfile.mkstemp(prefix="specli-audit-", suffix=".json")
-        os.close(fd)
-        status_r, status_w = os.pipe()
-        go_r, go_w = os.pipe()
-        cfg = {"status_fd": status_w, "go_fd": go_r, "isolate": self.isolate,
-               "path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE),
-               "argv": self.argv}
-        env = {**os.environ, recorder.LOG_ENV: log, RESULT_ENV: result,
-               boot.BOOT_ENV: json.dumps(cfg),
-               "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR, os.environ.get("PYTHONPATH"))
-                                             if p)}
-        poller = ProcPoller(me, t0, skip=me)
-        poller.baseline()
-        proc = subprocess.Popen([sys.executable, "-I", "-S", boot.__file__], env=env,
-                                pass_fds=(status_w, go_r))
-        os.close(status_w)
-        os.close(go_r)
-        supervisor, seccomp, isolated = None, "", None
-        stop = threading.Event()
-        thread = threading.Thread(target=self._poll, args=(poller, stop), daemon=True,
-                                  name="specli-audit-poll")
+        # nothing in the tree may ptrace this process (pidfd_getfd its listener, read its
+        # memory): a process in another user namespace needs a capability it does not have
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        me, t0 = os.getpid(), time.time()
+        self._poll_failed: BaseException | None = None
+        temps: list[str] = []
+        fds: list[int] = []
+        proc = supervisor = None
+        seccomp, isolated = "", None
+        stop = self._stop = threading.Event()
+        thread = threading.Thread(target=self._poll, daemon=True, name="specli-audit-poll")
+        events: list[NetEvent] = []
+        outlived: list[NetEvent] = []
         try:
-            with os.fdopen(status_r, "rb") as f:
-                line = f.readline()
-                state = json.loads(line) if line.strip() else {}
-                if "error" in state:
-                    raise AuditError(state["error"])
-                if not state:
-                    raise AuditError(f"the audited process ended before it began "
-                                     f"(exit {proc.wait()})")
+            for suffix in (".jsonl", ".json"):
+                fd, path = tempfile.mkstemp(prefix="specli-audit-", suffix=suffix)
+                os.close(fd)
+                temps.append(path)
+            log, result = temps
+            status_r, status_w = os.pipe()
+            go_r, go_w = os.pipe()
+            fds += [status_r, status_w, go_r, go_w]
+            cfg = {"status_fd": status_w, "go_fd": go_r, "isolate": self.isolate,
+                   "auditor": me, "path": list(sys.path),
+                   "user_site": bool(site.ENABLE_USER_SITE), "argv": self.argv}
+            env = {**os.environ, recorder.LOG_ENV: log, RESULT_ENV: result,
+                   boot.BOOT_ENV: json.dumps(cfg),
+                   "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR,
+                                                             os.environ.get("PYTHONPATH")) if p)}
+            poller = ProcPoller(me, t0, skip=me)
+            poller.baseline()
+            self._poller = poller
+            proc = subprocess.Popen([sys.executable, "-I", "-S", boot.__file__], env=env,
+                                    pass_fds=(status_w, go_r))
+            for d in (status_w, go_r):
+                os.close(d)
+                fds.remove(d)
+            status = os.fdopen(status_r, "rb")
+            fds.remove(status_r)
+            with status:
+                state = self._say(status, proc)
+                try:  # can this process take the audited one's descriptors? (a filter
+                    os.close(_pidfd_getfd(proc.pid, status_w))  # nobody serves would hang it)
+                    os.write(go_w, b"y")
+                    state = self._say(status, proc)
+                except OSError as e:
+                    seccomp = f"cannot take the audited process's descriptors ({e})"
+                    os.write(go_w, b"n")
                 if state.get("seccomp_fd") is not None:
                     try:
                         supervisor = Supervisor(_pidfd_getfd(proc.pid, state["seccomp_fd"]), t0)
-                    except OSError as e:
-                        seccomp = str(e)
-                else:
+                    except OSError as e:  # it was possible a moment ago: no verdict
+                        raise AuditError(f"cannot take the seccomp listener: {e}") from None
+                elif not seccomp:
                     seccomp = state.get("seccomp_error") or "not loaded"
                 if self.isolate:
                     isolated = self._check_isolated(proc.pid)
@@ -599,74 +617,104 @@ class Auditor:
                     supervisor.start()
                 thread.start()
                 os.write(go_w, b"g")
-            code = self._wait(proc)
+            code = self._wait(proc, supervisor)
             outlived = self._outlive(me, t0)
-        except BaseException:
+        except BaseException as e:
             for pid in descendants(me)[1:]:
                 with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                proc.wait()
+                    os.kill(pid, 9)
+            if proc is not None:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    proc.wait()
+            if isinstance(e, OSError):
+                raise AuditError(f"the audit failed: {e}") from None
             raise
         finally:
-            os.close(go_w)
+            for d in fds:
+                with contextlib.suppress(OSError):
+                    os.close(d)
             stop.set()
-            if thread.is_alive():
+            if thread.ident is not None:
                 thread.join()
             if supervisor:
                 supervisor.stop()
-            events = self._recorded(log, t0) if os.path.exists(log) else []
-            for path in (log,):
+            if temps and os.path.exists(temps[0]):
+                events = self._recorded(temps[0], t0)
+            doc = None
+            if len(temps) > 1:
+                with contextlib.suppress(OSError, ValueError):
+                    doc = json.loads(Path(temps[1]).read_text() or "null")
+            for path in temps:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
         poller.poll()
         events = _merge(events, supervisor.events if supervisor else [])
         events = sorted(_unpeered(events + poller.events) + outlived, key=lambda e: e.t)
-        if supervisor and supervisor.failed is not None:
-            raise AuditError(f"the seccomp listener failed: {supervisor.failed!r}")
-        if getattr(self, "_poll_failed", None) is not None:
+        if self._poll_failed is not None:
             raise AuditError(f"the /proc poll failed: {self._poll_failed!r}")
-        try:
-            doc = json.loads(Path(result).read_text() or "null")
-        except (OSError, ValueError):
-            doc = None
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(result)
-        return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp, doc,
-                     len(outlived))
+        return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp,
+                     doc if isinstance(doc, dict) else None, len(outlived))
 
-    def _poll(self, poller: ProcPoller, stop: threading.Event) -> None:
+    @staticmethod
+    def _say(status, proc) -> dict:
+        """The audited process's next status line; AuditError if it refused or ended."""
+        line = status.readline()
         try:
-            while not stop.wait(self.interval):
-                poller.poll()
+            state = json.loads(line) if line.strip() else {}
+        except ValueError:
+            state = {}
+        if "error" in state:
+            raise AuditError(str(state["error"]))
+        if not isinstance(state, dict) or not state:
+            raise AuditError(f"the audited process ended before it began (exit {proc.wait()})")
+        return state
+
+    def _poll(self) -> None:
+        try:
+            while not self._stop.wait(self.interval):
+                self._poller.poll()
         except BaseException as e:  # noqa: BLE001 - reported by run(): the audit failed
             self._poll_failed = e
 
     @staticmethod
     def _check_isolated(pid: int) -> dict:
-        """The audited process's namespace, read from here: its claim is not trusted."""
-        mine, theirs = os.readlink("/proc/self/ns/net"), os.readlink(f"/proc/{pid}/ns/net")
-        names = sorted(line.split(":")[0].strip() for line in
-                       Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:])
-        if theirs == mine or any(n != "lo" for n in names):
-            raise AuditError(f"not isolated: the audited process's network namespace "
-                             f"{theirs} has {', '.join(names)}")
+        """The audited process's namespace, read from here: its claim is not trusted. Only lo,
+        or the fallback tunnel devices the kernel adds to every new namespace when their
+        modules are loaded (down, addressless), and no route anywhere but on lo."""
+        try:
+            mine, theirs = os.readlink("/proc/self/ns/net"), os.readlink(f"/proc/{pid}/ns/net")
+            names = sorted(line.split(":")[0].strip() for line in
+                           Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:])
+            v4 = Path(f"/proc/{pid}/net/route").read_text().splitlines()[1:]
+            v6 = [line.split()[-1] for line in
+                  Path(f"/proc/{pid}/net/ipv6_route").read_text().splitlines() if line.strip()]
+        except OSError as e:
+            raise AuditError(f"cannot read the audited process's network namespace: {e}") \
+                from None
+        extra = [n for n in names if n != "lo" and n not in _FALLBACK_DEVICES]
+        if theirs == mine or extra or v4 or any(dev != "lo" for dev in v6):
+            raise AuditError(f"not isolated: the audited process's network namespace {theirs} "
+                             f"has {', '.join(names)}"
+                             + (" and routes" if v4 or any(d != "lo" for d in v6) else ""))
         return {"netns": theirs, "interfaces": names}
 
-    @staticmethod
-    def _wait(proc) -> int:
-        """The audited process's exit code; orphans adopted meanwhile are reaped as they go."""
+    def _wait(self, proc, supervisor: Supervisor | None) -> int:
+        """The audited process's exit code; orphans adopted meanwhile are reaped as they go. A
+        failed listener or poll stops the run: no verdict."""
         while True:
+            for failed, what in ((supervisor.failed if supervisor else None, "seccomp listener"),
+                                 (self._poll_failed, "/proc poll")):
+                if failed is not None:
+                    raise AuditError(f"the {what} failed: {failed!r}")
             try:
-                pid, status = os.waitpid(-1, 0)
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:  # reaped elsewhere
                 return proc.wait()
-            except InterruptedError:
-                continue
             if pid == proc.pid:
                 proc.returncode = os.waitstatus_to_exitcode(status)
                 return proc.returncode
+            if pid == 0:
+                time.sleep(0.01)
 
     def _outlive(self, me: int, t0: float) -> list[NetEvent]:
         """Wait up to `grace` for the rest of the tree (atexit handlers finish, daemons run);

@@ -90,6 +90,7 @@ def sha256(path: str) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+@needs_netns
 def test_clean_run_reports_models_and_no_events(pair, f16, q4_1):
     r = specli("audit", *pair, "--json")
     assert r.returncode == 0, r.stderr
@@ -101,13 +102,14 @@ def test_clean_run_reports_models_and_no_events(pair, f16, q4_1):
         ("draft", q4_1, os.path.getsize(q4_1), sha256(q4_1))]
     assert doc["run"]["n_predict"] == 8 and doc["run"]["n_drafted"] > 0
     assert doc["poll"]["polls"] >= 5  # the thread polled
-    if CAN_NETNS:  # the default: isolated, so the verdict is a proof
-        assert doc["isolated"] is True and doc["proof"] is True and doc["mode"] == "isolated"
-        assert doc["namespace"]["interfaces"] == ["lo"]
-        assert doc["namespace"]["netns"] != os.readlink("/proc/self/ns/net")
+    # the default: isolated, so the verdict is a proof
+    assert doc["isolated"] is True and doc["proof"] is True and doc["mode"] == "isolated"
+    assert doc["namespace"]["interfaces"] == ["lo"]
+    assert doc["namespace"]["netns"] != os.readlink("/proc/self/ns/net")
     assert doc["seccomp"] == {"active": True, "reason": None}
 
 
+@needs_netns
 def test_clean_run_text_report(pair):
     r = specli("audit", *pair, env={"HF_TOKEN": "hf_secret", "HTTPS_PROXY":
                                     "http://user:pw@proxy.example:3128"})
@@ -117,8 +119,9 @@ def test_clean_run_text_report(pair):
     assert "no external connections" in out and "accepted tokens: " in out
     assert "HF_TOKEN=(set, redacted)" in out and "hf_secret" not in out
     assert "HTTPS_PROXY=http://***@proxy.example:3128" in out and "pw@" not in out
-    assert out.rstrip().splitlines()[-1].startswith("verdict: clean, proven: no connection "
-                                                    "could leave this machine")
+    assert out.rstrip().splitlines()[-1].startswith(
+        "verdict: clean, proven: no network connection from the run's processes could leave "
+        "this machine")
 
 
 @needs_standin
@@ -155,7 +158,8 @@ def test_isolation_refused_is_exit_2_before_any_work(small):
                        timeout=300)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("error: network isolation is not permitted here (unshare("
-                               "CLONE_NEWNET): Operation not permitted")
+                               "CLONE_NEWUSER | CLONE_NEWNET): Operation not permitted; "
+                               "unshare(CLONE_NEWNET): Operation not permitted)")
     assert "--allow-unisolated" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -163,7 +167,7 @@ def test_isolation_refused_is_exit_2_before_any_work(small):
 # The attempt matrix: every planted attempt, in every mode, is recorded (exit 1); isolated,
 # the stand-in listener receives nothing; unisolated, it does (the attempt was real).
 KINDS = ["connect", "sendto", "getaddrinfo", "c-tcp", "c-udp", "c-udp-burst", "c-dns",
-         "posix-spawn", "system", "python-I", "daemon", "atexit", "tamper", "early"]
+         "posix-spawn", "system", "python-I", "daemon", "atexit", "tamper", "early", "setns"]
 CELLS = [(k, "isolated") for k in KINDS] + [(k, "no-isolate") for k in KINDS] + \
     [(k, "refused+allow") for k in ("c-tcp", "python-I", "tamper", "daemon")]
 
@@ -183,6 +187,8 @@ def test_every_attempt_is_recorded_in_every_mode(small, kind, mode, tmp_path):
         assert any(e["scope"] == "outlived" and e["outcome"] == "killed" for e in doc["counted"])
     if kind in ("posix-spawn", "system", "python-I", "daemon"):  # another process's attempt
         assert any(e["pid"] != planter for e in hits)
+    if kind == "setns":  # refused, isolated or not: the filter denies it
+        assert re.search(r"^plant: setns joined=(False|Permission denied)$", r.stderr, re.M)
     if mode == "isolated":
         assert doc["proof"] is True
         assert received["received"] == [], received  # nothing got out
@@ -317,6 +323,8 @@ def test_sockaddr_decoding():
     assert netguard.sockaddr(struct.pack("=H", 1) + b"/run/x.sock\0") == (
         "local", "/run/x.sock", "unix")
     assert netguard.sockaddr(struct.pack("=H", 0)) is None  # AF_UNSPEC: a disconnect
+    unspec = struct.pack("=H", 0) + inet[2:]  # but a datagram sent to it goes to sin_addr
+    assert netguard.sockaddr(unspec, connect=False) == ("external", NOWHERE, "inet")
     assert netguard.sockaddr(struct.pack("=H", 17) + bytes(18))[0] == "external"  # packet
 
 

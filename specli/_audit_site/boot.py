@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 ALLOW, NOTIFY = 0x7FFF0000, 0x7FC00000
 SCMP_CMP_NE = 1
-ENOSYS = 38
+ENOSYS, EPERM = 38, 1
 NOTIFIED = ("connect", "sendto", "sendmsg", "sendmmsg")
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
 
@@ -94,37 +94,17 @@ def load_filter() -> int:
         rule(NOTIFY, "sendmmsg")
         for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
             rule(0x00050000 | ENOSYS, name)  # SCMP_ACT_ERRNO: io_uring bypasses seccomp
+        rule(0x00050000 | EPERM, "setns")  # no way back into another network namespace
         rc = lib.seccomp_load(ctx)
         if rc < 0:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
         fd = lib.seccomp_notify_fd(ctx)
         if fd < 0:
             raise OSError(-fd, f"seccomp_notify_fd: {os.strerror(-fd)}")
-        return os.dup(fd)  # the context's own copy is closed with it
+        return fd  # libseccomp keeps no other copy open: the caller hands it over, then closes
+
     finally:
         lib.seccomp_release(ctx)
-
-
-def listener_blocker() -> str:
-    """Why the auditor could not take this process's listener, or "": pidfd_getfd (Linux 5.6+)
-    is checked on this process itself before a filter is loaded, since a filter whose listener
-    nobody holds makes every watched call fail (ENOSYS)."""
-    import ctypes
-
-    try:
-        pidfd = os.pidfd_open(os.getpid())
-    except (AttributeError, OSError) as e:
-        return f"pidfd_open: {e}"
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.syscall.restype = ctypes.c_long
-        fd = libc.syscall(438, pidfd, 0, 0)  # SYS_pidfd_getfd
-        if fd < 0:
-            return f"pidfd_getfd: {os.strerror(ctypes.get_errno())} (Linux 5.6+)"
-        os.close(fd)
-        return ""
-    finally:
-        os.close(pidfd)
 
 
 def unshare(flags: int) -> int:
@@ -142,15 +122,25 @@ def unshare(flags: int) -> int:
 
 
 def isolate() -> tuple[str, str]:
-    """(how, "") or ("", why not): a new network namespace for this single-threaded process."""
-    e1 = unshare(CLONE_NEWNET)
+    """(how, "") or ("", why not): a new network namespace for this single-threaded process,
+    inside a new user namespace where it can (so that even root keeps no capability over the
+    host's namespaces: no setns back), mapping its own uid and gid to themselves."""
+    uid, gid = os.geteuid(), os.getegid()
+    e1 = unshare(CLONE_NEWUSER | CLONE_NEWNET)
     if not e1:
-        return "network namespace", ""
-    e2 = unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    if not e2:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                           ("gid_map", f"{gid} {gid} 1")):
+            try:
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+            except OSError:
+                pass  # unmapped ids read as the overflow id; access is still the real id's
         return "user and network namespaces", ""
-    return "", (f"unshare(CLONE_NEWNET): {os.strerror(e1)}; with a new user namespace: "
-                f"{os.strerror(e2)}")
+    e2 = unshare(CLONE_NEWNET)  # root where user namespaces are off: setns is refused by the
+    if not e2:                  # seccomp filter instead
+        return "network namespace", ""
+    return "", (f"unshare(CLONE_NEWUSER | CLONE_NEWNET): {os.strerror(e1)}; "
+                f"unshare(CLONE_NEWNET): {os.strerror(e2)}")
 
 
 def _recorder():
@@ -166,8 +156,19 @@ def _recorder():
 
 def main() -> None:
     cfg = json.loads(os.environ.pop(BOOT_ENV))
-    status = cfg["status_fd"]
+    status, go = cfg["status_fd"], cfg["go_fd"]
     _recorder().install()  # 1: from here on, every Python-level call is recorded
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG SIGKILL: never run unwatched
+    if os.getppid() != cfg["auditor"]:
+        os._exit(2)
+
+    def wait_for(expected: bytes) -> bytes:
+        got = os.read(go, 1)
+        if got not in expected:  # EOF: the auditor is gone
+            os._exit(2)
+        return got
 
     def say(**kw) -> None:
         os.write(status, (json.dumps(kw) + "\n").encode())
@@ -177,17 +178,18 @@ def main() -> None:
         if not how:
             say(error=f"network isolation is not permitted here: {why}")
             sys.exit(2)
-    fd, why = None, listener_blocker()  # 3
-    if why:
-        say(seccomp_fd=None, seccomp_error=why)
-    else:
+    # 3: a filter only once the auditor has shown it can take descriptors from this process
+    # (pidfd_getfd, Linux 5.6+, ptrace rules): a listener nobody serves would hang every call
+    say(ready=True)
+    fd = None
+    if wait_for(b"yn") == b"y":
         try:
             fd = load_filter()
             say(seccomp_fd=fd)
         except OSError as e:
             say(seccomp_fd=None, seccomp_error=str(e))
-    os.read(cfg["go_fd"], 1)  # the auditor holds the listener now (or knows there is none)
-    for d in (fd, status, cfg["go_fd"]):
+    wait_for(b"g")  # the auditor holds the listener now (or knows there is none)
+    for d in (fd, status, go):
         if d is not None:
             os.close(d)
     # 4: the path the auditor had, without this folder (its sitecustomize is the recorder,

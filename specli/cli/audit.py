@@ -50,6 +50,9 @@ def _audit_flags(
 
 
 BLIND_ISOLATED = [
+    "a daemon outside the run's namespace reached over a unix socket with a path (docker, "
+    "nscd, a proxy), which could connect on the run's behalf: listed, counted only with "
+    "--strict",
     "what a process does with a descriptor passed in from outside its tree (it inherits only "
     "stdin, stdout and stderr)",
 ]
@@ -57,8 +60,8 @@ BLIND_UNISOLATED = [
     "nothing is stopped: what is reported has happened",
     "a destination rewritten by another thread between the report and the call (seccomp "
     "user notification reads it first)",
-    "network use by another process on the run's behalf (a local proxy or daemon reached "
-    "over loopback or a unix socket: listed, counted only with --strict)",
+    "network use by another process on the run's behalf, reached over loopback (listed, "
+    "counted only with --strict)",
     *BLIND_ISOLATED,
 ]
 BLIND_NO_SECCOMP = [
@@ -237,17 +240,18 @@ def _print(report: dict, events: list[netguard.NetEvent],
     else:
         w("  no tokens drafted\n")
     w(f"  tokens per second: {r['decode_tps']:.1f} t/s ({r['n_predict']} tokens)\n\n")
-    if not report["proof"]:
-        w("[ blind spots of an unisolated audit ]\n" + "".join(
-            f"  - {b}\n" for b in report["blind_spots"]) + "\n")
+    title = "what this audit cannot see" if report["proof"] else \
+        "blind spots of an unisolated audit"
+    w(f"[ {title} ]\n" + "".join(f"  - {b}\n" for b in report["blind_spots"]) + "\n")
     if counted:
         how = ("none could leave this machine (isolated)" if report["proof"]
                else "observed, not isolated")
         w(f"verdict: NETWORK USE SEEN: {len(counted)} event(s) counted"
           f"{' (--strict)' if report['strict'] else ''}: {how}\n")
     elif report["proof"]:
-        w("verdict: clean, proven: no connection could leave this machine (network namespace "
-          "with only lo), and none was attempted beyond loopback"
+        w("verdict: clean, proven: no network connection from the run's processes could leave "
+          "this machine (network namespace with only lo), and none was attempted beyond "
+          "loopback"
           f"{' (none at all: --strict)' if report['strict'] else ''}\n")
     else:
         w("verdict: clean, observed (not a proof: not isolated; blind spots above): both "

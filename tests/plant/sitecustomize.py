@@ -146,6 +146,20 @@ def tamper():
         raise OSError(e, os.strerror(e))
 
 
+def setns_escape():
+    """Join the auditor's network namespace (where the stand-in listens), then connect: the
+    filter refuses setns and the user namespace leaves no capability for it, so the connect
+    stays in the audited namespace."""
+    try:
+        fd = os.open(f"/proc/{os.getppid()}/ns/net", os.O_RDONLY)
+        joined = libc.setns(fd, 0x40000000) == 0  # CLONE_NEWNET
+        os.close(fd)
+    except OSError as e:  # the auditor is not dumpable: its namespace is not even opened
+        joined = e.strerror
+    print(f"plant: setns joined={joined}", file=sys.stderr, flush=True)
+    connect()
+
+
 def loopback():
     with socket.create_server(("127.0.0.1", 0)) as srv, \
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
@@ -172,6 +186,7 @@ PLANTS = {"connect": connect, "sendto": sendto, "getaddrinfo": getaddrinfo, "c-t
           "c-udp": c_udp, "c-udp-burst": c_udp_burst, "c-dns": c_dns,
           "posix-spawn": posix_spawn, "system": system, "python-I": python_isolated_child,
           "daemon": daemon, "atexit": at_exit, "tamper": tamper, "early": connect,
+          "setns": setns_escape,
           "loopback": loopback, "child-unhooked": child_unhooked}
 
 
