@@ -430,6 +430,7 @@ class Supervisor:
         lib, req, resp = self._lib, self._req, self._resp
         poller = select.poll()
         poller.register(self.fd, select.POLLIN)
+        misses = 0
         try:
             while True:
                 ready = poller.poll(50)
@@ -441,7 +442,14 @@ class Supervisor:
                     return
                 ctypes.memset(req, 0, ctypes.sizeof(_Notif))  # the kernel wants it zeroed
                 if lib.seccomp_notify_receive(self.fd, req) < 0:
-                    continue  # the caller died before it was read (libseccomp: ECANCELED)
+                    # the caller died before it was read (libseccomp: ECANCELED); anything
+                    # that persists is a failure, not a reason to spin
+                    misses += 1
+                    if misses > 5000:
+                        raise OSError("seccomp_notify_receive keeps failing")
+                    time.sleep(0.001)
+                    continue
+                misses = 0
                 n = req.contents
                 nid, tid, nr, arch = n.id, n.pid, n.data.nr, n.data.arch
                 args = list(n.data.args)
@@ -650,8 +658,10 @@ class Auditor:
         poller.poll()
         events = _merge(events, supervisor.events if supervisor else [])
         events = sorted(_unpeered(events + poller.events) + outlived, key=lambda e: e.t)
-        if self._poll_failed is not None:
-            raise AuditError(f"the /proc poll failed: {self._poll_failed!r}")
+        for failed, what in ((supervisor.failed if supervisor else None, "seccomp listener"),
+                             (self._poll_failed, "/proc poll")):
+            if failed is not None:
+                raise AuditError(f"the {what} failed: {failed!r}")
         return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp,
                      doc if isinstance(doc, dict) else None, len(outlived))
 
