@@ -152,6 +152,12 @@ class Engine:
         """The draft model, whichever types the engine was loaded with."""
         return self.draft.model if self.draft is not None else None
 
+    def forget(self) -> None:
+        """Empty the caches: the next prompt is evaluated whole, nothing reused."""
+        self.target.rewind(0)
+        if self.draft_model is not None:
+            self.draft_model.rewind(0)
+
     def close(self) -> None:
         self.target.close()
         if self.draft_model is not None:

@@ -17,9 +17,15 @@ def finish(done: Done) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
 
+def cached(s: Stats) -> int:
+    """Prompt tokens taken from the slot's cache, not evaluated (llama-server's cache_n)."""
+    return max(s.n_prompt - (s.target.prompt_n + 1), 0) if s.n_prompt else 0
+
+
 def usage(s: Stats) -> dict:
     return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_predict,
             "total_tokens": s.n_prompt + s.n_predict,
+            "prompt_tokens_details": {"cached_tokens": cached(s)},
             "speculative": {"drafts": s.n_steps, "draft_n": s.n_drafted,
                             "draft_n_accepted": s.n_accept,
                             "accept_rate": round(s.accept_rate, 4)}}
@@ -35,7 +41,7 @@ def timings(s: Stats) -> dict:
 
     p_tok, p_sec = per(prompt_n, prompt_ms)
     g_tok, g_sec = per(s.n_predict, predicted_ms)
-    return {"cache_n": max(s.n_prompt - prompt_n, 0),
+    return {"cache_n": cached(s),
             "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": p_tok,
             "prompt_per_second": p_sec, "predicted_n": s.n_predict,
             "predicted_ms": predicted_ms, "predicted_per_token_ms": g_tok,
@@ -111,4 +117,6 @@ def llama_final(text: str, done: Done, gen: Generation, model: str) -> dict:
         "eos" if s.finish_reason == "stop" else "word"
     return {"content": text, "id_slot": gen.slot.id, "stop": True, "model": model,
             "tokens_predicted": s.n_predict, "tokens_evaluated": s.n_prompt,
+            # what the slot's cache holds now: the prompt and the output but its last token
+            "tokens_cached": max(s.n_prompt + s.n_predict - 1, 0),
             "stop_type": stop_type, "truncated": False, "timings": timings(s)}

@@ -210,6 +210,7 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                         min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec)
     job = _job(st, sampling, ids, body.n_predict, "n_predict")
+    job.cache_prompt = body.cache_prompt is not False
     model = st.config.model_id
     return await _answer(request, pool, job, bool(body.stream),
                          lambda gen: f.llama_events(gen, model),

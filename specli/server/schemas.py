@@ -106,7 +106,7 @@ class LlamaCompletionRequest(Strict):
     seed: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None
     stop: Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
-    cache_prompt: bool | None = None  # the slot keeps its cache anyway
+    cache_prompt: bool | None = None  # default true: reuse the slot's cached prefix
     speculative: Speculative | bool | None = None
     # llama-server's flat spellings of the same (compiled out there, honoured here)
     spec_n_max: Annotated[int | None, Field(ge=1, le=64, alias="speculative.n_max")] = None

@@ -35,6 +35,7 @@ class Job:
     speculative: bool = True
     spec: SpecRequest | None = None
     stop: Sequence[str] = ()
+    cache_prompt: bool = True  # False: start from an empty cache (llama-server's cache_prompt)
 
 
 @dataclass
@@ -124,6 +125,8 @@ class Generation:
         if gate is not None:
             gate.enter()  # batched decodes wait for this slot while it runs
         try:
+            if not job.cache_prompt:
+                engine.forget()
             chunks = engine.stream(job.prompt, job.n_predict, job.sampling, job.speculative,
                                    job.spec, stats)
             try:
