@@ -29,6 +29,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -537,10 +538,13 @@ class Audit:
     exit_code: int  # the audited process's
     seconds: float
     polls: int
-    isolated: dict | None  # how, netns, interfaces (read by the auditor, not claimed)
+    isolated: dict | None  # netns and interfaces, read by the auditor (not claimed)
     seccomp: str  # "" when active, else why not
     result: dict | None  # what the audited process wrote: models, run statistics
-    outlived: int = 0
+
+    @property
+    def outlived(self) -> int:
+        return sum(e.scope == OUTLIVED for e in self.events)
 
 
 class Auditor:
@@ -626,11 +630,11 @@ class Auditor:
                 thread.start()
                 os.write(go_w, b"g")
             code = self._wait(proc, supervisor)
-            outlived = self._outlive(me, t0)
+            outlived = self._outlive(me, t0, supervisor)
         except BaseException as e:
             for pid in descendants(me)[1:]:
                 with contextlib.suppress(OSError):
-                    os.kill(pid, 9)
+                    os.kill(pid, signal.SIGKILL)
             if proc is not None:
                 with contextlib.suppress(ChildProcessError, OSError):
                     proc.wait()
@@ -658,12 +662,16 @@ class Auditor:
         poller.poll()
         events = _merge(events, supervisor.events if supervisor else [])
         events = sorted(_unpeered(events + poller.events) + outlived, key=lambda e: e.t)
+        self._check_watch(supervisor)
+        return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp,
+                     doc if isinstance(doc, dict) else None)
+
+    def _check_watch(self, supervisor: Supervisor | None) -> None:
+        """A failed listener or poll means what happened was not all seen: no verdict."""
         for failed, what in ((supervisor.failed if supervisor else None, "seccomp listener"),
                              (self._poll_failed, "/proc poll")):
             if failed is not None:
                 raise AuditError(f"the {what} failed: {failed!r}")
-        return Audit(events, code, time.time() - t0, poller.polls, isolated, seccomp,
-                     doc if isinstance(doc, dict) else None, len(outlived))
 
     @staticmethod
     def _say(status, proc) -> dict:
@@ -712,10 +720,7 @@ class Auditor:
         """The audited process's exit code; orphans adopted meanwhile are reaped as they go. A
         failed listener or poll stops the run: no verdict."""
         while True:
-            for failed, what in ((supervisor.failed if supervisor else None, "seccomp listener"),
-                                 (self._poll_failed, "/proc poll")):
-                if failed is not None:
-                    raise AuditError(f"the {what} failed: {failed!r}")
+            self._check_watch(supervisor)
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:  # reaped elsewhere
@@ -726,14 +731,13 @@ class Auditor:
             if pid == 0:
                 time.sleep(0.01)
 
-    def _outlive(self, me: int, t0: float) -> list[NetEvent]:
+    def _outlive(self, me: int, t0: float, supervisor: Supervisor | None) -> list[NetEvent]:
         """Wait up to `grace` for the rest of the tree (atexit handlers finish, daemons run);
         then kill and report what is left."""
-        import signal
-
         deadline = time.monotonic() + self.grace
         out: list[NetEvent] = []
         while True:
+            self._check_watch(supervisor)
             with contextlib.suppress(ChildProcessError):
                 while os.waitpid(-1, os.WNOHANG)[0]:
                     pass

@@ -68,7 +68,8 @@ def audit(*args: str, kind: str | None = None, mode: str = "isolated", standin: 
         cmd = [sys.executable, str(TESTS / "deny_unshare.py"), *cmd]
     out = None
     if standin:
-        out = (tmp or Path(os.environ.get("TMPDIR", "/tmp"))) / f"standin-{os.getpid()}.json"
+        assert tmp is not None, "the stand-in writes what it received into tmp"
+        out = tmp / "standin.json"
         cmd = ["unshare", "--net", "--mount", sys.executable, str(TESTS / "standin.py"),
                str(out), *cmd]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "plant"), str(ROOT)])}
@@ -417,7 +418,7 @@ def test_network_environment_redacts(tmp_path):
            "PATH": str(tmp_path), "HUGGING_FACE_HUB_TOKEN": "y", "NO_PROXY": "localhost",
            "ALL_PROXY": "socks5://tok@h:2", "FTP_PROXY": "u:p@h:3",
            "SPECLI_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
-           "SPECLI_AUDIT_ROLE": "audited", "SPECLI_AUDIT_RESULT": "/tmp/x.json"}
+           "SPECLI_AUDIT_ROLE": "audited", "SPECLI_AUDIT_RESULT": str(tmp_path / "result.json")}
     assert netguard.network_environment(env) == {
         "HF_HUB_OFFLINE": "1", "HF_TOKEN": "(set, redacted)",
         "HUGGING_FACE_HUB_TOKEN": "(set, redacted)", "NO_PROXY": "localhost",

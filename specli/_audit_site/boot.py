@@ -60,15 +60,14 @@ def libseccomp():
     return lib
 
 
-class _ArgCmp:  # struct scmp_arg_cmp, built lazily (ctypes is imported only when used)
-    @staticmethod
-    def make(arg: int, op: int, a: int):
-        import ctypes
+def _arg_cmp(arg: int, op: int, datum: int):
+    """A struct scmp_arg_cmp (ctypes is imported only when a filter is built)."""
+    import ctypes
 
-        class C(ctypes.Structure):
-            _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
-                        ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
-        return C(arg, op, a, 0)
+    class ArgCmp(ctypes.Structure):
+        _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int),
+                    ("datum_a", ctypes.c_uint64), ("datum_b", ctypes.c_uint64)]
+    return ArgCmp(arg, op, datum, 0)
 
 
 def load_filter() -> int:
@@ -89,7 +88,7 @@ def load_filter() -> int:
                 raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
 
         rule(NOTIFY, "connect")
-        rule(NOTIFY, "sendto", _ArgCmp.make(4, SCMP_CMP_NE, 0))  # only with a destination
+        rule(NOTIFY, "sendto", _arg_cmp(4, SCMP_CMP_NE, 0))  # only with a destination
         rule(NOTIFY, "sendmsg")
         rule(NOTIFY, "sendmmsg")
         for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
