@@ -36,10 +36,29 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     seed: int | None = None  # None: a fresh random seed, reported in the stats
+    # logit transforms, before the chain (llama.cpp's order: logit bias, then penalties over
+    # the last repeat_last_n tokens of prompt and output; -1: the whole context)
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans; repeats add
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the repetition penalties change anything (llama.cpp's is_disabled)."""
+        return self.repeat_last_n != 0 and (self.repeat_penalty != 1.0 or
+                                            self.frequency_penalty != 0.0 or
+                                            self.presence_penalty != 0.0)
+
+    @property
+    def transforms(self) -> bool:
+        """Whether rows are transformed before the chain (verify.transform)."""
+        return bool(self.logit_bias) or self.penalized
 
 
 @dataclass(frozen=True)

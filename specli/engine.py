@@ -10,7 +10,7 @@ from __future__ import annotations
 import codecs
 import secrets
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -41,7 +41,7 @@ from specli.drafts import (
 )
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
-from specli.verify import NonFinite, verify
+from specli.verify import NonFinite, transform, verify
 
 
 @dataclass
@@ -217,7 +217,7 @@ class Engine:
         """
         tgt, policy = self.target, self.draft_params.overlay(spec)
         draft = self._source(spec) if speculative else None
-        self._check(prompt)
+        self._check(prompt, sp)
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
@@ -266,8 +266,8 @@ class Engine:
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            n_acc, token = verify(drafted, proposal.q if drafted else None, rows.__getitem__,
-                                  sp, rng)
+            n_acc, token = verify(drafted, proposal.q if drafted else None,
+                                  _rows(rows, sp, context, drafted), sp, rng)
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
             n_keep = n_past + 1 + n_acc
@@ -291,7 +291,12 @@ class Engine:
     def _source(self, spec: SpecRequest | None) -> DraftSource | None:
         return self.draft if spec is None or spec.types is None else self.source_for(spec.types)
 
-    def _check(self, prompt: Sequence[int]) -> None:
+    def _check(self, prompt: Sequence[int], sp: SamplingParams) -> None:
+        n_vocab = self.target.n_vocab
+        bad = next((t for t, _ in sp.logit_bias if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise UsageError(f"logit bias for token {bad}, outside the vocabulary "
+                             f"(0..{n_vocab - 1})")
         if not prompt:
             raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
         if len(prompt) >= self.target.n_ctx:
@@ -418,6 +423,17 @@ class _Meter:
                 perf.eval_ms = 1e3 * secs
             s.t_target_decode_s = s.target.eval_ms / 1e3
             s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
+
+
+def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int],
+          drafted: list[int]) -> Callable[[int], np.ndarray]:
+    """Row i of a verification batch as the sampler sees it: transformed with the history it
+    follows (the context and the first i drafted tokens)."""
+    if not sp.transforms:
+        return rows.__getitem__
+    n = sp.repeat_last_n
+    tail = context if n < 0 else context[-n:] if n > 0 else []
+    return lambda i: transform(rows[i], sp, [*tail, *drafted[:i]])
 
 
 def _usage(m: Model | None) -> tuple[float, int, int]:

@@ -49,6 +49,28 @@ class Dist:
         return int(self.ids[min(i, self.ids.size - 1)])
 
 
+def transform(logits: np.ndarray, sp: SamplingParams, history: Sequence[int]) -> np.ndarray:
+    """The row as llama.cpp's chain sees it before top-k: logit bias added, then the
+    repetition penalties for the tokens among the last repeat_last_n of `history` (a logit
+    <= 0 is multiplied by repeat_penalty, a positive one divided; then count * frequency +
+    presence subtracted). The row itself when nothing applies, else a copy; applied alike
+    to target and draft rows, so acceptance targets the transformed distribution."""
+    if not sp.transforms:
+        return logits
+    row = logits.copy()
+    for token, bias in sp.logit_bias:
+        if token < row.shape[0]:
+            row[token] += bias
+    if sp.penalized and history:
+        window = history[-sp.repeat_last_n:] if sp.repeat_last_n > 0 else history
+        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
+        counts, ids = counts[ids < row.shape[0]], ids[ids < row.shape[0]]
+        z = row[ids]
+        z = np.where(z <= 0, z * sp.repeat_penalty, z / sp.repeat_penalty)
+        row[ids] = z - (counts * sp.frequency_penalty + sp.presence_penalty)
+    return row
+
+
 def sampling_dist(logits: np.ndarray, sp: SamplingParams, index: int = -1) -> Dist:
     """llama.cpp's default chain on one logits row: top-k, top-p, min-p, then temperature.
     NonFinite(index) for a row with NaN or no finite maximum: numpy partitions NaN to the

@@ -30,6 +30,18 @@ def test_text_on_stdout_stats_on_stderr(f32, q4_1):
         assert line in r.stderr
 
 
+def test_logit_bias_and_penalties_keep_greedy_output_exact(f32, q4_1):
+    """llama.cpp's -l and --repeat-penalty family, applied to target and draft rows alike."""
+    flags = ("-l", "28-inf", "--logit-bias", "30+2.5", "--repeat-penalty", "1.3",
+             "--presence-penalty", "0.5", "--frequency-penalty", "0.2", "--repeat-last-n", "-1")
+    base = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
+    spec = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *flags, *FAST)
+    plain = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec",
+                   *flags, *FAST)
+    assert spec.returncode == plain.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout != base.stdout
+
+
 def test_greedy_cli_output_equals_no_spec(f32, q4_1):
     spec = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
     plain = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec", *FAST)
@@ -82,6 +94,10 @@ def test_missing_models_package_says_how_to_install():
     (("--spec-ngram-size-n", "0"), "--spec-ngram-size-n"),
     (("--spec-ngram-map-k4v-min-hits", "0"), "--spec-ngram-map-k4v-min-hits"),
     (("--spec-ngram-mod-n-min", "65"), "--spec-ngram-mod-n-min"),
+    (("-l", "15043"), "--logit-bias"),
+    (("--logit-bias", "99999999+1"), "logit bias for token 99999999"),
+    (("--repeat-penalty", "0"), "--repeat-penalty"),
+    (("--repeat-last-n", "-2"), "--repeat-last-n"),
 ])
 def test_bad_flag_values_exit_2(f32, q4_1, args, needle):
     one_line_error(specli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)

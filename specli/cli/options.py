@@ -10,6 +10,7 @@ hands the command the parsed object.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -275,12 +276,56 @@ def _sampling_flags(
     seed: Annotated[int, typer.Option(
         "-s", "--seed", help="RNG seed; -1 picks one at random.",
         rich_help_panel=SAMPLING)] = -1,
+    repeat_last_n: Annotated[int, typer.Option(
+        "--repeat-last-n", help="Last n tokens to penalize; 0 disables, -1 the context.",
+        envvar="LLAMA_ARG_REPEAT_LAST_N", rich_help_panel=SAMPLING)] = _SP.repeat_last_n,
+    repeat_penalty: Annotated[float, typer.Option(
+        "--repeat-penalty", help="Penalize repeated tokens; 1.0 disables.",
+        envvar="LLAMA_ARG_REPEAT_PENALTY", rich_help_panel=SAMPLING)] = _SP.repeat_penalty,
+    presence_penalty: Annotated[float, typer.Option(
+        "--presence-penalty", help="Subtracted once from a token seen in the last n; 0 "
+        "disables.", envvar="LLAMA_ARG_PRESENCE_PENALTY",
+        rich_help_panel=SAMPLING)] = _SP.presence_penalty,
+    frequency_penalty: Annotated[float, typer.Option(
+        "--frequency-penalty", help="Subtracted per occurrence in the last n; 0 disables.",
+        envvar="LLAMA_ARG_FREQUENCY_PENALTY", rich_help_panel=SAMPLING)] =
+        _SP.frequency_penalty,
+    logit_bias: Annotated[list[str] | None, typer.Option(
+        "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
+        help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-inf; repeatable.",
+        rich_help_panel=SAMPLING)] = None,
 ) -> config.SamplingParams:
     """The sampling flags; a negative seed means a fresh random one."""
     if temp < 0:
         raise UsageError(f"--temp must be 0 or more, got {temp}")
-    return config.SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                                 seed=None if seed < 0 else seed)
+    if not (math.isfinite(repeat_penalty) and repeat_penalty > 0):
+        raise UsageError(f"--repeat-penalty must be a number above 0, got {repeat_penalty}")
+    for name, v in (("--presence-penalty", presence_penalty),
+                    ("--frequency-penalty", frequency_penalty)):
+        if not math.isfinite(v):
+            raise UsageError(f"{name} must be a finite number, got {v}")
+    if repeat_last_n < -1:
+        raise UsageError(f"--repeat-last-n must be -1 or more, got {repeat_last_n}")
+    return config.SamplingParams(
+        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=None if seed < 0 else seed,
+        logit_bias=tuple(_logit_bias(v) for v in logit_bias or ()),
+        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+
+
+def _logit_bias(value: str) -> tuple[int, float]:
+    """llama.cpp's TOKEN_ID(+/-)BIAS: 15043+1, 15043-1.5, 15043-inf."""
+    m = re.fullmatch(r"\s*(\d+)\s*([+-])\s*(\S+)\s*", value)
+    try:
+        if m is None:
+            raise ValueError
+        bias = float(m.group(3))
+        if math.isnan(bias):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--logit-bias {value!r} is not TOKEN_ID(+/-)BIAS",
+                         hint="e.g. --logit-bias 15043+1 or --logit-bias 15043-inf") from None
+    return int(m.group(1)), -bias if m.group(2) == "-" else bias
 
 
 SAMPLING_FLAGS = Group(_sampling_flags)

@@ -12,7 +12,7 @@ from specli.drafts.base import Proposal
 
 if TYPE_CHECKING:
     from specli.backend import Model
-from specli.verify import finite_argmax, sampling_dist
+from specli.verify import finite_argmax, sampling_dist, transform
 
 # llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
 _DRAFT_TOP_K = 10
@@ -61,6 +61,9 @@ class ModelDraft:
         logits = m.decode(new, logits="last")[0, : self.n_vocab]
         out = Proposal(q=None if sp.greedy else [], source=self.name)
         while True:
+            # the target's transforms (logit bias, penalties) on the draft's row too, so that
+            # q is the draft's distribution under the same rules
+            logits = transform(logits, sp, [*context, *out.tokens])
             if sp.greedy:
                 token = finite_argmax(logits)
                 if p_min > 0.0 and _top_p(logits) < p_min:

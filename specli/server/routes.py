@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -24,9 +25,12 @@ from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
     LlamaCompletionRequest,
     Sampling,
     Speculative,
+    TokenizeRequest,
+    Transforms,
 )
 from specli.server.slots import Busy, Done, Generation, Job, SlotPool
 from specli.server.state import State
@@ -111,6 +115,13 @@ async def props(st: AppState, pool: Pool) -> dict:
             "n_ctx": e.target.n_ctx, "n_predict": c.n_predict,
             "temperature": c.sampling.temp, "top_k": c.sampling.top_k,
             "top_p": c.sampling.top_p, "min_p": c.sampling.min_p,
+            "repeat_penalty": c.sampling.repeat_penalty,
+            "repeat_last_n": c.sampling.repeat_last_n,
+            "presence_penalty": c.sampling.presence_penalty,
+            "frequency_penalty": c.sampling.frequency_penalty,
+            # a ban is -inf, which JSON cannot spell: false, as in a request
+            "logit_bias": [{"token": t, "bias": b if b != float("-inf") else False}
+                           for t, b in c.sampling.logit_bias],
         },
         "speculative": {
             "draft_model": c.draft.path if c.draft else None,
@@ -208,7 +219,8 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
         spec = Speculative(n_max=body.spec_n_max, n_min=body.spec_n_min,
                            p_min=body.spec_p_min, type=body.spec_type)
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                        min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec)
+                        min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec,
+                        **{k: getattr(body, k) for k in Transforms.model_fields})
     job = _job(st, sampling, ids, body.n_predict, "n_predict")
     job.cache_prompt = body.cache_prompt is not False
     model = st.config.model_id
@@ -216,6 +228,52 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
                          lambda gen: f.llama_events(gen, model),
                          lambda text, done, gen: f.llama_final(text, done, gen, model),
                          done_marker=False)
+
+
+@llama.post("/tokenize")
+async def tokenize(body: TokenizeRequest, st: AppState, pool: Pool) -> dict:
+    target = st.engine.target
+
+    def run() -> list:
+        parts = [body.content] if isinstance(body.content, str) else body.content
+        ids: list[int] = []
+        for i, part in enumerate(parts):
+            if isinstance(part, int):
+                ids.append(part)
+            else:  # BOS, when asked for, only before the first piece of text
+                ids += target.tokenize(part, add_special=body.add_special and i == 0,
+                                       parse_special=body.parse_special)
+        ids = _in_vocab(st, ids, "content")
+        if not body.with_pieces:
+            return ids
+        return [{"id": t, "piece": _piece(target.token_bytes(t, special=True))} for t in ids]
+
+    return {"tokens": await asyncio.to_thread(run)}
+
+
+@llama.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, st: AppState, pool: Pool) -> dict:
+    target = st.engine.target
+    ids = _in_vocab(st, body.tokens, "tokens")
+    text = b"".join(target.token_bytes(t, special=True) for t in ids)
+    return {"content": text.decode("utf-8", errors="replace")}
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not UTF-8 on their own (llama-server)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def _in_vocab(st: State, ids: list[int], param: str) -> list[int]:
+    n_vocab = st.engine.target.n_vocab
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})",
+                       param=param)
+    return ids
 
 
 # -- request handling -------------------------------------------------------------------------
@@ -239,11 +297,6 @@ def _message(m) -> dict:
 def _refuse_common(body: Sampling) -> None:
     if body.n not in (None, 1):
         raise refuse("n", "must be 1: one completion per request")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(body, name) not in (None, 0, 0.0):
-            raise refuse(name)
-    if body.logit_bias:
-        raise refuse("logit_bias")
 
 
 def _refuse_chat(body: ChatRequest) -> None:
@@ -273,12 +326,7 @@ async def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
         return await asyncio.to_thread(st.engine.tokenize, prompt)
-    n_vocab = st.engine.target.n_vocab
-    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-    if bad is not None:
-        raise APIError(400, f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})",
-                       param="prompt")
-    return list(prompt)
+    return list(_in_vocab(st, prompt, "prompt"))
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
@@ -304,10 +352,37 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     sampling = SamplingParams(
         temp=_first(body.temperature, s.temp), top_k=_first(body.top_k, s.top_k),
         top_p=_first(body.top_p, s.top_p), min_p=_first(body.min_p, s.min_p),
-        seed=s.seed if body.seed is None else None if body.seed < 0 else body.seed)
+        seed=s.seed if body.seed is None else None if body.seed < 0 else body.seed,
+        logit_bias=s.logit_bias if body.logit_bias is None else _logit_bias(st, body.logit_bias),
+        repeat_penalty=_first(body.repeat_penalty, s.repeat_penalty),
+        repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
+        presence_penalty=_first(body.presence_penalty, s.presence_penalty),
+        frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop)
+
+
+def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
+    """llama-server's logit_bias forms as (token, bias) pairs: a key that is a number is a
+    token id, any other the tokens of its text; false bans. An id outside the vocabulary
+    is refused (llama-server drops it silently)."""
+    target, out = st.engine.target, []
+    for key, value in raw.items() if isinstance(raw, dict) else raw:
+        if isinstance(key, bool | float) or isinstance(value, str) or value is True:
+            raise APIError(400, "logit_bias: each pair is [token id or text, number or false]",
+                           param="logit_bias")
+        bias = float("-inf") if value is False else float(value)
+        if isinstance(key, int) or re.fullmatch(r"\s*[+-]?[0-9]+\s*", key):
+            token = int(key)
+            if not 0 <= token < target.n_vocab:
+                raise APIError(400, f"logit_bias: token id {token} is outside the vocabulary "
+                               f"(0..{target.n_vocab - 1})", param="logit_bias")
+            out.append((token, bias))
+        else:
+            out.extend((t, bias) for t in target.tokenize(key, add_special=False,
+                                                           parse_special=False))
+    return tuple(out)
 
 
 def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest | None]:

@@ -38,7 +38,27 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class Sampling(Strict):
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+# llama-server's forms: {"15043": 1.0, "Hello": -2} or [[15043, 1.0], ["Hello", false]]; a
+# string key is the tokens of that text, false bans
+Bias = float | Literal[False]
+# (a pair is a list: a tuple would refuse the JSON array in strict mode; routes check it)
+Pair = Annotated[list[int | str | float | Literal[False]], Field(min_length=2, max_length=2)]
+LogitBias = dict[str, Bias] | Annotated[list[Pair], Field(max_length=65536)]
+
+
+class Transforms(Strict):
+    """llama-server's logit transforms, on every generation route (OpenAI's two penalties
+    are these)."""
+
+    logit_bias: LogitBias | None = None
+    repeat_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
+    presence_penalty: Finite | None = None
+    frequency_penalty: Finite | None = None
+
+
+class Sampling(Transforms):
     """What every generation route shares."""
 
     model: str | None = None
@@ -53,9 +73,6 @@ class Sampling(Strict):
     speculative: Speculative | bool | None = None
     # known, not served: refused with 400 when set to anything but their neutral value
     n: int | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
     user: str | None = None
 
 
@@ -94,7 +111,7 @@ class CompletionRequest(Sampling):
     best_of: int | None = None
 
 
-class LlamaCompletionRequest(Strict):
+class LlamaCompletionRequest(Transforms):
     """llama-server's own /completion."""
 
     prompt: str | Annotated[list[int], Field(min_length=1)]
@@ -115,3 +132,16 @@ class LlamaCompletionRequest(Strict):
                                               alias="speculative.p_min")] = None
     spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
     n_probs: int | None = None
+
+
+class TokenizeRequest(Strict):
+    """llama-server's /tokenize: text, or text and token ids mixed."""
+
+    content: str | list[int | str]
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeRequest(Strict):
+    tokens: list[int]

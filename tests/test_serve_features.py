@@ -1,0 +1,116 @@
+"""What applications send to llama-server, through the `openai` package and raw HTTP (issue
+18): logit bias and penalties, each with speculation on giving the text it gives off;
+/tokenize and /detokenize. One server on the real SmolLM2 family: F16 target, Q4_1 draft,
+greedy by default."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from test_serve import KEY, Server
+
+PROMPT = "List the days of the week, one per line."
+
+
+@pytest.fixture(scope="module")
+def server(f16, q4_1):
+    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "-t", "2", "--api-key", KEY,
+               "-a", "smollm2-f16", "--temp", "0")
+    yield s
+    s.stop()
+
+
+def chat(client: openai.OpenAI, speculative: bool = True, **kw):
+    extra = kw.pop("extra_body", None) or {}
+    return client.chat.completions.create(
+        model="smollm2-f16", messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=kw.pop("max_tokens", 40), extra_body={**extra, "speculative": speculative},
+        **kw)
+
+
+def both(client: openai.OpenAI, **kw) -> str:
+    """The text with speculation off, after checking speculation on gives the same."""
+    off = chat(client, speculative=False, **kw)
+    on = chat(client, **kw)
+    assert on.choices[0].message.content == off.choices[0].message.content, kw
+    assert on.usage.model_extra["speculative"]["draft_n"] > 0, "it did speculate"
+    return off.choices[0].message.content
+
+
+def tokenize(server: Server, text: str, **kw) -> list:
+    with server.http() as h:
+        r = h.post("/tokenize", json={"content": text, **kw})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+# -- /tokenize, /detokenize (part 6) -----------------------------------------------------------
+
+def test_tokenize_and_detokenize_round_trip(server):
+    ids = tokenize(server, "Hello, world!")
+    assert ids and all(isinstance(t, int) for t in ids)
+    pieces = tokenize(server, "Hello, world!", with_pieces=True)
+    assert [p["id"] for p in pieces] == ids
+    assert "".join(p["piece"] for p in pieces) == "Hello, world!"
+    with server.http() as h:
+        assert h.post("/detokenize", json={"tokens": ids}).json() == {"content":
+                                                                       "Hello, world!"}
+        mixed = h.post("/tokenize", json={"content": ["Hello", ids[1], " world"]}).json()
+        assert mixed["tokens"][1] == ids[1]
+        r = h.post("/detokenize", json={"tokens": [10**9]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+
+
+def test_a_piece_that_is_not_utf8_alone_comes_as_bytes(server):
+    pieces = tokenize(server, "🦙", with_pieces=True)
+    raw = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else
+                   p["piece"].encode() for p in pieces)
+    assert raw.decode() == "🦙"
+
+
+# -- logit bias and penalties (part 3) ---------------------------------------------------------
+
+def test_logit_bias_bans_in_every_form_and_keeps_the_text_exact(server):
+    client = server.client()
+    base = both(client)
+    assert "Monday" in base
+    ids = tokenize(server, " Monday") + tokenize(server, "Monday")
+    banned = both(client, logit_bias={str(t): -100 for t in ids})
+    assert "Monday" not in banned
+    with server.http() as h:  # llama-server's own forms: text keys, pairs, false
+        for bias in ({" Monday": False, "Monday": False},
+                     [[" Monday", False], [ids[-1], -100]]):
+            r = h.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 40,
+                "logit_bias": bias})
+            assert r.json()["choices"][0]["message"]["content"] == banned, bias
+
+
+def test_penalties_change_the_text_and_keep_it_exact(server):
+    client = server.client()
+    base = both(client, max_tokens=60)
+    penalized = both(client, max_tokens=60, presence_penalty=1.5, frequency_penalty=0.5)
+    assert penalized != base
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 40,
+                                        "repeat_penalty": 1.5, "repeat_last_n": -1})
+        off = h.post("/completion", json={"prompt": PROMPT, "n_predict": 40,
+                                          "repeat_penalty": 1.5, "repeat_last_n": -1,
+                                          "speculative": False})
+        plain = h.post("/completion", json={"prompt": PROMPT, "n_predict": 40})
+    assert r.json()["content"] == off.json()["content"] != plain.json()["content"]
+    assert r.json()["timings"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"logit_bias": {"5": "up"}}, "logit_bias"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"repeat_last_n": -2}, "repeat_last_n"),
+])
+def test_bad_transforms_are_a_400_naming_the_parameter(server, body, param):
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].startswith(param)
