@@ -40,10 +40,17 @@ _log_lock = threading.Lock()
 _log_verbose = False
 
 
+_GGML_LOG_LEVEL_ERROR = 4  # ggml.h
+_log_last = threading.local()  # this thread's last error line (a grammar's parse error)
+
+
 @ll.llama_log_callback
 def _log_callback(level, text, user_data):  # llama.cpp's log: silent unless -v
+    line = text.decode("utf-8", errors="replace")
+    if level == _GGML_LOG_LEVEL_ERROR:
+        _log_last.error = line.strip()
     if _log_verbose:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
+        sys.stderr.write(line)
 
 
 def set_verbose(verbose: bool) -> None:
@@ -326,6 +333,10 @@ class Model:
                  parse_special: bool = True) -> list[int]:
         return _tokenize(self._vocab, text, add_special, parse_special)
 
+    def grammar(self, gbnf: str) -> Grammar:
+        """A GBNF grammar's parse state over this vocabulary; UsageError if it is invalid."""
+        return Grammar(self, gbnf)
+
     def token_bytes(self, token: int, special: bool = False) -> bytes:
         # a buffer per thread: a server tokenizes requests while a slot thread decodes
         buf = getattr(self._local, "buf", None)
@@ -498,6 +509,101 @@ class Model:
 
     def __del__(self):
         self.close()
+
+
+# -- grammars: llama.cpp's GBNF sampler, used as a test of which tokens may come next --------
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+
+
+class Grammar:
+    """A GBNF grammar's parse state over a model's vocabulary (llama.cpp's grammar sampler).
+    `allowed` asks which candidate tokens may come next; `accept` moves past a token, which
+    must be one it allowed (llama.cpp aborts the process otherwise); `fork` copies the state,
+    for a draft or a verification to walk ahead without moving the committed one."""
+
+    def __init__(self, model: Model | Tokenizer, gbnf: str | None, root: str = "root",
+                 _handle=None):
+        self._vocab = model._vocab
+        if _handle is None:
+            _check_nesting(gbnf)
+            _log_last.error = None
+            _handle = ll.llama_sampler_init_grammar(self._vocab, gbnf.encode(), root.encode())
+            if not _handle:
+                why = _log_last.error or "llama.cpp could not parse it"
+                raise UsageError(f"the grammar is not valid GBNF: {why}",
+                                 hint="see llama.cpp's grammars/README.md")
+        self._s = _handle
+
+    def fork(self) -> Grammar:
+        return Grammar(self, None, _handle=ll.llama_sampler_clone(self._s))
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A mask over `ids`: True where the grammar lets the token come next."""
+        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        arr = ll.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(ids), -1, False)
+        ll.llama_sampler_apply(self._s, ctypes.byref(arr))
+        return np.isfinite(data["logit"])
+
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._s, token)
+
+    def close(self) -> None:
+        if getattr(self, "_s", None):
+            ll.llama_sampler_free(self._s)
+            self._s = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+GRAMMAR_MAX_NESTING = 256
+GRAMMAR_MAX_RULES = 4096
+
+
+def _check_nesting(gbnf: str) -> None:
+    """Refuse a grammar nested deeper than GRAMMAR_MAX_NESTING parentheses: llama.cpp's parser
+    recurses once per level, and a hostile depth would overflow the C stack. Likewise more
+    than GRAMMAR_MAX_RULES rules (a chain of rules is walked recursively)."""
+    if gbnf.count("::=") > GRAMMAR_MAX_RULES:
+        raise UsageError(f"the grammar has more than {GRAMMAR_MAX_RULES} rules")
+    depth, quote, i = 0, None, 0
+    while i < len(gbnf):
+        c = gbnf[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"[":
+            quote = "]" if c == "[" else c
+        elif c == "#":  # a comment runs to the end of the line
+            j = gbnf.find("\n", i)
+            i = len(gbnf) if j < 0 else j
+        elif c == "(":
+            depth += 1
+            if depth > GRAMMAR_MAX_NESTING:
+                raise UsageError(f"the grammar nests parentheses more than "
+                                 f"{GRAMMAR_MAX_NESTING} deep")
+        elif c == ")":
+            depth = max(depth - 1, 0)
+        i += 1
+
+
+def schema_grammar(schema: dict) -> str:
+    """A JSON schema as GBNF, by llama-cpp-python's converter (llama.cpp's own, in Python);
+    UsageError naming what it cannot convert."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError,
+            RecursionError) as e:
+        raise UsageError(f"the JSON schema cannot be turned into a grammar: {e}") from None
 
 
 def quantize(src: str, dst: str, ftype: str) -> None:

@@ -43,6 +43,7 @@ class SamplingParams:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    grammar: str | None = None  # GBNF; every token, drafted or sampled, must fit it
 
     @property
     def greedy(self) -> bool:

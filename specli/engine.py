@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import loadable, pairing
-from specli.backend import Model, check_placement
+from specli.backend import Grammar, Model, check_placement
 from specli.batching import Gate, SharedContext
 from specli.config import (
     SPEC_TYPES,
@@ -39,9 +39,10 @@ from specli.drafts import (
     Proposal,
     VerifyCost,
 )
+from specli.drafts.base import grammar_kw
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
-from specli.verify import NonFinite, transform, verify
+from specli.verify import NonFinite, NoToken, grammar_mask, need_for, transform, verify
 
 
 @dataclass
@@ -218,6 +219,7 @@ class Engine:
         tgt, policy = self.target, self.draft_params.overlay(spec)
         draft = self._source(spec) if speculative else None
         self._check(prompt, sp)
+        grammar = tgt.grammar(sp.grammar) if sp.grammar else None  # parsed before any work
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
@@ -236,7 +238,7 @@ class Engine:
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats)
+                                                        stats, grammar)
                     for i, t in enumerate(tokens):
                         context.append(t)
                         stats.n_predict += 1
@@ -248,29 +250,40 @@ class Engine:
             finally:
                 if draft:
                     draft.end()
+                if grammar is not None:
+                    grammar.close()
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
-              sp: SamplingParams, rng: np.random.Generator,
-              stats: Stats) -> tuple[list[int], int, bool]:
+              sp: SamplingParams, rng: np.random.Generator, stats: Stats,
+              grammar: Grammar | None = None) -> tuple[list[int], int, bool]:
         """One speculative step: (tokens to emit, how many of them the draft proposed, whether
         the target ended the generation). Whatever happens, both caches end at a committed
         length: the accepted prefix on success, the previous one on an exception (a failed
-        decode, a closed stream)."""
+        decode, a closed stream). A grammar moves past the tokens emitted."""
         n_past = n_keep = len(context) - 1
         n_min = max(policy.n_min, 1)
         try:
-            # 1. propose; a draft shorter than --draft-min is not worth a verification
-            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy)
+            # 1. propose; a draft shorter than --draft-min is not worth a verification; with a
+            # grammar, a proposal is cut before its first token the grammar refuses
+            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
+                                      **grammar_kw(grammar))
                         if draft and k >= n_min else Proposal())
+            if grammar is not None and proposal.tokens:
+                proposal = _fit(proposal, grammar)
             drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
             n_acc, token = verify(drafted, proposal.q if drafted else None,
-                                  _rows(rows, sp, context, drafted), sp, rng)
+                                  _rows(rows, sp, context, drafted, grammar), sp, rng)
+            if grammar is not None and not self.target.is_eog(token):
+                grammar.accept(token)  # _rows moved it past the accepted drafted tokens
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
             n_keep = n_past + 1 + n_acc
+        except NoToken:
+            raise UsageError(f"the grammar allows no token after {stats.n_predict} generated "
+                             "tokens", hint="check that the grammar can be completed") from None
         except NonFinite as e:  # a row of NaN or inf: no token can be chosen from it
             who = "the draft model" if e.row < 0 else "the model"
             raise BackendError(f"{who} produced NaN or infinite logits at token "
@@ -425,15 +438,48 @@ class _Meter:
             s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
 
 
-def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int],
-          drafted: list[int]) -> Callable[[int], np.ndarray]:
+def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: list[int],
+          grammar: Grammar | None = None) -> Callable[[int], np.ndarray]:
     """Row i of a verification batch as the sampler sees it: transformed with the history it
-    follows (the context and the first i drafted tokens)."""
-    if not sp.transforms:
+    follows (the context and the first i drafted tokens), then masked by the grammar. verify
+    asks for row i only once drafted[i - 1] is accepted: the grammar moves past it then."""
+    if not sp.transforms and grammar is None:
         return rows.__getitem__
     n = sp.repeat_last_n
     tail = context if n < 0 else context[-n:] if n > 0 else []
-    return lambda i: transform(rows[i], sp, [*tail, *drafted[:i]])
+    need = need_for(sp, rows.shape[1])
+
+    moved = 0  # drafted tokens the grammar has moved past
+
+    def row(i: int) -> np.ndarray:
+        nonlocal moved
+        r = transform(rows[i], sp, [*tail, *drafted[:i]])
+        if grammar is None:
+            return r
+        for t in drafted[moved:i]:
+            grammar.accept(t)
+        moved = max(moved, i)
+        return grammar_mask(r, grammar.allowed, need)
+
+    return row
+
+
+def _fit(proposal: Proposal, grammar: Grammar) -> Proposal:
+    """The proposal up to its first token the grammar refuses (checked on a fork)."""
+    g = grammar.fork()
+    try:
+        n = 0
+        for t in proposal.tokens:
+            if not g.allowed(np.array([t]))[0]:
+                break
+            g.accept(t)
+            n += 1
+    finally:
+        g.close()
+    if n == len(proposal.tokens):
+        return proposal
+    return Proposal(proposal.tokens[:n], proposal.q[:n] if proposal.q is not None else None,
+                    proposal.source)
 
 
 def _usage(m: Model | None) -> tuple[float, int, int]:

@@ -71,6 +71,39 @@ def transform(logits: np.ndarray, sp: SamplingParams, history: Sequence[int]) ->
     return row
 
 
+class NoToken(ValueError):
+    """The grammar allows no token at this position."""
+
+
+def grammar_mask(logits: np.ndarray, allowed: Callable[[np.ndarray], np.ndarray],
+                 need: int) -> np.ndarray:
+    """The row with every token -inf but the `need` highest the grammar allows: what the
+    chain's top-k keeps after llama.cpp's grammar sampler masked the row first (need 1 for
+    greedy, the whole vocabulary when top-k is off). Candidates are asked in descending
+    order, a growing chunk at a time: usually the first chunk holds them."""
+    n = logits.shape[0]
+    out = np.full(n, -np.inf, dtype=logits.dtype)
+    seen = np.zeros(n, dtype=bool)
+    found, m = 0, 0
+    while found < need and m < n:
+        m = min(n, max(64, 8 * m))
+        top = np.argpartition(-logits, m - 1)[:m] if m < n else np.arange(n)
+        top = top[~seen[top]]
+        top = top[np.argsort(-logits[top], kind="stable")]
+        seen[top] = True
+        ok = top[allowed(top)][: need - found]
+        out[ok] = logits[ok]
+        found += ok.size
+    if not found:
+        raise NoToken("the grammar allows no token here")
+    return out
+
+
+def need_for(sp: SamplingParams, n_vocab: int) -> int:
+    """How many of the grammar's best tokens the chain can keep: 1 greedy, else top-k."""
+    return 1 if sp.greedy else sp.top_k if 0 < sp.top_k < n_vocab else n_vocab
+
+
 def sampling_dist(logits: np.ndarray, sp: SamplingParams, index: int = -1) -> Dist:
     """llama.cpp's default chain on one logits row: top-k, top-p, min-p, then temperature.
     NonFinite(index) for a row with NaN or no finite maximum: numpy partitions NaN to the

@@ -61,6 +61,9 @@ class FakeModel:
     def chat_template(self) -> str | None:
         return None
 
+    def grammar(self, gbnf: str) -> FakeGrammar:
+        return FakeGrammar(int(gbnf))
+
     # -- the cache ---------------------------------------------------------------------------
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
         n = len(tokens)
@@ -102,3 +105,29 @@ class FakeModel:
                 break
             out.append(last)
         return out
+
+
+class FakeGrammar:
+    """backend.Grammar's interface on a rule: a token's residue mod `m` differs from the last
+    accepted token's. Accepting a refused token raises, as llama.cpp would abort."""
+
+    def __init__(self, m: int = 3, last: int = -1):
+        self.m, self.last, self.closed = m, last, False
+        self.accepted: list[int] = []
+
+    def fork(self) -> FakeGrammar:
+        return FakeGrammar(self.m, self.last)
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        assert not self.closed
+        return np.asarray(ids) % self.m != self.last % self.m
+
+    def accept(self, token: int) -> None:
+        assert not self.closed
+        if not self.allowed(np.array([token]))[0]:
+            raise AssertionError(f"accepted token {token}, which the grammar refuses")
+        self.last = token
+        self.accepted.append(token)
+
+    def close(self) -> None:
+        self.closed = True

@@ -5,6 +5,8 @@ greedy by default."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from test_serve import KEY, Server
@@ -114,3 +116,47 @@ def test_bad_transforms_are_a_400_naming_the_parameter(server, body, param):
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"].startswith(param)
+
+
+# -- structured output (part 1) ----------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"day": {"type": "string"},
+                                           "number": {"type": "integer"}},
+          "required": ["day", "number"]}
+
+
+def test_json_schema_response_format_gives_fitting_json_with_speculation(server):
+    client = server.client()
+    fmt = {"type": "json_schema", "json_schema": {"name": "day", "schema": SCHEMA}}
+    text = both(client, response_format=fmt, max_tokens=60)
+    doc = json.loads(text)
+    assert set(doc) == {"day", "number"} and isinstance(doc["number"], int)
+    obj = both(client, response_format={"type": "json_object"}, max_tokens=60)
+    assert isinstance(json.loads(obj), dict)
+
+
+def test_completion_grammar_and_json_schema(server):
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": "Is the sky blue? Answer:", "n_predict": 8,
+                                        "grammar": 'root ::= " " ("yes" | "no") "."'})
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] in (" yes.", " no.")
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 60,
+                                        "json_schema": SCHEMA})
+        assert set(json.loads(r.json()["content"])) == {"day", "number"}
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"grammar": 'root ::= "unterminated'}, "grammar"),
+    ({"grammar": "root ::= " + "(" * 10000 + '"a"' + ")" * 10000}, "grammar"),
+    ({"grammar": 'root ::= "a"', "json_schema": {}}, "grammar"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"$ref": "#/nowhere"}}}}, "response_format"),
+])
+def test_bad_grammars_are_a_400_naming_the_parameter(server, body, param):
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param, r.json()

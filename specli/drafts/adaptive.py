@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
 from specli.cost import CostModel
-from specli.drafts.base import DraftSource, Proposal
+from specli.drafts.base import DraftSource, Proposal, grammar_kw
+
+if TYPE_CHECKING:
+    from specli.backend import Grammar
 
 DECAY = 0.95  # weight of the past per observation: about the last 20 steps count
 # the prior cost of each extra token in a verification batch, relative to a batch of one
@@ -117,10 +121,11 @@ class Adaptive:
         self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         self.k = self.best_k(k)
         t0 = self._clock()
-        p = self.source.propose(context, self.k, sp, rng, policy)
+        p = self.source.propose(context, self.k, sp, rng, policy, **grammar_kw(grammar))
         t1 = self._clock()
         if p.tokens:
             self._t_token = DECAY * self._t_token + (1 - DECAY) * (t1 - t0) / len(p.tokens)

@@ -12,7 +12,7 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.verify import Dist
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.backend import Grammar, Model
 
 
 @dataclass
@@ -36,9 +36,12 @@ class DraftSource(Protocol):
         """A new generation starts from `prompt` (its last token is not yet verified)."""
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         """Propose up to k tokens to follow `context` (all committed tokens). policy: this
-        step's (p_min for a draft model; a chain gives each source its own k from it)."""
+        step's (p_min for a draft model; a chain gives each source its own k from it).
+        grammar: the committed parse state, if the output is constrained; a source may draft
+        within it (on a fork); the engine cuts any proposal at its first refused token."""
 
     def rewind(self, n_keep: int) -> None:
         """Forget any state past the first n_keep tokens of the context."""
@@ -48,3 +51,9 @@ class DraftSource(Protocol):
 
     def end(self) -> None:
         """The generation is over (finished, failed or abandoned): flush what was learnt."""
+
+
+def grammar_kw(grammar: Grammar | None) -> dict:
+    """The grammar keyword, only when there is one: a source written before grammars
+    existed keeps working for requests without one."""
+    return {} if grammar is None else {"grammar": grammar}

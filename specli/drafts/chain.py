@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import DraftSource, Proposal
+from specli.drafts.base import DraftSource, Proposal, grammar_kw
+
+if TYPE_CHECKING:
+    from specli.backend import Grammar
 
 
 class Chain:
@@ -28,11 +32,12 @@ class Chain:
             s.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         self._last = None
         policy = policy or DraftPolicy()
         for s in self.sources:
-            p = s.propose(context, policy.k_for(s, k), sp, rng, policy)
+            p = s.propose(context, policy.k_for(s, k), sp, rng, policy, **grammar_kw(grammar))
             if p.tokens:
                 self._last = s
                 return p

@@ -13,12 +13,16 @@ import stat
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 from specli.errors import SpecliError
+
+if TYPE_CHECKING:
+    from specli.backend import Grammar
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN / _MAX / _STATIC
 NULL = -1  # LLAMA_TOKEN_NULL pads n-grams shorter than NGRAM_MAX
@@ -292,7 +296,8 @@ class NgramCache:
         self._n_seen = len(tokens)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         self._learn(context)
         tokens = draft(context, k, self.context, self.dynamic, self.static)
         return Proposal(tokens, source=self.name)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
+
+if TYPE_CHECKING:
+    from specli.backend import Grammar
 
 
 class NgramSimple:
@@ -33,7 +37,8 @@ class NgramSimple:
         self._indexed = 1
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         n, m = self.size_n, self.size_m
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len <= n + m + 1:
@@ -117,7 +122,8 @@ class NgramMod:
             self.reset()
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         n = self.n
         self._n_draft_last = 0
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token

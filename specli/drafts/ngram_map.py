@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
+
+if TYPE_CHECKING:
+    from specli.backend import Grammar
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations remembered per key
 MAX_COUNT = 16380  # COMMON_NGRAM_MAX_VALUE_COUNT
@@ -99,7 +103,8 @@ class NgramMap:
         self._last = None
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None) -> Proposal:
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                grammar: Grammar | None = None) -> Proposal:
         self._last = None
         self._history = context
         n, m = self.n, self.m

@@ -17,8 +17,10 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from specli import __version__
+from specli.backend import Grammar, schema_grammar
 from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
 from specli.engine import spec_key
+from specli.errors import UsageError
 from specli.server import formats as f
 from specli.server.errors import APIError, envelope, refuse
 from specli.server.metrics import CONTENT_TYPE
@@ -305,8 +307,6 @@ def _refuse_chat(body: ChatRequest) -> None:
         raise refuse("logprobs")
     if body.tools or body.tool_choice not in (None, "none"):
         raise refuse("tools")
-    if body.response_format and body.response_format.get("type") != "text":
-        raise refuse("response_format")
 
 
 def _refuse_completion(body: CompletionRequest) -> None:
@@ -349,6 +349,7 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
                        "slot", param="messages" if n_param == "max_tokens" else "prompt",
                        code="context_length_exceeded")
     s = c.sampling
+    grammar = _grammar(st, body)
     sampling = SamplingParams(
         temp=_first(body.temperature, s.temp), top_k=_first(body.top_k, s.top_k),
         top_p=_first(body.top_p, s.top_p), min_p=_first(body.min_p, s.min_p),
@@ -357,10 +358,38 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         repeat_penalty=_first(body.repeat_penalty, s.repeat_penalty),
         repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
         presence_penalty=_first(body.presence_penalty, s.presence_penalty),
-        frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty))
+        frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty),
+        grammar=grammar)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop)
+
+
+def _grammar(st: State, body: Sampling) -> str | None:
+    """The request's GBNF: its grammar, or its JSON schema (json_schema, or response_format
+    as llama-server reads it: json_object alone is any object) converted; checked here, so
+    that a bad one is a 400 before a slot is taken."""
+    schema, fmt = body.json_schema, getattr(body, "response_format", None)
+    if body.grammar is not None and schema is not None:
+        raise APIError(400, "cannot use both json_schema and grammar", param="grammar")
+    if fmt is not None and fmt.type == "json_object" and (fmt.schema_ is not None or
+                                                          not schema):
+        schema = fmt.schema_ or {}
+    elif fmt is not None and fmt.type == "json_schema":
+        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else {}
+    if schema is not None and not schema:
+        schema = {"type": "object"}  # llama-server: an empty schema means any object
+    gbnf = body.grammar
+    try:
+        if schema is not None:
+            gbnf = schema_grammar(schema)
+        if gbnf:
+            Grammar(st.engine.target, gbnf).close()
+    except UsageError as e:
+        param = "grammar" if body.grammar is not None else "response_format" \
+            if fmt is not None and fmt.type != "text" else "json_schema"
+        raise APIError(400, e.message, param=param) from None
+    return gbnf or None
 
 
 def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:

@@ -56,6 +56,9 @@ class Transforms(Strict):
     repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
+    # constrained output (llama-server's): a GBNF grammar, or a JSON schema turned into one
+    grammar: Annotated[str, Field(max_length=1 << 20)] | None = None
+    json_schema: dict | None = None
 
 
 class Sampling(Transforms):
@@ -88,6 +91,20 @@ class Message(BaseModel):
     content: str | list[TextPart] | None = None
 
 
+class SchemaWrapper(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # name, strict, description...
+
+    schema_: dict = Field(default_factory=dict, alias="schema")
+
+
+class ResponseFormat(Strict):
+    """OpenAI's response_format; json_object may carry llama-server's own `schema`."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: SchemaWrapper | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+
+
 class ChatRequest(Sampling):
     # a bound the event loop can validate in well under a second (the context is the real one)
     messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
@@ -97,7 +114,7 @@ class ChatRequest(Sampling):
     top_logprobs: int | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
-    response_format: dict | None = None
+    response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
 
 
