@@ -44,6 +44,10 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     grammar: str | None = None  # GBNF; every token, drafted or sampled, must fit it
+    # report each token's probability and the n_probs most likely (None: none); from the
+    # target's own row, or after the sampling chain (post_sampling_probs)
+    n_probs: int | None = None
+    post_sampling_probs: bool = False
 
     @property
     def greedy(self) -> bool:

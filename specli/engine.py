@@ -10,6 +10,7 @@ from __future__ import annotations
 import codecs
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +43,18 @@ from specli.drafts import (
 from specli.drafts.base import grammar_kw
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.stats import ModelPerf, Stats
-from specli.verify import NonFinite, NoToken, grammar_mask, need_for, transform, verify
+from specli.verify import (
+    NonFinite,
+    NoToken,
+    TokenProbs,
+    grammar_mask,
+    need_for,
+    sampled_probs,
+    sampling_dist,
+    token_probs,
+    transform,
+    verify,
+)
 
 
 @dataclass
@@ -52,6 +64,8 @@ class Chunk:
     text: str
     finish_reason: str | None = None
     stats: Stats | None = None
+    token: int | None = None  # the token this chunk decodes (None on the last chunk)
+    probs: TokenProbs | None = None  # its probabilities, when sp.n_probs asks for them
 
 
 @dataclass
@@ -209,12 +223,13 @@ class Engine:
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
-              speculative: bool = True,
-              spec: SpecRequest | None = None) -> Iterator[tuple[int, bool]]:
+              speculative: bool = True, spec: SpecRequest | None = None,
+              probs: list[TokenProbs] | None = None) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) for each emitted token; fills `stats` as it goes.
 
         n_predict < 0 means until an end-of-generation token or a full context. spec: this
-        request's own draft types and lengths (the server's `speculative` object).
+        request's own draft types and lengths (the server's `speculative` object). probs:
+        with sp.n_probs set, each token's TokenProbs is appended before the token is yielded.
         """
         tgt, policy = self.target, self.draft_params.overlay(spec)
         draft = self._source(spec) if speculative else None
@@ -238,7 +253,7 @@ class Engine:
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats, grammar)
+                                                        stats, grammar, probs)
                     for i, t in enumerate(tokens):
                         context.append(t)
                         stats.n_predict += 1
@@ -255,7 +270,8 @@ class Engine:
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,
-              grammar: Grammar | None = None) -> tuple[list[int], int, bool]:
+              grammar: Grammar | None = None,
+              probs: list[TokenProbs] | None = None) -> tuple[list[int], int, bool]:
         """One speculative step: (tokens to emit, how many of them the draft proposed, whether
         the target ended the generation). Whatever happens, both caches end at a committed
         length: the accepted prefix on success, the previous one on an exception (a failed
@@ -274,12 +290,17 @@ class Engine:
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            n_acc, token = verify(drafted, proposal.q if drafted else None,
-                                  _rows(rows, sp, context, drafted, grammar), sp, rng)
+            row = _rows(rows, sp, context, drafted, grammar)
+            n_acc, token = verify(drafted, proposal.q if drafted else None, row, sp, rng)
             if grammar is not None and not self.target.is_eog(token):
                 grammar.accept(token)  # _rows moved it past the accepted drafted tokens
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
+            if probs is not None and sp.n_probs is not None:
+                # the rows verify used: exactly the target's at each emitted position
+                for i, t in enumerate([*drafted[:n_acc], token]):
+                    if not self.target.is_eog(t):
+                        probs.append(_probs(rows[i], row, i, t, sp))
             n_keep = n_past + 1 + n_acc
         except NoToken:
             raise UsageError(f"the grammar allows no token after {stats.n_predict} generated "
@@ -326,10 +347,12 @@ class Engine:
         (caches rewound, `stats` complete)."""
         stats = stats if stats is not None else Stats()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec)
+        probs: deque[TokenProbs] | None = deque() if sp.n_probs is not None else None
+        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec, probs)
         try:
             for token, _ in steps:  # a chunk per token, "" while UTF-8 is held back
-                yield Chunk(utf8.decode(self.target.token_bytes(token)))
+                yield Chunk(utf8.decode(self.target.token_bytes(token)), token=token,
+                            probs=probs.popleft() if probs else None)
             yield Chunk(utf8.decode(b"", final=True), stats.finish_reason, stats)
         finally:
             steps.close()
@@ -450,18 +473,32 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: lis
     need = need_for(sp, rows.shape[1])
 
     moved = 0  # drafted tokens the grammar has moved past
+    done: dict[int, np.ndarray] = {}  # a row asked for again is the same row
 
     def row(i: int) -> np.ndarray:
         nonlocal moved
+        if i in done:
+            return done[i]
         r = transform(rows[i], sp, [*tail, *drafted[:i]])
-        if grammar is None:
-            return r
-        for t in drafted[moved:i]:
-            grammar.accept(t)
-        moved = max(moved, i)
-        return grammar_mask(r, grammar.allowed, need)
+        if grammar is not None:
+            for t in drafted[moved:i]:
+                grammar.accept(t)
+            moved = max(moved, i)
+            r = grammar_mask(r, grammar.allowed, need)
+        done[i] = r
+        return r
 
     return row
+
+
+def _probs(raw: np.ndarray, row: Callable[[int], np.ndarray], i: int, token: int,
+           sp: SamplingParams) -> TokenProbs:
+    """Token i's probabilities: the raw row's softmax, or the chain's distribution."""
+    if not sp.post_sampling_probs:
+        return token_probs(raw, token, sp.n_probs)
+    if sp.greedy:  # the greedy chain keeps one token
+        return TokenProbs(token, 1.0, ((token, 1.0),) if sp.n_probs else ())
+    return sampled_probs(sampling_dist(row(i), sp, i), token, sp.n_probs)
 
 
 def _fit(proposal: Proposal, grammar: Grammar) -> Proposal:

@@ -172,3 +172,31 @@ def verify(
     if sp.greedy:
         return len(drafted), finite_argmax(bonus, len(drafted))
     return len(drafted), sampling_dist(bonus, sp, len(drafted)).sample(rng)
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """A chosen token's probability and the n most likely tokens (id, probability) at its
+    position, highest first."""
+
+    token: int
+    prob: float
+    top: tuple[tuple[int, float], ...]
+
+
+def token_probs(logits: np.ndarray, token: int, n: int) -> TokenProbs:
+    """From a raw row: the model's own softmax over the whole vocabulary."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    n = min(n, p.shape[0])
+    top = np.argpartition(-p, n - 1)[:n] if n > 0 else np.empty(0, dtype=np.int64)
+    top = top[np.argsort(-p[top], kind="stable")]
+    return TokenProbs(token, float(p[token]), tuple((int(i), float(p[i])) for i in top))
+
+
+def sampled_probs(d: Dist, token: int, n: int) -> TokenProbs:
+    """After the chain: the distribution the token was drawn from (zeros left out)."""
+    keep = [(int(i), float(q)) for i, q in zip(d.ids[:n], d.probs[:n], strict=True) if q > 0]
+    return TokenProbs(token, d.prob(token), tuple(keep))

@@ -160,3 +160,64 @@ def test_bad_grammars_are_a_400_naming_the_parameter(server, body, param):
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param, r.json()
+
+
+# -- log-probabilities (part 2) ----------------------------------------------------------------
+
+def test_chat_logprobs_are_the_targets_and_match_without_speculation(server):
+    client = server.client()
+    on = chat(client, logprobs=True, top_logprobs=3)
+    off = chat(client, speculative=False, logprobs=True, top_logprobs=3)
+    assert on.usage.model_extra["speculative"]["draft_n_accepted"] > 0
+    content = on.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == on.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert [x.logprob for x in t.top_logprobs] == sorted(
+            (x.logprob for x in t.top_logprobs), reverse=True)
+        assert t.top_logprobs[0].token == t.token  # greedy: the chosen is the most likely
+        assert bytes(t.bytes).decode(errors="ignore") == t.token
+    # the verified rows are the target's own: within batched-decode noise of plain decoding
+    for a, b in zip(content, off.choices[0].logprobs.content, strict=True):
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 0.05
+
+
+def test_streamed_logprobs_cover_the_text(server):
+    pieces, lps = [], []
+    for chunk in chat(server.client(), logprobs=True, stream=True):
+        c = chunk.choices[0]
+        pieces.append(c.delta.content or "")
+        if c.logprobs is not None:
+            lps += c.logprobs.content
+    assert pieces and "".join(t.token for t in lps) == "".join(pieces)
+    assert all(t.top_logprobs == [] for t in lps)
+
+
+def test_completions_logprobs_in_the_legacy_form(server):
+    r = server.client().completions.create(model="smollm2-f16", prompt="def add(a, b):",
+                                           max_tokens=12, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.token_logprobs) == len(lp.tokens) == len(lp.top_logprobs)
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert all(len(top) <= 2 for top in lp.top_logprobs)
+
+
+def test_n_probs_and_post_sampling_probs_on_completion(server):
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 8, "n_probs": 4,
+                                        "return_tokens": True}).json()
+        probs = r["completion_probabilities"]
+        assert len(probs) == len(r["tokens"]) == r["tokens_predicted"]
+        assert [p["id"] for p in probs] == r["tokens"]
+        assert all(len(p["top_logprobs"]) == 4 for p in probs)
+        post = h.post("/completion", json={"prompt": PROMPT, "n_predict": 8, "n_probs": 4,
+                                           "post_sampling_probs": True}).json()
+        first = post["completion_probabilities"][0]
+        assert first["prob"] == 1.0 and first["top_probs"][0]["prob"] == 1.0  # greedy
+        hot = h.post("/completion", json={"prompt": PROMPT, "n_predict": 8, "n_probs": 4,
+                                          "post_sampling_probs": True, "temperature": 1.0,
+                                          "top_k": 4, "seed": 1}).json()
+        for p in hot["completion_probabilities"]:
+            tops = [t["prob"] for t in p["top_probs"]]
+            assert 0 < p["prob"] <= 1 and len(tops) <= 4 and abs(sum(tops) - 1) < 1e-4

@@ -4,6 +4,7 @@ chunker for OpenAI's chat and completion streams, one for llama-server's /comple
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import Response, StreamingResponse
@@ -11,6 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from specli.errors import BackendError, SpecliError
 from specli.server.slots import Done, Generation, Piece
 from specli.stats import Stats
+from specli.verify import TokenProbs
 
 
 def finish(done: Done) -> str:
@@ -50,6 +52,50 @@ def timings(s: Stats) -> dict:
             "draft_accepted_per_position": s.accept_rate_per_pos}
 
 
+_LOWEST = -3.4028234663852886e38  # log(0) as llama-server writes it (JSON has no -inf)
+
+
+def _log(p: float) -> float:
+    return math.log(p) if p > 0 else _LOWEST
+
+
+def _piece(model, token: int) -> tuple[str, list[int]]:
+    raw = model.token_bytes(token)
+    return raw.decode("utf-8", "ignore"), list(raw)
+
+
+def probs_json(model, probs: list[TokenProbs], post: bool = False) -> list[dict]:
+    """llama-server's per-token probabilities (also the OpenAI chat logprobs `content`):
+    logprob and top_logprobs, or prob and top_probs after the sampling chain."""
+    key, top_key, val = ("prob", "top_probs", float) if post else \
+        ("logprob", "top_logprobs", _log)
+    out = []
+    for tp in probs:
+        text, raw = _piece(model, tp.token)
+        top = []
+        for i, p in tp.top:
+            t, b = _piece(model, i)
+            top.append({"id": i, "token": t, "bytes": b, key: val(p)})
+        out.append({"id": tp.token, "token": text, "bytes": raw, key: val(tp.prob),
+                    top_key: top})
+    return out
+
+
+def legacy_logprobs(model, probs: list[TokenProbs], offset: int = 0) -> dict:
+    """OpenAI's completions logprobs (tokens, token_logprobs, top_logprobs, text_offset),
+    with llama-server's `content` form beside them."""
+    tokens, offsets = [], []
+    for tp in probs:
+        offsets.append(offset)
+        text = _piece(model, tp.token)[0]
+        tokens.append(text)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": [_log(tp.prob) for tp in probs],
+            "top_logprobs": [{_piece(model, i)[0]: _log(p) for i, p in tp.top}
+                             for tp in probs],
+            "text_offset": offsets, "content": probs_json(model, probs)}
+
+
 def data(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -73,50 +119,107 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) -
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-# choice(text, finish_reason) -> one choice of a chunk: chat's delta or completion's text
-Choice = Callable[[str | None, str | None], dict]
+# choice(text, finish_reason, logprobs) -> one choice of a chunk: chat's delta or
+# completion's text
+Choice = Callable[[str | None, str | None, dict | None], dict]
 
 
-def chat_choice(text: str | None, finish_reason: str | None) -> dict:
+def chat_choice(text: str | None, finish_reason: str | None,
+                logprobs: dict | None = None) -> dict:
     delta = {} if text is None else {"content": text}
-    return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def text_choice(text: str | None, finish_reason: str | None) -> dict:
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+def text_choice(text: str | None, finish_reason: str | None,
+                logprobs: dict | None = None) -> dict:
+    return {"index": 0, "text": text or "", "logprobs": logprobs,
+            "finish_reason": finish_reason}
+
+
+def chat_logprobs(gen: Generation, probs: list[TokenProbs]) -> dict | None:
+    sp = gen.job.sampling
+    if sp.n_probs is None:
+        return None
+    return {"content": probs_json(gen.slot.engine.target, probs, sp.post_sampling_probs)}
+
+
+def text_logprobs(gen: Generation, probs: list[TokenProbs], offset: int = 0) -> dict | None:
+    if gen.job.sampling.n_probs is None:
+        return None
+    return legacy_logprobs(gen.slot.engine.target, probs, offset)
 
 
 async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage: bool,
-                        first: dict | None = None) -> AsyncIterator[str]:
+                        first: dict | None = None,
+                        logprobs: Callable[[Generation, list, int], dict | None] | None = None,
+                        ) -> AsyncIterator[str]:
     """An OpenAI stream: an optional first chunk, one chunk per piece, the finish reason,
-    then (stream_options.include_usage) a chunk with no choices and the usage."""
+    then (stream_options.include_usage) a chunk with no choices and the usage. logprobs
+    writes a piece's token probabilities (from the piece's offset in the text)."""
     if first is not None:
         yield data({**head, "choices": [first]})
+    offset = 0
     async for ev in gen.events():
         if isinstance(ev, Piece):
-            yield data({**head, "choices": [choice(ev.text, None)]})
+            lp = logprobs(gen, ev.probs, offset) if logprobs is not None else None
+            offset += len(ev.text)
+            yield data({**head, "choices": [choice(ev.text, None, lp)]})
         else:
-            yield data({**head, "choices": [choice(None, finish(ev))]})
+            yield data({**head, "choices": [choice(None, finish(ev), None)]})
             if with_usage:
                 yield data({**head, "choices": [], "usage": usage(ev.stats),
                             "timings": timings(ev.stats)})
 
 
 async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:
+    sp = gen.job.sampling
     async for ev in gen.events():
         if isinstance(ev, Piece):
-            yield data({"content": ev.text, "stop": False, "id_slot": gen.slot.id})
+            out = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
+                   "id_slot": gen.slot.id}
+            if sp.n_probs is not None and ev.probs:
+                out["completion_probabilities"] = probs_json(
+                    gen.slot.engine.target, ev.probs, sp.post_sampling_probs)
+            yield data(out)
         else:
-            yield data(llama_final("", ev, gen, model))
+            yield data(llama_final("", ev, gen, model, stream=True))
 
 
-def llama_final(text: str, done: Done, gen: Generation, model: str) -> dict:
-    s = done.stats
+def llama_final(text: str, done: Done, gen: Generation, model: str,
+                stream: bool = False) -> dict:
+    s, job = done.stats, gen.job
     # llama-server's stop types: limit (n_predict), eos (end of generation), word (a stop)
     stop_type = "limit" if done.finish_reason == "length" else \
-        "eos" if s.finish_reason == "stop" else "word"
-    return {"content": text, "id_slot": gen.slot.id, "stop": True, "model": model,
-            "tokens_predicted": s.n_predict, "tokens_evaluated": s.n_prompt,
-            # what the slot's cache holds now: the prompt and the output but its last token
-            "tokens_cached": max(s.n_prompt + s.n_predict - 1, 0),
-            "stop_type": stop_type, "truncated": False, "timings": timings(s)}
+        "eos" if s.finish_reason == "stop" and not done.stopping_word else "word"
+    out = {"index": 0, "content": text,
+           "tokens": done.tokens if job.return_tokens else [],
+           "id_slot": gen.slot.id, "stop": True, "model": model,
+           "tokens_predicted": s.n_predict, "tokens_evaluated": s.n_prompt,
+           "generation_settings": settings(job), "prompt": job.prompt_text,
+           "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
+           "stopping_word": done.stopping_word,
+           # what the slot's cache holds now: the prompt and the output but its last token
+           "tokens_cached": max(s.n_prompt + s.n_predict - 1, 0),
+           "timings": timings(s)}
+    if not stream and job.sampling.n_probs is not None:
+        out["completion_probabilities"] = probs_json(gen.slot.engine.target, done.probs,
+                                                     job.sampling.post_sampling_probs)
+    return out
+
+
+def settings(job) -> dict:
+    """The request's generation settings, as llama-server reports them."""
+    sp = job.sampling
+    return {"n_predict": job.n_predict, "seed": sp.seed if sp.seed is not None else -1,
+            "temperature": sp.temp, "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
+            "repeat_last_n": sp.repeat_last_n, "repeat_penalty": sp.repeat_penalty,
+            "presence_penalty": sp.presence_penalty,
+            "frequency_penalty": sp.frequency_penalty,
+            "logit_bias": [{"token": t, "bias": b if math.isfinite(b) else False}
+                           for t, b in sp.logit_bias],
+            "n_probs": sp.n_probs or 0, "post_sampling_probs": sp.post_sampling_probs,
+            "grammar": sp.grammar or "", "stop": list(job.stop),
+            "speculative": job.speculative,
+            "speculative.n_max": job.spec.n_max if job.spec else None,
+            "speculative.n_min": job.spec.n_min if job.spec else None,
+            "speculative.p_min": job.spec.p_min if job.spec else None}

@@ -171,8 +171,10 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     # rendering and tokenizing run off the event loop, within their bounds (engine.py)
     ids = await asyncio.to_thread(st.engine.tokenize_messages,
                                   [_message(m) for m in body.messages])
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
-               "max_tokens")
+               "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id}
     first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -181,12 +183,13 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     def final(text: str, done: Done, gen: Generation) -> dict:
         return {**head, "object": "chat.completion",
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": f.finish(done), "logprobs": None}],
+                             "finish_reason": f.finish(done),
+                             "logprobs": f.chat_logprobs(gen, done.probs)}],
                 "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
         gen, {**head, "object": "chat.completion.chunk"}, f.chat_choice,
-        _include_usage(body), first), final)
+        _include_usage(body), first, lambda g, probs, _: f.chat_logprobs(g, probs)), final)
 
 
 @openai.post("/v1/completions")
@@ -196,24 +199,23 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
     _refuse_completion(body)
     ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
                             isinstance(body.prompt[0], str) else body.prompt)
-    job = _job(st, body, ids, body.max_tokens, "max_tokens")
+    job = _job(st, body, ids, body.max_tokens, "max_tokens", n_probs=body.logprobs)
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "object": "text_completion"}
 
     def final(text: str, done: Done, gen: Generation) -> dict:
-        return {**head, "choices": [{"index": 0, "text": text, "logprobs": None,
+        return {**head, "choices": [{"index": 0, "text": text,
+                                     "logprobs": f.text_logprobs(gen, done.probs),
                                      "finish_reason": f.finish(done)}],
                 "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
-        gen, head, f.text_choice, _include_usage(body)), final)
+        gen, head, f.text_choice, _include_usage(body), logprobs=f.text_logprobs), final)
 
 
 @llama.post("/completion")
 async def completion(body: LlamaCompletionRequest, request: Request, st: AppState,
                      pool: Pool) -> Response:
-    if body.n_probs:
-        raise APIError(400, "n_probs is not supported", param="n_probs")
     ids = await _prompt_ids(st, body.prompt)
     spec = body.speculative
     if spec is None and any(v is not None for v in (
@@ -223,8 +225,12 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                         min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
-    job = _job(st, sampling, ids, body.n_predict, "n_predict")
+    job = _job(st, sampling, ids, body.n_predict, "n_predict",
+               n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
+    job.return_tokens = bool(body.return_tokens)
+    job.prompt_text = body.prompt if isinstance(body.prompt, str) else b"".join(
+        st.engine.target.token_bytes(t, special=True) for t in ids).decode("utf-8", "replace")
     model = st.config.model_id
     return await _answer(request, pool, job, bool(body.stream),
                          lambda gen: f.llama_events(gen, model),
@@ -303,16 +309,12 @@ def _refuse_common(body: Sampling) -> None:
 
 def _refuse_chat(body: ChatRequest) -> None:
     _refuse_common(body)
-    if body.logprobs or body.top_logprobs:
-        raise refuse("logprobs")
     if body.tools or body.tool_choice not in (None, "none"):
         raise refuse("tools")
 
 
 def _refuse_completion(body: CompletionRequest) -> None:
     _refuse_common(body)
-    if body.logprobs:
-        raise refuse("logprobs")
     if body.echo:
         raise refuse("echo")
     if body.suffix:
@@ -330,7 +332,7 @@ async def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
-         n_param: str) -> Job:
+         n_param: str, n_probs: int | None = None, post: bool = False) -> Job:
     c = st.config
     n_ctx = st.engine.target.n_ctx
     if body.model is not None and body.model not in _model_names(st):
@@ -359,7 +361,7 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
         presence_penalty=_first(body.presence_penalty, s.presence_penalty),
         frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty),
-        grammar=grammar)
+        grammar=grammar, n_probs=n_probs, post_sampling_probs=post)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop)

@@ -111,7 +111,7 @@ class ChatRequest(Sampling):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
     tools: list[dict] | None = None
     tool_choice: str | dict | None = None
     response_format: ResponseFormat | None = None
@@ -122,7 +122,7 @@ class CompletionRequest(Sampling):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | \
         Annotated[list[int], Field(min_length=1)]
     max_tokens: int | None = None
-    logprobs: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
@@ -148,7 +148,9 @@ class LlamaCompletionRequest(Transforms):
     spec_p_min: Annotated[float | None, Field(ge=0.0, le=1.0,
                                               alias="speculative.p_min")] = None
     spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
-    n_probs: int | None = None
+    n_probs: Annotated[int, Field(ge=0, le=100)] | None = None
+    post_sampling_probs: bool | None = None
+    return_tokens: bool | None = None
 
 
 class TokenizeRequest(Strict):

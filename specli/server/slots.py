@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from specli.config import SamplingParams, SpecRequest
 from specli.engine import Engine
 from specli.stats import Stats
+from specli.verify import TokenProbs
 
 
 class Busy(Exception):
@@ -36,11 +37,14 @@ class Job:
     spec: SpecRequest | None = None
     stop: Sequence[str] = ()
     cache_prompt: bool = True  # False: start from an empty cache (llama-server's cache_prompt)
+    return_tokens: bool = False  # /completion: the generated ids in `tokens`
+    prompt_text: str = ""  # the prompt as the client gave it, for /completion's answer
 
 
 @dataclass
 class Piece:
     text: str
+    probs: list[TokenProbs] = field(default_factory=list)  # of the tokens this text ends
 
 
 @dataclass
@@ -48,6 +52,33 @@ class Done:
     finish_reason: str  # stop, length, or cancelled
     stats: Stats
     text: str
+    probs: list[TokenProbs] = field(default_factory=list)  # of every token sent
+    tokens: list[int] = field(default_factory=list)  # every token generated
+    stopping_word: str = ""  # the stop string that ended it, if one did
+
+
+class Pending:
+    """Token probabilities waiting for their text: a token's go out with the piece that
+    completes its text (text held back for a stop string holds them back too); those of a
+    stop string's own tokens are never sent, as in llama-server."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[TokenProbs, int]] = []  # (probs, characters of its text)
+        self.sent = 0  # characters of the first item already sent
+
+    def add(self, probs: TokenProbs | None, n_chars: int) -> None:
+        if probs is not None:
+            self.items.append((probs, n_chars))
+
+    def take(self, n_chars: int) -> list[TokenProbs]:
+        """The probs of the tokens whose text the next n_chars characters complete."""
+        out, budget = [], self.sent + n_chars
+        while self.items and self.items[0][1] <= budget:
+            probs, n = self.items.pop(0)
+            out.append(probs)
+            budget -= n
+        self.sent = budget
+        return out
 
 
 @dataclass
@@ -65,13 +96,15 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.buf = ""
+        self.word = ""  # the stop string reached
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to emit, whether a stop string was reached)."""
         self.buf += text
-        hits = [i for i in (self.buf.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, s) for i, s in ((self.buf.find(s), s) for s in self.stops) if i >= 0]
         if hits:
-            out, self.buf = self.buf[:min(hits)], ""
+            i, self.word = min(hits)
+            out, self.buf = self.buf[:i], ""
             return out, True
         cut = max(len(self.buf) - self.hold, 0)
         out, self.buf = self.buf[:cut], self.buf[cut:]
@@ -120,6 +153,7 @@ class Generation:
         stats = Stats()
         stop = StopMatcher(job.stop)
         pieces: list[str] = []
+        pending, sent, tokens = Pending(), [], []
         finish = None
         gate = getattr(engine.target, "gate", None)
         if gate is not None:
@@ -134,12 +168,17 @@ class Generation:
                     if chunk.finish_reason is None and self._cancel.is_set():
                         finish = "cancelled"
                         break
+                    if chunk.token is not None:
+                        tokens.append(chunk.token)
+                    pending.add(chunk.probs, len(chunk.text))
                     text, hit = stop.feed(chunk.text)
                     if chunk.finish_reason is not None and not hit:  # the last chunk
                         text += stop.flush()
-                    if text:
+                    probs = pending.take(len(text))
+                    if text or probs:
                         pieces.append(text)
-                        self._push(Piece(text))
+                        sent += probs
+                        self._push(Piece(text, probs))
                     if hit:
                         finish = "stop"
                         break
@@ -148,7 +187,7 @@ class Generation:
             finish = finish or stats.finish_reason
             if self._on_done:
                 self._on_done(stats)
-            self._push(Done(finish, stats, "".join(pieces)))
+            self._push(Done(finish, stats, "".join(pieces), sent, tokens, stop.word))
         except BaseException as e:  # handed to the event loop, which answers the client
             self._push(e)
         finally:
