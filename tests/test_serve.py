@@ -225,7 +225,7 @@ def test_props_state_slots_and_template(server):
 @pytest.mark.parametrize("body,param", [
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}, "max_tokens"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 99999}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n"),
     ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "model": "gpt-4"}, "model"),
     ({"messages": [{"role": "user", "content": "hi"}], "frobnicate": 1}, "frobnicate"),

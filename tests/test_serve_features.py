@@ -221,3 +221,32 @@ def test_n_probs_and_post_sampling_probs_on_completion(server):
         for p in hot["completion_probabilities"]:
             tops = [t["prob"] for t in p["top_probs"]]
             assert 0 < p["prob"] <= 1 and len(tops) <= 4 and abs(sum(tops) - 1) < 1e-4
+
+
+# -- n choices (part 4) ------------------------------------------------------------------------
+
+def test_n_choices_each_with_its_own_seed_on_both_routes(server):
+    client = server.client()
+    r = chat(client, n=3, temperature=1.0, seed=7, max_tokens=16)
+    texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
+    assert [c.index for c in r.choices] == [0, 1, 2] and len(set(texts)) > 1
+    one = [chat(client, temperature=1.0, seed=7 + i, max_tokens=16).choices[0].message.content
+           for i in range(3)]
+    assert texts == one, "choice i is the answer with seed + i"
+    assert r.usage.completion_tokens == sum(
+        chat(client, temperature=1.0, seed=7 + i, max_tokens=16).usage.completion_tokens
+        for i in range(3))
+    c = client.completions.create(model="smollm2-f16", prompt="Once upon a time", n=2,
+                                  max_tokens=8, temperature=1.0, seed=3)
+    assert sorted(x.index for x in c.choices) == [0, 1]
+
+
+def test_n_choices_stream_with_their_indexes(server):
+    text: dict[int, str] = {}
+    finished = set()
+    for chunk in chat(server.client(), n=2, stream=True, max_tokens=12, temperature=0):
+        for c in chunk.choices:
+            text[c.index] = text.get(c.index, "") + (c.delta.content or "")
+            if c.finish_reason:
+                finished.add(c.index)
+    assert finished == {0, 1} and text[0] == text[1]  # greedy: the same answer twice

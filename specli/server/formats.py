@@ -33,6 +33,21 @@ def usage(s: Stats) -> dict:
                             "accept_rate": round(s.accept_rate, 4)}}
 
 
+def usage_of(dones: list[Done]) -> dict:
+    """The usage of n choices: the prompt once, every choice's completion."""
+    out = usage(dones[0].stats)
+    if len(dones) > 1:
+        n = sum(d.stats.n_predict for d in dones)
+        spec = out["speculative"]
+        spec["drafts"] = sum(d.stats.n_steps for d in dones)
+        spec["draft_n"] = sum(d.stats.n_drafted for d in dones)
+        spec["draft_n_accepted"] = sum(d.stats.n_accept for d in dones)
+        spec["accept_rate"] = round(spec["draft_n_accepted"] / spec["draft_n"], 4) \
+            if spec["draft_n"] else 0.0
+        out.update(completion_tokens=n, total_tokens=out["prompt_tokens"] + n)
+    return out
+
+
 def timings(s: Stats) -> dict:
     """llama-server's timings object, with the draft figures always present."""
     prompt_n = s.target.prompt_n + 1 if s.n_prompt else 0  # the last prompt token opens step 1
@@ -119,20 +134,21 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) -
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-# choice(text, finish_reason, logprobs) -> one choice of a chunk: chat's delta or
+# choice(text, finish_reason, logprobs, index) -> one choice of a chunk: chat's delta or
 # completion's text
-Choice = Callable[[str | None, str | None, dict | None], dict]
+Choice = Callable[[str | None, str | None, dict | None, int], dict]
 
 
 def chat_choice(text: str | None, finish_reason: str | None,
-                logprobs: dict | None = None) -> dict:
+                logprobs: dict | None = None, index: int = 0) -> dict:
     delta = {} if text is None else {"content": text}
-    return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+    return {"index": index, "delta": delta, "logprobs": logprobs,
+            "finish_reason": finish_reason}
 
 
 def text_choice(text: str | None, finish_reason: str | None,
-                logprobs: dict | None = None) -> dict:
-    return {"index": 0, "text": text or "", "logprobs": logprobs,
+                logprobs: dict | None = None, index: int = 0) -> dict:
+    return {"index": index, "text": text or "", "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 
@@ -150,25 +166,29 @@ def text_logprobs(gen: Generation, probs: list[TokenProbs], offset: int = 0) -> 
 
 
 async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage: bool,
-                        first: dict | None = None,
+                        first: list[dict] | None = None,
                         logprobs: Callable[[Generation, list, int], dict | None] | None = None,
                         ) -> AsyncIterator[str]:
-    """An OpenAI stream: an optional first chunk, one chunk per piece, the finish reason,
-    then (stream_options.include_usage) a chunk with no choices and the usage. logprobs
-    writes a piece's token probabilities (from the piece's offset in the text)."""
-    if first is not None:
-        yield data({**head, "choices": [first]})
-    offset = 0
+    """An OpenAI stream: optional first chunks (one per choice), one chunk per piece, each
+    choice's finish reason, then (stream_options.include_usage) a chunk with no choices and
+    the usage. logprobs writes a piece's token probabilities (from the piece's offset in its
+    choice's text)."""
+    for c in first or ():
+        yield data({**head, "choices": [c]})
+    offset: dict[int, int] = {}
+    dones: list[Done] = []
     async for ev in gen.events():
         if isinstance(ev, Piece):
-            lp = logprobs(gen, ev.probs, offset) if logprobs is not None else None
-            offset += len(ev.text)
-            yield data({**head, "choices": [choice(ev.text, None, lp)]})
+            at = offset.get(ev.index, 0)
+            lp = logprobs(gen, ev.probs, at) if logprobs is not None else None
+            offset[ev.index] = at + len(ev.text)
+            yield data({**head, "choices": [choice(ev.text, None, lp, ev.index)]})
         else:
-            yield data({**head, "choices": [choice(None, finish(ev), None)]})
-            if with_usage:
-                yield data({**head, "choices": [], "usage": usage(ev.stats),
-                            "timings": timings(ev.stats)})
+            dones.append(ev)
+            yield data({**head, "choices": [choice(None, finish(ev), None, ev.index)]})
+    if with_usage and dones:
+        yield data({**head, "choices": [], "usage": usage_of(dones),
+                    "timings": timings(dones[0].stats)})
 
 
 async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:

@@ -154,14 +154,14 @@ async def metrics(st: AppState) -> Response:
 
 async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
                   events: Callable[[Generation], AsyncIterator[str]],
-                  final: Callable[[str, Done, Generation], dict],
+                  final: Callable[[list[Done], Generation], dict],
                   done_marker: bool = True) -> Response:
-    """The one shape of a generation route: a slot, then a stream or the whole answer."""
+    """The one shape of a generation route: a slot, then a stream or the whole answer (a
+    Done per choice)."""
     gen = await _start(pool, job)
     if stream:
         return f.sse(events(gen), gen, done_marker)
-    text, done = await _collect(gen, request)
-    return JSONResponse(final(text, done, gen))
+    return JSONResponse(final(await _collect(gen, request), gen))
 
 
 @openai.post("/v1/chat/completions")
@@ -177,15 +177,16 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
                "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id}
-    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-             "finish_reason": None}
+    first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+              "finish_reason": None} for i in range(job.n)]
 
-    def final(text: str, done: Done, gen: Generation) -> dict:
+    def final(dones: list[Done], gen: Generation) -> dict:
         return {**head, "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": f.finish(done),
-                             "logprobs": f.chat_logprobs(gen, done.probs)}],
-                "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
+                "choices": [{"index": d.index,
+                             "message": {"role": "assistant", "content": d.text},
+                             "finish_reason": f.finish(d),
+                             "logprobs": f.chat_logprobs(gen, d.probs)} for d in dones],
+                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
         gen, {**head, "object": "chat.completion.chunk"}, f.chat_choice,
@@ -203,11 +204,11 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "object": "text_completion"}
 
-    def final(text: str, done: Done, gen: Generation) -> dict:
-        return {**head, "choices": [{"index": 0, "text": text,
-                                     "logprobs": f.text_logprobs(gen, done.probs),
-                                     "finish_reason": f.finish(done)}],
-                "usage": f.usage(done.stats), "timings": f.timings(done.stats)}
+    def final(dones: list[Done], gen: Generation) -> dict:
+        return {**head, "choices": [{"index": d.index, "text": d.text,
+                                     "logprobs": f.text_logprobs(gen, d.probs),
+                                     "finish_reason": f.finish(d)} for d in dones],
+                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
         gen, head, f.text_choice, _include_usage(body), logprobs=f.text_logprobs), final)
@@ -234,7 +235,8 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
     model = st.config.model_id
     return await _answer(request, pool, job, bool(body.stream),
                          lambda gen: f.llama_events(gen, model),
-                         lambda text, done, gen: f.llama_final(text, done, gen, model),
+                         lambda dones, gen: f.llama_final(dones[0].text, dones[0], gen,
+                                                          model),
                          done_marker=False)
 
 
@@ -302,19 +304,12 @@ def _message(m) -> dict:
     return d
 
 
-def _refuse_common(body: Sampling) -> None:
-    if body.n not in (None, 1):
-        raise refuse("n", "must be 1: one completion per request")
-
-
 def _refuse_chat(body: ChatRequest) -> None:
-    _refuse_common(body)
     if body.tools or body.tool_choice not in (None, "none"):
         raise refuse("tools")
 
 
 def _refuse_completion(body: CompletionRequest) -> None:
-    _refuse_common(body)
     if body.echo:
         raise refuse("echo")
     if body.suffix:
@@ -364,7 +359,8 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         grammar=grammar, n_probs=n_probs, post_sampling_probs=post)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
-    return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop)
+    return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop,
+               n=getattr(body, "n", None) or 1)
 
 
 def _grammar(st: State, body: Sampling) -> str | None:
@@ -453,8 +449,9 @@ async def _start(pool: SlotPool, job: Job) -> Generation:
     return pool.start(slot, job)
 
 
-async def _collect(gen: Generation, request: Request) -> tuple[str, Done]:
-    """The whole answer, cancelling the generation if the client goes away meanwhile."""
+async def _collect(gen: Generation, request: Request) -> list[Done]:
+    """The whole answer, a Done per choice, cancelling the generation if the client goes
+    away meanwhile."""
     async def watch() -> None:
         while not await request.is_disconnected():
             await asyncio.sleep(0.25)
@@ -462,9 +459,9 @@ async def _collect(gen: Generation, request: Request) -> tuple[str, Done]:
 
     watcher = asyncio.create_task(watch())
     try:
-        async for ev in gen.events():
-            if isinstance(ev, Done):
-                return ev.text, ev
-        raise APIError(500, "the generation ended without a result", "server_error")
+        dones = [ev async for ev in gen.events() if isinstance(ev, Done)]
+        if not dones:
+            raise APIError(500, "the generation ended without a result", "server_error")
+        return dones
     finally:
         watcher.cancel()

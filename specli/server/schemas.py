@@ -75,7 +75,7 @@ class Sampling(Transforms):
     stream_options: StreamOptions | None = None
     speculative: Speculative | bool | None = None
     # known, not served: refused with 400 when set to anything but their neutral value
-    n: int | None = None
+    n: Annotated[int, Field(ge=1, le=16)] | None = None  # choices, one after another
     user: str | None = None
 
 

@@ -16,7 +16,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specli.config import SamplingParams, SpecRequest
 from specli.engine import Engine
@@ -38,6 +38,7 @@ class Job:
     stop: Sequence[str] = ()
     cache_prompt: bool = True  # False: start from an empty cache (llama-server's cache_prompt)
     return_tokens: bool = False  # /completion: the generated ids in `tokens`
+    n: int = 1  # choices, generated one after another on the slot
     prompt_text: str = ""  # the prompt as the client gave it, for /completion's answer
 
 
@@ -45,6 +46,7 @@ class Job:
 class Piece:
     text: str
     probs: list[TokenProbs] = field(default_factory=list)  # of the tokens this text ends
+    index: int = 0  # the choice
 
 
 @dataclass
@@ -55,6 +57,7 @@ class Done:
     probs: list[TokenProbs] = field(default_factory=list)  # of every token sent
     tokens: list[int] = field(default_factory=list)  # every token generated
     stopping_word: str = ""  # the stop string that ended it, if one did
+    index: int = 0  # the choice
 
 
 class Pending:
@@ -133,7 +136,9 @@ class Generation:
         self._cancel.set()
 
     async def events(self) -> AsyncIterator[Piece | Done]:
-        """The text as it is generated, then Done; raises what the engine raised."""
+        """The text as it is generated, then a Done per choice; raises what the engine
+        raised. A cancelled choice is the last."""
+        n_done = 0
         try:
             while True:
                 item = await self._queue.get()
@@ -141,7 +146,9 @@ class Generation:
                     raise item
                 yield item
                 if isinstance(item, Done):
-                    return
+                    n_done += 1
+                    if n_done == self.job.n or item.finish_reason == "cancelled":
+                        return
         finally:
             self._cancel.set()  # the reader left (or finished): stop at the next token
 
@@ -150,49 +157,59 @@ class Generation:
 
     def _work(self) -> None:
         engine, job = self.slot.engine, self.job
-        stats = Stats()
-        stop = StopMatcher(job.stop)
-        pieces: list[str] = []
-        pending, sent, tokens = Pending(), [], []
-        finish = None
         gate = getattr(engine.target, "gate", None)
         if gate is not None:
             gate.enter()  # batched decodes wait for this slot while it runs
         try:
             if not job.cache_prompt:
                 engine.forget()
-            chunks = engine.stream(job.prompt, job.n_predict, job.sampling, job.speculative,
-                                   job.spec, stats)
-            try:
-                for chunk in chunks:  # one per token, then the last with the finish reason
-                    if chunk.finish_reason is None and self._cancel.is_set():
-                        finish = "cancelled"
-                        break
-                    if chunk.token is not None:
-                        tokens.append(chunk.token)
-                    pending.add(chunk.probs, len(chunk.text))
-                    text, hit = stop.feed(chunk.text)
-                    if chunk.finish_reason is not None and not hit:  # the last chunk
-                        text += stop.flush()
-                    probs = pending.take(len(text))
-                    if text or probs:
-                        pieces.append(text)
-                        sent += probs
-                        self._push(Piece(text, probs))
-                    if hit:
-                        finish = "stop"
-                        break
-            finally:
-                chunks.close()  # the engine's finally: caches rewound, stats complete
-            finish = finish or stats.finish_reason
-            if self._on_done:
-                self._on_done(stats)
-            self._push(Done(finish, stats, "".join(pieces), sent, tokens, stop.word))
+            for index in range(job.n):  # each choice in turn; the next reuses the prompt
+                sp = job.sampling
+                if index and sp.seed is not None:  # each choice its own seed
+                    sp = replace(sp, seed=(sp.seed + index) % 2**64)
+                if not self._choice(engine, job, sp, index):
+                    break
         except BaseException as e:  # handed to the event loop, which answers the client
             self._push(e)
         finally:
             if gate is not None:
                 gate.leave()
+
+    def _choice(self, engine: Engine, job: Job, sp: SamplingParams, index: int) -> bool:
+        """One choice, streamed as Pieces and ended by its Done; False if cancelled."""
+        stats = Stats()
+        stop = StopMatcher(job.stop)
+        pieces: list[str] = []
+        pending, sent, tokens = Pending(), [], []
+        finish = None
+        chunks = engine.stream(job.prompt, job.n_predict, sp, job.speculative, job.spec,
+                               stats)
+        try:
+            for chunk in chunks:  # one per token, then the last with the finish reason
+                if chunk.finish_reason is None and self._cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if chunk.token is not None:
+                    tokens.append(chunk.token)
+                pending.add(chunk.probs, len(chunk.text))
+                text, hit = stop.feed(chunk.text)
+                if chunk.finish_reason is not None and not hit:  # the last chunk
+                    text += stop.flush()
+                probs = pending.take(len(text))
+                if text or probs:
+                    pieces.append(text)
+                    sent += probs
+                    self._push(Piece(text, probs, index))
+                if hit:
+                    finish = "stop"
+                    break
+        finally:
+            chunks.close()  # the engine's finally: caches rewound, stats complete
+        finish = finish or stats.finish_reason
+        if self._on_done:
+            self._on_done(stats)
+        self._push(Done(finish, stats, "".join(pieces), sent, tokens, stop.word, index))
+        return finish != "cancelled"
 
 
 @dataclass
