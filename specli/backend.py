@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import llama_cpp as ll
@@ -480,8 +480,10 @@ class Model:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
         return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
 
-    def sync(self, tokens: Sequence[int]) -> int:
+    def sync(self, tokens: Sequence[int],
+             on_progress: Callable[[int, int], None] | None = None) -> int:
         """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.
+        on_progress(reused, in the cache now) is called before and after each batch.
 
         Returns how many tokens were reused."""
         n = 0
@@ -489,8 +491,15 @@ class Model:
         while n < limit and self.tokens[n] == tokens[n]:
             n += 1
         self.rewind(n)
-        if n < len(tokens):
-            self.decode(tokens[n:], logits="none")
+        if on_progress is None:
+            if n < len(tokens):
+                self.decode(tokens[n:], logits="none")
+            return n
+        on_progress(n, n)
+        for start in range(n, len(tokens), self.n_batch):
+            end = min(start + self.n_batch, len(tokens))
+            self.decode(tokens[start:end], logits="none")
+            on_progress(n, end)
         return n
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ runs, and a size limit on every string or list it builds (operators, method call
 from __future__ import annotations
 
 import re
+import secrets
 import sys
 import time
 from functools import lru_cache, wraps
@@ -151,11 +152,30 @@ def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
 
 def render_messages(template: str | None, messages: list[dict], bos: str = "",
                     eos: str = "", *, seconds: float | None = None,
-                    max_bytes: int | None = None) -> str:
+                    max_bytes: int | None = None, continue_final: bool = False) -> str:
     """A conversation through the model's template (ChatML when it has none), ready for the
-    assistant's reply. A template that fails, runs past `seconds` or builds anything larger
-    than RENDER_BYTES is a UsageError; output past `max_bytes` (what the context can hold) is
-    a ContextOverflowError."""
+    assistant's reply; with continue_final, ready to continue the final (assistant) message
+    where its text ends (a prefill), whatever the template puts after a turn. A template
+    that fails, runs past `seconds` or builds anything larger than RENDER_BYTES is a
+    UsageError; output past `max_bytes` (what the context can hold) is a
+    ContextOverflowError."""
+    if continue_final:
+        # render the last turn with a marker for its text, and cut where the marker is
+        last = str(messages[-1].get("content") or "")
+        marker = f"\x00specli-prefill-{secrets.token_hex(8)}\x00"
+        text = _render(template, [*messages[:-1], {**messages[-1], "content": marker}], bos,
+                       eos, seconds, max_bytes, add_generation_prompt=False)
+        at = text.find(marker)
+        if at < 0:
+            raise UsageError("the chat template drops the final assistant message: it cannot "
+                             "be continued", hint="end the conversation with a user message")
+        return text[:at] + last
+    return _render(template, messages, bos, eos, seconds, max_bytes)
+
+
+def _render(template: str | None, messages: list[dict], bos: str, eos: str,
+            seconds: float | None, max_bytes: int | None,
+            add_generation_prompt: bool = True) -> str:
     seconds = RENDER_SECONDS if seconds is None else seconds
     limit = RENDER_BYTES if max_bytes is None else max_bytes
     hint = "run without --chat and format the prompt yourself"
@@ -180,7 +200,8 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
     sys.settrace(on_call)
     try:
         parts, size = [], 0
-        for piece in compiled.generate(messages=messages, add_generation_prompt=True,
+        for piece in compiled.generate(messages=messages,
+                                       add_generation_prompt=add_generation_prompt,
                                        bos_token=bos, eos_token=eos):
             size += len(piece)
             if size > limit:

@@ -184,28 +184,40 @@ class Engine:
             return self.tokenize_messages([{"role": "user", "content": prompt}])
         return self.target.tokenize(self._fits(prompt))
 
-    def tokenize_messages(self, messages: list[dict]) -> list[int]:
+    def tokenize_messages(self, messages: list[dict], continue_final: bool = False) -> list[int]:
         """A conversation rendered with the target's chat template (sandboxed, within a time
         and size budget; ChatML when the file has none), tokenized with special tokens
         parsed. What cannot fit the context is refused before the full work: more messages
-        than the context has tokens, or more bytes than its tokens could spell."""
+        than the context has tokens, or more bytes than its tokens could spell.
+        continue_final: continue the final assistant message (a prefill)."""
+        text = self.render_messages(messages, continue_final)
+        bos = self.target.special_text("bos")
+        return self.target.tokenize(self._fits(text),
+                                    add_special=not (bos and text.startswith(bos)))
+
+    def render_messages(self, messages: list[dict], continue_final: bool = False) -> str:
+        """The conversation as the prompt text tokenize_messages tokenizes."""
         from specli.chat import render_messages
 
         n_ctx = self.target.n_ctx
         if len(messages) > n_ctx:
             raise ContextOverflowError(
                 f"{len(messages)} messages cannot fit a context of {n_ctx} tokens",
-                hint="send fewer messages or raise -c/--ctx-size")
+                hint="send fewer messages or raise -c/--ctx-size",
+                n_prompt_tokens=len(messages), n_ctx=n_ctx)
         bos = self.target.special_text("bos")
         # the context's own bound on the output when the contents could reach it; short ones
         # skip measuring the vocabulary (RENDER_BYTES still bounds the template)
         size = sum(len(str(m.get("content") or "")) for m in messages)
-        text = render_messages(self.target.chat_template(), messages, bos=bos,
-                               eos=self.target.special_text("eos"),
-                               max_bytes=n_ctx * self.target.max_token_bytes
-                               if size > n_ctx else None)
-        return self.target.tokenize(self._fits(text),
-                                    add_special=not (bos and text.startswith(bos)))
+        longest = self.target.max_token_bytes if size > n_ctx else None
+        try:
+            return render_messages(self.target.chat_template(), messages, bos=bos,
+                                   eos=self.target.special_text("eos"),
+                                   max_bytes=n_ctx * longest if longest else None,
+                                   continue_final=continue_final)
+        except ContextOverflowError as e:  # more bytes than n_ctx tokens can spell
+            e.n_prompt_tokens, e.n_ctx = n_ctx + 1, n_ctx  # a lower bound
+            raise
 
     def _fits(self, text: str) -> str:
         """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
@@ -218,18 +230,21 @@ class Engine:
             raise ContextOverflowError(
                 f"the prompt is {len(text)} characters: at most {longest} bytes a token, it "
                 f"cannot fit a context of {n_ctx} tokens", hint="shorten the prompt or raise "
-                "-c/--ctx-size")
+                "-c/--ctx-size", n_prompt_tokens=-(-len(text) // longest), n_ctx=n_ctx)
         return text
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
               speculative: bool = True, spec: SpecRequest | None = None,
-              probs: list[TokenProbs] | None = None) -> Iterator[tuple[int, bool]]:
+              probs: list[TokenProbs] | None = None,
+              progress: Callable[[dict], None] | None = None) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) for each emitted token; fills `stats` as it goes.
 
         n_predict < 0 means until an end-of-generation token or a full context. spec: this
         request's own draft types and lengths (the server's `speculative` object). probs:
         with sp.n_probs set, each token's TokenProbs is appended before the token is yielded.
+        progress: called with llama-server's prompt_progress (total, cache, processed,
+        time_ms) before and after each batch of the prompt.
         """
         tgt, policy = self.target, self.draft_params.overlay(spec)
         draft = self._source(spec) if speculative else None
@@ -240,7 +255,11 @@ class Engine:
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
         meter = _Meter(stats, tgt, draft.model if draft else None)
         with meter.prompt():
-            tgt.sync(prompt[:-1])  # the last prompt token opens the first verification batch
+            # the last prompt token opens the first verification batch
+            on_progress = _progress(progress, len(prompt)) if progress else None
+            n_reused = tgt.sync(prompt[:-1], on_progress)
+            if on_progress is not None and n_reused == len(prompt) - 1:
+                on_progress(n_reused, len(prompt))  # all cached: the last token remains
             if draft:
                 draft.begin(prompt)
         context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
@@ -336,19 +355,21 @@ class Engine:
         if len(prompt) >= self.target.n_ctx:
             raise ContextOverflowError(
                 f"prompt is {len(prompt)} tokens, the context holds {self.target.n_ctx}",
-                hint="raise -c/--ctx-size or shorten the prompt")
+                hint="raise -c/--ctx-size or shorten the prompt",
+                n_prompt_tokens=len(prompt), n_ctx=self.target.n_ctx)
 
     # -- layer 2: text ----------------------------------------------------------------------
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
                speculative: bool = True, spec: SpecRequest | None = None,
-               stats: Stats | None = None) -> Iterator[Chunk]:
+               stats: Stats | None = None,
+               progress: Callable[[dict], None] | None = None) -> Iterator[Chunk]:
         """Text as it is decoded (UTF-8 split across tokens is held back); the last chunk has
         the finish reason and the stats. Closing the stream early closes the loop at once
         (caches rewound, `stats` complete)."""
         stats = stats if stats is not None else Stats()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         probs: deque[TokenProbs] | None = deque() if sp.n_probs is not None else None
-        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec, probs)
+        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec, probs, progress)
         try:
             for token, _ in steps:  # a chunk per token, "" while UTF-8 is held back
                 yield Chunk(utf8.decode(self.target.token_bytes(token)), token=token,
@@ -459,6 +480,20 @@ class _Meter:
                 perf.eval_ms = 1e3 * secs
             s.t_target_decode_s = s.target.eval_ms / 1e3
             s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
+
+
+def _progress(report: Callable[[dict], None], total: int) -> Callable[[int, int], None]:
+    """sync's progress as llama-server reports it; the last prompt token, decoded at once by
+    the first verification, counts as processed with the rest."""
+    t0 = time.perf_counter()
+
+    def on_progress(cache: int, done: int) -> None:
+        report({"total": total, "cache": cache,
+                "processed": total if done >= total - 1 and done > cache else done,
+                # (llama-server's first report has processed == cache)
+                "time_ms": 1e3 * (time.perf_counter() - t0)})
+
+    return on_progress
 
 
 def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: list[int],

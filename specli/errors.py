@@ -27,7 +27,13 @@ class ModelPackageMissing(SpecliError):
 
 
 class ContextOverflowError(SpecliError):
-    """The prompt does not fit the context window."""
+    """The prompt does not fit the context window. n_prompt_tokens: its length in tokens, or
+    a lower bound where it was refused before tokenizing; n_ctx: the window."""
+
+    def __init__(self, message: str, hint: str | None = None, *, n_prompt_tokens: int = 0,
+                 n_ctx: int = 0):
+        super().__init__(message, hint)
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
 class BackendError(SpecliError):

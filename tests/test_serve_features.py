@@ -250,3 +250,54 @@ def test_n_choices_stream_with_their_indexes(server):
             if c.finish_reason:
                 finished.add(c.index)
     assert finished == {0, 1} and text[0] == text[1]  # greedy: the same answer twice
+
+
+# -- chat details (part 6) ---------------------------------------------------------------------
+
+def test_a_final_assistant_message_is_continued(server):
+    msgs = [{"role": "user", "content": PROMPT},
+            {"role": "assistant", "content": "Sure! 1. Monday\n2."}]
+    with server.http() as h:
+        prompt = h.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+        assert prompt.endswith("Sure! 1. Monday\n2.")  # no end of turn after the prefill
+        plain = h.post("/apply-template", json={"messages": msgs[:1]}).json()["prompt"]
+        assert prompt.startswith(plain)
+        r = h.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4}).json()
+        assert "Tuesday" in r["choices"][0]["message"]["content"]
+        same = h.post("/completion", json={"prompt": prompt, "n_predict": 4}).json()
+        assert same["content"] == r["choices"][0]["message"]["content"]
+        two = h.post("/v1/chat/completions", json={"messages": [*msgs, msgs[1]]})
+        assert two.status_code == 400 and "2 or more assistant" in two.json()["error"]["message"]
+        both_ = h.post("/v1/chat/completions", json={
+            "messages": msgs, "continue_final_message": True, "add_generation_prompt": True})
+        assert both_.status_code == 400
+
+
+def test_context_overflow_in_llama_servers_form(server):
+    many = [{"role": "system", "content": "Book"},
+            {"role": "user", "content": "What is the best book"}] * 100
+    with server.http() as h:
+        for stream in (False, True):
+            r = h.post("/v1/chat/completions", json={"messages": many, "stream": stream})
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["type"] == "exceed_context_size_error"
+            assert err["n_prompt_tokens"] > err["n_ctx"] == 1024 // 2
+
+
+def test_slots_timings_per_token_and_progress(server):
+    with server.http() as h:
+        slots = h.get("/slots").json()
+        assert [s["id"] for s in slots] == [0, 1] and slots[0]["n_ctx"] == 512
+        with h.stream("POST", "/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "This is a test " * 10}],
+                "max_tokens": 6, "stream": True, "timings_per_token": True,
+                "return_progress": True, "stream_options": {"include_usage": True}}) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
+    assert progress[0]["processed"] == progress[0]["cache"]
+    assert progress[-1]["processed"] == progress[-1]["total"] > 0
+    content = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert content and all("timings" in e for e in content)
+    assert events[-1]["usage"]["completion_tokens"] <= 6 and "timings" in events[-1]

@@ -39,6 +39,9 @@ def serve(
     metrics: Annotated[bool, typer.Option(
         "--metrics", help="Serve Prometheus metrics at /metrics.",
         envvar="LLAMA_ARG_ENDPOINT_METRICS", rich_help_panel=SERVER)] = False,
+    slots: Annotated[bool, typer.Option(
+        "--slots/--no-slots", help="Serve the slots' state at GET /slots.",
+        envvar="LLAMA_ARG_ENDPOINT_SLOTS", rich_help_panel=SERVER)] = True,
     timeout: Annotated[float, typer.Option(
         "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
         envvar="LLAMA_ARG_TIMEOUT", rich_help_panel=SERVER)] = 600.0,
@@ -97,7 +100,7 @@ def serve(
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
         sampling=sampling,
         n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), alias=alias,
-        metrics=metrics, timeout=timeout, max_queue=max_queue)
+        metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue)
     _run(config, host, port)
 
 

@@ -16,10 +16,20 @@ from specli.errors import BackendError, ContextOverflowError, SpecliError
 class APIError(Exception):
     def __init__(self, status: int, message: str, type: str = "invalid_request_error",
                  param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, extra: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.type = status, message, type
         self.param, self.code, self.headers = param, code, headers
+        self.extra = extra or {}  # more fields in the error object (llama-server's)
+
+
+def overflow(message: str, n_prompt_tokens: int, n_ctx: int,
+             param: str | None = None) -> APIError:
+    """A prompt the context cannot hold, in llama-server's form (its type, n_prompt_tokens
+    and n_ctx) with OpenAI's code."""
+    return APIError(400, message, "exceed_context_size_error", param=param,
+                    code="context_length_exceeded",
+                    extra={"n_prompt_tokens": n_prompt_tokens, "n_ctx": n_ctx})
 
 
 class _Ascii(JSONResponse):
@@ -32,9 +42,10 @@ class _Ascii(JSONResponse):
 
 def envelope(status: int, message: str, type: str = "invalid_request_error",
              param: str | None = None, code: str | int | None = None,
-             headers: dict[str, str] | None = None) -> JSONResponse:
+             headers: dict[str, str] | None = None, extra: dict | None = None) -> JSONResponse:
     return _Ascii({"error": {"message": message, "type": type, "param": param,
-                             "code": code}}, status_code=status, headers=headers)
+                             "code": code, **(extra or {})}}, status_code=status,
+                  headers=headers)
 
 
 def refuse(param: str, why: str = "is not supported by specli") -> APIError:
@@ -46,7 +57,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError) -> JSONResponse:
-        return envelope(e.status, e.message, e.type, e.param, e.code, e.headers)
+        return envelope(e.status, e.message, e.type, e.param, e.code, e.headers, e.extra)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -67,8 +78,10 @@ def install(app: FastAPI) -> None:
     async def specli_error(request: Request, e: SpecliError) -> JSONResponse:
         if isinstance(e, BackendError):
             return envelope(500, e.message, "server_error")
-        return envelope(400, e.message, code="context_length_exceeded"
-                        if isinstance(e, ContextOverflowError) else None)
+        if isinstance(e, ContextOverflowError):
+            o = overflow(e.message, e.n_prompt_tokens, e.n_ctx)
+            return envelope(400, o.message, o.type, code=o.code, extra=o.extra)
+        return envelope(400, e.message)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception) -> JSONResponse:

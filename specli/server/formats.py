@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import Response, StreamingResponse
 
 from specli.errors import BackendError, SpecliError
-from specli.server.slots import Done, Generation, Piece
+from specli.server.slots import Done, Generation, Piece, Progress
 from specli.stats import Stats
 from specli.verify import TokenProbs
 
@@ -178,11 +178,16 @@ async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage:
     offset: dict[int, int] = {}
     dones: list[Done] = []
     async for ev in gen.events():
-        if isinstance(ev, Piece):
+        if isinstance(ev, Progress):
+            yield data({**head, "choices": [], "prompt_progress": ev.progress})
+        elif isinstance(ev, Piece):
             at = offset.get(ev.index, 0)
             lp = logprobs(gen, ev.probs, at) if logprobs is not None else None
             offset[ev.index] = at + len(ev.text)
-            yield data({**head, "choices": [choice(ev.text, None, lp, ev.index)]})
+            chunk = {**head, "choices": [choice(ev.text, None, lp, ev.index)]}
+            if ev.stats is not None:
+                chunk["timings"] = timings(ev.stats)
+            yield data(chunk)
         else:
             dones.append(ev)
             yield data({**head, "choices": [choice(None, finish(ev), None, ev.index)]})
@@ -194,9 +199,14 @@ async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage:
 async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:
     sp = gen.job.sampling
     async for ev in gen.events():
-        if isinstance(ev, Piece):
+        if isinstance(ev, Progress):
+            yield data({"index": 0, "content": "", "tokens": [], "stop": False,
+                        "id_slot": gen.slot.id, "prompt_progress": ev.progress})
+        elif isinstance(ev, Piece):
             out = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
                    "id_slot": gen.slot.id}
+            if ev.stats is not None:
+                out["timings"] = timings(ev.stats)
             if sp.n_probs is not None and ev.probs:
                 out["completion_probabilities"] = probs_json(
                     gen.slot.engine.target, ev.probs, sp.post_sampling_probs)

@@ -22,7 +22,7 @@ from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_ty
 from specli.engine import spec_key
 from specli.errors import UsageError
 from specli.server import formats as f
-from specli.server.errors import APIError, envelope, refuse
+from specli.server.errors import APIError, envelope, overflow, refuse
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
     ChatRequest,
@@ -134,6 +134,26 @@ async def props(st: AppState, pool: Pool) -> dict:
     }
 
 
+@info.get("/slots")
+async def slots(st: AppState, pool: Pool) -> list:
+    """Each slot's state (llama-server's GET /slots, on unless --no-slots)."""
+    if not st.config.slots:
+        raise APIError(501, "This server does not support slots endpoint. Start it with "
+                       "`--slots`", "not_supported_error", code="not_supported")
+    c = st.config
+    return [{"id": s.id, "id_task": -1, "n_ctx": s.engine.target.n_ctx,
+             "speculative": c.draft is not None or bool(c.spec_types),
+             "is_processing": s.busy, "n_requests": s.n_requests,
+             "n_cached": len(s.engine.target.tokens),
+             "params": {"n_predict": c.n_predict, "temperature": c.sampling.temp,
+                        "top_k": c.sampling.top_k, "top_p": c.sampling.top_p,
+                        "min_p": c.sampling.min_p,
+                        "speculative.n_max": c.draft_params.n_max,
+                        "speculative.n_min": c.draft_params.n_min,
+                        "speculative.p_min": c.draft_params.p_min}}
+            for s in pool.slots]
+
+
 @info.get("/openapi.json", include_in_schema=False)
 async def openapi(request: Request) -> dict:
     return request.app.openapi()
@@ -170,15 +190,15 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     _refuse_chat(body)
     # rendering and tokenizing run off the event loop, within their bounds (engine.py)
     ids = await asyncio.to_thread(st.engine.tokenize_messages,
-                                  [_message(m) for m in body.messages])
+                                  [_message(m) for m in body.messages], _prefill(body))
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
                "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id}
-    first = [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-              "finish_reason": None} for i in range(job.n)]
+    first = [{"index": i, "delta": {"role": "assistant", "content": None},
+              "logprobs": None, "finish_reason": None} for i in range(job.n)]
 
     def final(dones: list[Done], gen: Generation) -> dict:
         return {**head, "object": "chat.completion",
@@ -225,6 +245,8 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
                            p_min=body.spec_p_min, type=body.spec_type)
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                         min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec,
+                        timings_per_token=body.timings_per_token,
+                        return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
     job = _job(st, sampling, ids, body.n_predict, "n_predict",
                n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
@@ -296,6 +318,31 @@ def _include_usage(body) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
 
 
+def _prefill(body: ChatRequest) -> bool:
+    """Whether the final assistant message is continued, as llama-server decides it."""
+    last = body.messages[-1].role
+    if body.continue_final_message and body.add_generation_prompt:
+        raise APIError(400, "Cannot set both add_generation_prompt and continue_final_message "
+                       "to true.", param="continue_final_message")
+    if body.continue_final_message and last != "assistant":
+        raise APIError(400, "continue_final_message needs the last message to be the "
+                       "assistant's", param="continue_final_message")
+    if body.continue_final_message is None and last == "assistant":
+        if len(body.messages) >= 2 and body.messages[-2].role == "assistant":
+            raise APIError(400, "Cannot have 2 or more assistant messages at the end of the "
+                           "list.", param="messages")
+        return True  # llama-server's prefill_assistant, whatever add_generation_prompt says
+    return bool(body.continue_final_message)
+
+
+@llama.post("/apply-template")
+async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
+    """The prompt a chat request would be given (llama-server's /apply-template)."""
+    text = await asyncio.to_thread(st.engine.render_messages,
+                                   [_message(m) for m in body.messages], _prefill(body))
+    return {"prompt": text}
+
+
 def _message(m) -> dict:
     d = m.model_dump(exclude_none=True)
     if isinstance(m.content, list):
@@ -342,9 +389,8 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     if not ids:
         raise APIError(400, "the prompt is empty", param="prompt")
     if len(ids) >= n_ctx:
-        raise APIError(400, f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per "
-                       "slot", param="messages" if n_param == "max_tokens" else "prompt",
-                       code="context_length_exceeded")
+        raise overflow(f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per slot",
+                       len(ids), n_ctx, "messages" if n_param == "max_tokens" else "prompt")
     s = c.sampling
     grammar = _grammar(st, body)
     sampling = SamplingParams(
@@ -360,7 +406,8 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop,
-               n=getattr(body, "n", None) or 1)
+               n=getattr(body, "n", None) or 1, return_progress=bool(body.return_progress),
+               timings_per_token=bool(body.timings_per_token))
 
 
 def _grammar(st: State, body: Sampling) -> str | None:

@@ -74,6 +74,8 @@ class Sampling(Transforms):
     stream: bool = False
     stream_options: StreamOptions | None = None
     speculative: Speculative | bool | None = None
+    timings_per_token: bool | None = None  # each streamed chunk carries the timings
+    return_progress: bool | None = None  # stream prompt_progress while the prompt runs
     # known, not served: refused with 400 when set to anything but their neutral value
     n: Annotated[int, Field(ge=1, le=16)] | None = None  # choices, one after another
     user: str | None = None
@@ -116,6 +118,9 @@ class ChatRequest(Sampling):
     tool_choice: str | dict | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    # a final assistant message is continued (llama-server's prefill; vLLM's flag for it)
+    continue_final_message: bool | None = None
+    add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(Sampling):
@@ -148,6 +153,8 @@ class LlamaCompletionRequest(Transforms):
     spec_p_min: Annotated[float | None, Field(ge=0.0, le=1.0,
                                               alias="speculative.p_min")] = None
     spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None
     n_probs: Annotated[int, Field(ge=0, le=100)] | None = None
     post_sampling_probs: bool | None = None
     return_tokens: bool | None = None

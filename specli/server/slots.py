@@ -13,6 +13,7 @@ engine's own try/finally.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,8 @@ class Job:
     cache_prompt: bool = True  # False: start from an empty cache (llama-server's cache_prompt)
     return_tokens: bool = False  # /completion: the generated ids in `tokens`
     n: int = 1  # choices, generated one after another on the slot
+    return_progress: bool = False  # Progress events while the prompt is evaluated
+    timings_per_token: bool = False  # each Piece carries the timings so far
     prompt_text: str = ""  # the prompt as the client gave it, for /completion's answer
 
 
@@ -47,6 +50,15 @@ class Piece:
     text: str
     probs: list[TokenProbs] = field(default_factory=list)  # of the tokens this text ends
     index: int = 0  # the choice
+    stats: Stats | None = None  # the generation's so far (timings_per_token)
+
+
+@dataclass
+class Progress:
+    """llama-server's prompt_progress: total, cache, processed, time_ms."""
+
+    progress: dict
+    index: int = 0
 
 
 @dataclass
@@ -135,7 +147,7 @@ class Generation:
     def cancel(self) -> None:
         self._cancel.set()
 
-    async def events(self) -> AsyncIterator[Piece | Done]:
+    async def events(self) -> AsyncIterator[Piece | Progress | Done]:
         """The text as it is generated, then a Done per choice; raises what the engine
         raised. A cancelled choice is the last."""
         n_done = 0
@@ -182,8 +194,9 @@ class Generation:
         pieces: list[str] = []
         pending, sent, tokens = Pending(), [], []
         finish = None
+        progress = (lambda p: self._push(Progress(p, index))) if job.return_progress else None
         chunks = engine.stream(job.prompt, job.n_predict, sp, job.speculative, job.spec,
-                               stats)
+                               stats, progress)
         try:
             for chunk in chunks:  # one per token, then the last with the finish reason
                 if chunk.finish_reason is None and self._cancel.is_set():
@@ -199,7 +212,8 @@ class Generation:
                 if text or probs:
                     pieces.append(text)
                     sent += probs
-                    self._push(Piece(text, probs, index))
+                    self._push(Piece(text, probs, index,
+                                     copy.deepcopy(stats) if job.timings_per_token else None))
                 if hit:
                     finish = "stop"
                     break

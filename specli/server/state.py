@@ -30,6 +30,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()
     alias: str | None = None
     metrics: bool = False
+    slots: bool = True  # GET /slots
     timeout: float = 600.0
     max_queue: int = 16
     max_body: int = MAX_BODY
