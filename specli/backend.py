@@ -333,6 +333,10 @@ class Model:
                  parse_special: bool = True) -> list[int]:
         return _tokenize(self._vocab, text, add_special, parse_special)
 
+    def dry(self, sp) -> Dry:
+        """llama.cpp's DRY sampler with the request's settings, over this vocabulary."""
+        return Dry(self, sp)
+
     def grammar(self, gbnf: str) -> Grammar:
         """A GBNF grammar's parse state over this vocabulary; UsageError if it is invalid."""
         return Grammar(self, gbnf)
@@ -555,6 +559,49 @@ class Grammar:
             data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(ids), -1, False)
         ll.llama_sampler_apply(self._s, ctypes.byref(arr))
         return np.isfinite(data["logit"])
+
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._s, token)
+
+    def close(self) -> None:
+        if getattr(self, "_s", None):
+            ll.llama_sampler_free(self._s)
+            self._s = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Dry:
+    """llama.cpp's DRY sampler ("don't repeat yourself"): penalizes the token that would
+    extend a repetition of what it has accepted. `apply` returns the row changed; `fork`
+    copies the state for a draft or a verification to walk ahead."""
+
+    def __init__(self, model: Model | None, sp=None, _handle=None):
+        if _handle is None:
+            breakers = [b.encode() for b in sp.dry_sequence_breakers]
+            arr = (ctypes.c_char_p * max(len(breakers), 1))(*breakers)
+            n_last = sp.dry_penalty_last_n if sp.dry_penalty_last_n >= 0 else model.n_ctx
+            _handle = ll.llama_sampler_init_dry(model._vocab, sp.dry_multiplier, sp.dry_base,
+                                                sp.dry_allowed_length, n_last, arr,
+                                                len(breakers))
+            if not _handle:
+                raise UsageError("llama.cpp refused the DRY settings")
+        self._s = _handle
+
+    def fork(self) -> Dry:
+        return Dry(None, _handle=ll.llama_sampler_clone(self._s))
+
+    def apply(self, row: np.ndarray) -> np.ndarray:
+        data = np.zeros(row.shape[0], dtype=_TOKEN_DATA)
+        data["id"] = np.arange(row.shape[0])
+        data["logit"] = row
+        arr = ll.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), row.shape[0], -1, False)
+        ll.llama_sampler_apply(self._s, ctypes.byref(arr))
+        out = np.empty_like(row)
+        out[data["id"]] = data["logit"]  # (it does not reorder; this holds if it did)
+        return out
 
     def accept(self, token: int) -> None:
         ll.llama_sampler_accept(self._s, token)

@@ -43,6 +43,12 @@ class SamplingParams:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # DRY (llama.cpp's "don't repeat yourself"): off while dry_multiplier is 0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # -1: the whole context
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
     grammar: str | None = None  # GBNF; every token, drafted or sampled, must fit it
     # report each token's probability and the n_probs most likely (None: none); from the
     # target's own row, or after the sampling chain (post_sampling_probs)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import loadable, pairing
-from specli.backend import Grammar, Model, check_placement
+from specli.backend import Model, check_placement
 from specli.batching import Gate, SharedContext
 from specli.config import (
     SPEC_TYPES,
@@ -40,14 +40,14 @@ from specli.drafts import (
     Proposal,
     VerifyCost,
 )
-from specli.drafts.base import grammar_kw
+from specli.drafts.base import rules_kw
 from specli.errors import BackendError, ContextOverflowError, UsageError
+from specli.rules import Rules
 from specli.stats import ModelPerf, Stats
 from specli.verify import (
     NonFinite,
     NoToken,
     TokenProbs,
-    grammar_mask,
     need_for,
     sampled_probs,
     sampling_dist,
@@ -249,7 +249,7 @@ class Engine:
         tgt, policy = self.target, self.draft_params.overlay(spec)
         draft = self._source(spec) if speculative else None
         self._check(prompt, sp)
-        grammar = tgt.grammar(sp.grammar) if sp.grammar else None  # parsed before any work
+        rules = Rules.start(tgt, sp, prompt)  # a grammar is parsed before any work
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
@@ -272,7 +272,7 @@ class Engine:
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats, grammar, probs)
+                                                        stats, rules, probs)
                     for i, t in enumerate(tokens):
                         context.append(t)
                         stats.n_predict += 1
@@ -284,35 +284,35 @@ class Engine:
             finally:
                 if draft:
                     draft.end()
-                if grammar is not None:
-                    grammar.close()
+                if rules is not None:
+                    rules.close()
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,
-              grammar: Grammar | None = None,
+              rules: Rules | None = None,
               probs: list[TokenProbs] | None = None) -> tuple[list[int], int, bool]:
         """One speculative step: (tokens to emit, how many of them the draft proposed, whether
         the target ended the generation). Whatever happens, both caches end at a committed
         length: the accepted prefix on success, the previous one on an exception (a failed
-        decode, a closed stream). A grammar moves past the tokens emitted."""
+        decode, a closed stream). The rules (DRY, grammar) move past the tokens emitted."""
         n_past = n_keep = len(context) - 1
         n_min = max(policy.n_min, 1)
         try:
             # 1. propose; a draft shorter than --draft-min is not worth a verification; with a
             # grammar, a proposal is cut before its first token the grammar refuses
             proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
-                                      **grammar_kw(grammar))
+                                      **rules_kw(rules))
                         if draft and k >= n_min else Proposal())
-            if grammar is not None and proposal.tokens:
-                proposal = _fit(proposal, grammar)
+            if rules is not None and rules.grammar is not None and proposal.tokens:
+                proposal = _fit(proposal, rules)
             drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            row = _rows(rows, sp, context, drafted, grammar)
+            row = _rows(rows, sp, context, drafted, rules)
             n_acc, token = verify(drafted, proposal.q if drafted else None, row, sp, rng)
-            if grammar is not None and not self.target.is_eog(token):
-                grammar.accept(token)  # _rows moved it past the accepted drafted tokens
+            if rules is not None and not self.target.is_eog(token):
+                rules.accept(token)  # _rows moved them past the accepted drafted tokens
             n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
                                  if self.target.is_eog(t)), (n_acc, token))
             if probs is not None and sp.n_probs is not None:
@@ -497,17 +497,18 @@ def _progress(report: Callable[[dict], None], total: int) -> Callable[[int, int]
 
 
 def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: list[int],
-          grammar: Grammar | None = None) -> Callable[[int], np.ndarray]:
+          rules: Rules | None = None) -> Callable[[int], np.ndarray]:
     """Row i of a verification batch as the sampler sees it: transformed with the history it
-    follows (the context and the first i drafted tokens), then masked by the grammar. verify
-    asks for row i only once drafted[i - 1] is accepted: the grammar moves past it then."""
-    if not sp.transforms and grammar is None:
+    follows (the context and the first i drafted tokens), then through the rules (DRY, the
+    grammar's mask). verify asks for row i only once drafted[i - 1] is accepted: the rules
+    move past it then."""
+    if not sp.transforms and rules is None:
         return rows.__getitem__
     n = sp.repeat_last_n
     tail = context if n < 0 else context[-n:] if n > 0 else []
     need = need_for(sp, rows.shape[1])
 
-    moved = 0  # drafted tokens the grammar has moved past
+    moved = 0  # drafted tokens the rules have moved past
     done: dict[int, np.ndarray] = {}  # a row asked for again is the same row
 
     def row(i: int) -> np.ndarray:
@@ -515,11 +516,11 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: lis
         if i in done:
             return done[i]
         r = transform(rows[i], sp, [*tail, *drafted[:i]])
-        if grammar is not None:
+        if rules is not None:
             for t in drafted[moved:i]:
-                grammar.accept(t)
+                rules.accept(t)
             moved = max(moved, i)
-            r = grammar_mask(r, grammar.allowed, need)
+            r = rules.apply(r, need)
         done[i] = r
         return r
 
@@ -536,13 +537,13 @@ def _probs(raw: np.ndarray, row: Callable[[int], np.ndarray], i: int, token: int
     return sampled_probs(sampling_dist(row(i), sp, i), token, sp.n_probs)
 
 
-def _fit(proposal: Proposal, grammar: Grammar) -> Proposal:
+def _fit(proposal: Proposal, rules: Rules) -> Proposal:
     """The proposal up to its first token the grammar refuses (checked on a fork)."""
-    g = grammar.fork()
+    g = rules.fork()
     try:
         n = 0
         for t in proposal.tokens:
-            if not g.allowed(np.array([t]))[0]:
+            if not g.allows(t):
                 break
             g.accept(t)
             n += 1

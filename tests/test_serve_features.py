@@ -301,3 +301,11 @@ def test_slots_timings_per_token_and_progress(server):
     content = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
     assert content and all("timings" in e for e in content)
     assert events[-1]["usage"]["completion_tokens"] <= 6 and "timings" in events[-1]
+
+
+def test_dry_on_the_server_keeps_the_text_exact(server):
+    client = server.client()
+    base = both(client, max_tokens=60)
+    dry = both(client, max_tokens=60, extra_body={"dry_multiplier": 2.0,
+                                                  "dry_allowed_length": 1})
+    assert dry != base

@@ -173,3 +173,47 @@ def test_the_check_catches_an_untransformed_target(monkeypatch):
                         rows.__getitem__)
     seen, _ = runs(e, prompt, 3, SP)
     assert set(seen) - set(expected) or chi_square(seen, expected, N_SEEDS) < 0.01
+
+
+# -- DRY: llama.cpp's own sampler, stateful, forked for drafts and verification --------------
+
+DRY = {"dry_multiplier": 1.5, "dry_base": 1.75, "dry_allowed_length": 2,
+       "dry_penalty_last_n": -1}
+
+
+def test_dry_penalizes_the_token_that_extends_a_repetition(f32):
+    from specli.backend import Model
+
+    m = Model(ModelParams(f32, n_ctx=256))
+    try:
+        ids = m.tokenize("one two three four five one two three four", add_special=False)
+        dry = m.dry(SamplingParams(**DRY))
+        for t in ids:
+            dry.accept(t)
+        row = np.zeros(m.n_vocab, dtype=np.float32)
+        out = dry.apply(row)
+        nxt = ids[ids.index(ids[-1]) + 1]  # what followed "four" the first time
+        assert out[nxt] < -1.0 and np.count_nonzero(out) == 1
+        fork = dry.fork()
+        fork.accept(nxt)
+        assert np.count_nonzero(dry.apply(row)) == 1, "the fork leaves the state alone"
+        fork.close()
+        dry.close()
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("types", [(), ("ngram-simple",)])
+def test_dry_keeps_greedy_speculation_exact(f32, q4_1, types):
+    e = Engine.load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+                    DraftParams(n_max=6), spec_types=types)
+    try:
+        prompt = e.tokenize("Repeat after me ten times: I like green apples.", chat=True)
+        base = e.complete(prompt, 48, SamplingParams(temp=0.0), speculative=False)
+        sp = SamplingParams(temp=0.0, **DRY)
+        plain = e.complete(prompt, 48, sp, speculative=False)
+        fast = e.complete(prompt, 48, sp)
+        assert fast.tokens == plain.tokens != base.tokens
+        assert fast.stats.n_accept > 0
+    finally:
+        e.close()

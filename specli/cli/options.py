@@ -290,6 +290,23 @@ def _sampling_flags(
         "--frequency-penalty", help="Subtracted per occurrence in the last n; 0 disables.",
         envvar="LLAMA_ARG_FREQUENCY_PENALTY", rich_help_panel=SAMPLING)] =
         _SP.frequency_penalty,
+    dry_multiplier: Annotated[float, typer.Option(
+        "--dry-multiplier", help="DRY repetition penalty multiplier; 0.0 disables.",
+        envvar="LLAMA_ARG_DRY_MULTIPLIER", rich_help_panel=SAMPLING)] = _SP.dry_multiplier,
+    dry_base: Annotated[float, typer.Option(
+        "--dry-base", help="DRY base value.", envvar="LLAMA_ARG_DRY_BASE",
+        rich_help_panel=SAMPLING)] = _SP.dry_base,
+    dry_allowed_length: Annotated[int, typer.Option(
+        "--dry-allowed-length", help="DRY: repetitions longer than this are penalized.",
+        envvar="LLAMA_ARG_DRY_ALLOWED_LENGTH", rich_help_panel=SAMPLING)] =
+        _SP.dry_allowed_length,
+    dry_penalty_last_n: Annotated[int, typer.Option(
+        "--dry-penalty-last-n", help="DRY: tokens to scan; 0 disables, -1 the context.",
+        envvar="LLAMA_ARG_DRY_PENALTY_LAST_N", rich_help_panel=SAMPLING)] =
+        _SP.dry_penalty_last_n,
+    dry_sequence_breaker: Annotated[list[str] | None, typer.Option(
+        "--dry-sequence-breaker", help="DRY sequence breaker, replacing the defaults; "
+        "repeatable; 'none' for none.", rich_help_panel=SAMPLING)] = None,
     logit_bias: Annotated[list[str] | None, typer.Option(
         "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
         help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-inf; repeatable.",
@@ -306,11 +323,21 @@ def _sampling_flags(
             raise UsageError(f"{name} must be a finite number, got {v}")
     if repeat_last_n < -1:
         raise UsageError(f"--repeat-last-n must be -1 or more, got {repeat_last_n}")
+    if not (math.isfinite(dry_multiplier) and dry_multiplier >= 0):
+        raise UsageError(f"--dry-multiplier must be 0 or more, got {dry_multiplier}")
+    if not math.isfinite(dry_base) or dry_allowed_length < 0 or dry_penalty_last_n < -1:
+        raise UsageError("--dry-base must be finite, --dry-allowed-length 0 or more and "
+                         "--dry-penalty-last-n -1 or more")
+    breakers = _SP.dry_sequence_breakers if dry_sequence_breaker is None else () \
+        if dry_sequence_breaker == ["none"] else tuple(dry_sequence_breaker)
     return config.SamplingParams(
         temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=None if seed < 0 else seed,
         logit_bias=tuple(_logit_bias(v) for v in logit_bias or ()),
         repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty)
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        dry_multiplier=dry_multiplier, dry_base=dry_base if dry_base >= 1 else _SP.dry_base,
+        dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
+        dry_sequence_breakers=breakers)
 
 
 def _logit_bias(value: str) -> tuple[int, float]:

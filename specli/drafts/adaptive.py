@@ -18,10 +18,10 @@ import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
 from specli.cost import CostModel
-from specli.drafts.base import DraftSource, Proposal, grammar_kw
+from specli.drafts.base import DraftSource, Proposal, rules_kw
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar
+    from specli.rules import Rules
 
 DECAY = 0.95  # weight of the past per observation: about the last 20 steps count
 # the prior cost of each extra token in a verification batch, relative to a batch of one
@@ -122,10 +122,10 @@ class Adaptive:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         self.k = self.best_k(k)
         t0 = self._clock()
-        p = self.source.propose(context, self.k, sp, rng, policy, **grammar_kw(grammar))
+        p = self.source.propose(context, self.k, sp, rng, policy, **rules_kw(rules))
         t1 = self._clock()
         if p.tokens:
             self._t_token = DECAY * self._t_token + (1 - DECAY) * (t1 - t0) / len(p.tokens)

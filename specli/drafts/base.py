@@ -12,7 +12,8 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.verify import Dist
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar, Model
+    from specli.backend import Model
+    from specli.rules import Rules
 
 
 @dataclass
@@ -37,11 +38,12 @@ class DraftSource(Protocol):
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         """Propose up to k tokens to follow `context` (all committed tokens). policy: this
         step's (p_min for a draft model; a chain gives each source its own k from it).
-        grammar: the committed parse state, if the output is constrained; a source may draft
-        within it (on a fork); the engine cuts any proposal at its first refused token."""
+        rules: the committed DRY and grammar state, if the request has them; a source may
+        draft within them (on a fork); the engine cuts any proposal at its first token the
+        grammar refuses."""
 
     def rewind(self, n_keep: int) -> None:
         """Forget any state past the first n_keep tokens of the context."""
@@ -53,7 +55,7 @@ class DraftSource(Protocol):
         """The generation is over (finished, failed or abandoned): flush what was learnt."""
 
 
-def grammar_kw(grammar: Grammar | None) -> dict:
-    """The grammar keyword, only when there is one: a source written before grammars
-    existed keeps working for requests without one."""
-    return {} if grammar is None else {"grammar": grammar}
+def rules_kw(rules: Rules | None) -> dict:
+    """The rules keyword, only when there are rules: a source written before them keeps
+    working for requests without any."""
+    return {} if rules is None else {"rules": rules}

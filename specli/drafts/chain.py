@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import DraftSource, Proposal, grammar_kw
+from specli.drafts.base import DraftSource, Proposal, rules_kw
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar
+    from specli.rules import Rules
 
 
 class Chain:
@@ -33,11 +33,11 @@ class Chain:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         self._last = None
         policy = policy or DraftPolicy()
         for s in self.sources:
-            p = s.propose(context, policy.k_for(s, k), sp, rng, policy, **grammar_kw(grammar))
+            p = s.propose(context, policy.k_for(s, k), sp, rng, policy, **rules_kw(rules))
             if p.tokens:
                 self._last = s
                 return p

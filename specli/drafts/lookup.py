@@ -22,7 +22,7 @@ from specli.drafts.base import Proposal
 from specli.errors import SpecliError
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar
+    from specli.rules import Rules
 
 NGRAM_MIN, NGRAM_MAX, NGRAM_STATIC = 1, 4, 2  # LLAMA_NGRAM_MIN / _MAX / _STATIC
 NULL = -1  # LLAMA_TOKEN_NULL pads n-grams shorter than NGRAM_MAX
@@ -297,7 +297,7 @@ class NgramCache:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         self._learn(context)
         tokens = draft(context, k, self.context, self.dynamic, self.static)
         return Proposal(tokens, source=self.name)

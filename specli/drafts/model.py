@@ -11,8 +11,9 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar, Model
-from specli.verify import NoToken, finite_argmax, grammar_mask, need_for, sampling_dist, transform
+    from specli.backend import Model
+    from specli.rules import Rules
+from specli.verify import NoToken, finite_argmax, need_for, sampling_dist, transform
 
 # llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
 _DRAFT_TOP_K = 10
@@ -43,7 +44,7 @@ class ModelDraft:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         m = self.model
         p_min = policy.p_min if policy is not None else 0.0
         k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
@@ -61,7 +62,7 @@ class ModelDraft:
             new = new[1:]
         logits = m.decode(new, logits="last")[0, : self.n_vocab]
         out = Proposal(q=None if sp.greedy else [], source=self.name)
-        g = grammar.fork() if grammar is not None else None
+        g = rules.fork() if rules is not None else None
         try:
             return self._draft(logits, out, context, k, sp, rng, p_min, g)
         except NoToken:  # the grammar allows nothing the draft knows: propose what it has
@@ -72,14 +73,14 @@ class ModelDraft:
 
     def _draft(self, logits: np.ndarray, out: Proposal, context: Sequence[int], k: int,
                sp: SamplingParams, rng: np.random.Generator, p_min: float,
-               g: Grammar | None) -> Proposal:
+               g: Rules | None) -> Proposal:
         m = self.model
         while True:
-            # the target's transforms (logit bias, penalties, grammar) on the draft's row
+            # the target's transforms (logit bias, penalties, DRY, grammar) on the draft's row
             # too, so that q is the draft's distribution under the same rules
             logits = transform(logits, sp, [*context, *out.tokens])
             if g is not None:
-                logits = grammar_mask(logits, g.allowed, need_for(sp, logits.shape[0]))
+                logits = g.apply(logits, need_for(sp, logits.shape[0]))
             if sp.greedy:
                 token = finite_argmax(logits)
                 if p_min > 0.0 and _top_p(logits) < p_min:

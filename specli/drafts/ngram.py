@@ -11,7 +11,7 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar
+    from specli.rules import Rules
 
 
 class NgramSimple:
@@ -38,7 +38,7 @@ class NgramSimple:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         n, m = self.size_n, self.size_m
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len <= n + m + 1:
@@ -123,7 +123,7 @@ class NgramMod:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         n = self.n
         self._n_draft_last = 0
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token

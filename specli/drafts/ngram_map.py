@@ -13,7 +13,7 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
 
 if TYPE_CHECKING:
-    from specli.backend import Grammar
+    from specli.rules import Rules
 
 MAX_VALUES = 4  # COMMON_NGRAM_MAX_VALUES: continuations remembered per key
 MAX_COUNT = 16380  # COMMON_NGRAM_MAX_VALUE_COUNT
@@ -104,7 +104,7 @@ class NgramMap:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                grammar: Grammar | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal:
         self._last = None
         self._history = context
         n, m = self.n, self.m

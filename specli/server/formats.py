@@ -247,6 +247,10 @@ def settings(job) -> dict:
             "frequency_penalty": sp.frequency_penalty,
             "logit_bias": [{"token": t, "bias": b if math.isfinite(b) else False}
                            for t, b in sp.logit_bias],
+            "dry_multiplier": sp.dry_multiplier, "dry_base": sp.dry_base,
+            "dry_allowed_length": sp.dry_allowed_length,
+            "dry_penalty_last_n": sp.dry_penalty_last_n,
+            "dry_sequence_breakers": list(sp.dry_sequence_breakers),
             "n_probs": sp.n_probs or 0, "post_sampling_probs": sp.post_sampling_probs,
             "grammar": sp.grammar or "", "stop": list(job.stop),
             "speculative": job.speculative,

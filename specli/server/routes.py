@@ -402,6 +402,12 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
         presence_penalty=_first(body.presence_penalty, s.presence_penalty),
         frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty),
+        dry_multiplier=_first(body.dry_multiplier, s.dry_multiplier),
+        dry_base=s.dry_base if body.dry_base is None or body.dry_base < 1 else body.dry_base,
+        dry_allowed_length=_first(body.dry_allowed_length, s.dry_allowed_length),
+        dry_penalty_last_n=_first(body.dry_penalty_last_n, s.dry_penalty_last_n),
+        dry_sequence_breakers=s.dry_sequence_breakers if body.dry_sequence_breakers is None
+        else tuple(body.dry_sequence_breakers),
         grammar=grammar, n_probs=n_probs, post_sampling_probs=post)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)

@@ -56,6 +56,11 @@ class Transforms(Strict):
     repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
+    dry_multiplier: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    dry_base: Finite | None = None  # below 1: the default, as llama-server reads it
+    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
+    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
+    dry_sequence_breakers: Annotated[list[str], Field(max_length=64)] | None = None
     # constrained output (llama-server's): a GBNF grammar, or a JSON schema turned into one
     grammar: Annotated[str, Field(max_length=1 << 20)] | None = None
     json_schema: dict | None = None
