@@ -109,6 +109,8 @@ def test_penalties_change_the_text_and_keep_it_exact(server):
     ({"logit_bias": {"5": "up"}}, "logit_bias"),
     ({"repeat_penalty": 0}, "repeat_penalty"),
     ({"repeat_last_n": -2}, "repeat_last_n"),
+    ({"mirostat": 2}, "mirostat"),
+    ({"xtc_probability": 0.5}, "xtc_probability"),
 ])
 def test_bad_transforms_are_a_400_naming_the_parameter(server, body, param):
     with server.http() as h:
@@ -309,3 +311,52 @@ def test_dry_on_the_server_keeps_the_text_exact(server):
     dry = both(client, max_tokens=60, extra_body={"dry_multiplier": 2.0,
                                                   "dry_allowed_length": 1})
     assert dry != base
+
+
+def test_samplers_specli_lacks_are_accepted_at_their_neutral_values(server):
+    """What llama.cpp front-ends send by default must not be refused."""
+    with server.http() as h:
+        r = h.post("/completion", json={"prompt": "Hi", "n_predict": 2, "mirostat": 0,
+                                        "typical_p": 1.0, "xtc_probability": 0.0,
+                                        "top_n_sigma": -1.0, "dynatemp_range": 0.0})
+    assert r.status_code == 200, r.text
+
+
+# -- slots and prompt forms (parts 5 and 6) ----------------------------------------------------
+
+def test_a_prompt_goes_to_the_slot_that_holds_its_prefix(server):
+    with server.http() as h:
+        first = h.post("/completion", json={"prompt": PROMPT + " Then the months.",
+                                            "n_predict": 2}).json()
+        for _ in range(3):  # whichever slot is least used, the cache decides
+            again = h.post("/completion", json={"prompt": PROMPT + " Then the months.",
+                                                "n_predict": 2}).json()
+            assert again["id_slot"] == first["id_slot"]
+            assert again["timings"]["cache_n"] == again["tokens_evaluated"] - 1
+        other = 1 - first["id_slot"]
+        r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 2, "id_slot": other})
+        assert r.json()["id_slot"] == other
+        bad = h.post("/completion", json={"prompt": PROMPT, "id_slot": 7})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "id_slot"
+
+
+def test_llama_servers_prompt_forms(server):
+    with server.http() as h:
+        ids = h.post("/tokenize", json={"content": PROMPT, "add_special": True}).json()[
+            "tokens"]
+        one = h.post("/completion", json={"prompt": ids, "n_predict": 4}).json()
+        batch = h.post("/completion", json={"prompt": [ids, PROMPT, {"prompt_string": PROMPT}],
+                                            "n_predict": 4}).json()
+        assert [b["index"] for b in batch] == [0, 1, 2]
+        assert {b["content"] for b in batch} == {one["content"]}
+        mixed = h.post("/completion", json={"prompt": [*ids[:3], " the week", 13],
+                                            "n_predict": 2})
+        assert mixed.status_code == 200 and isinstance(mixed.json()["content"], str)
+        media = h.post("/completion", json={"prompt": {"prompt_string": "<__media__>",
+                                                       "multimodal_data": ["AAAA"]}})
+        assert media.status_code == 400
+        n = h.post("/v1/chat/completions/input_tokens", json={
+            "messages": [{"role": "user", "content": PROMPT}]}).json()["input_tokens"]
+        usage = h.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}).json()["usage"]
+        assert n == usage["prompt_tokens"]

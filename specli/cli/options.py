@@ -378,6 +378,8 @@ class Resources:
     ctkd: str | None = None
     ctvd: str | None = None
     flash_attn: str = "auto"
+    batch: int = 2048
+    ubatch: int = 512
 
     def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
                      gpu: GpuFlags | None = None,
@@ -387,7 +389,8 @@ class Resources:
         target = config.ModelParams(
             path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
             n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
-            flash_attn=self.flash_attn, verbose=verbose)
+            flash_attn=self.flash_attn, verbose=verbose, n_batch=self.batch,
+            n_ubatch=self.ubatch)
         if model_draft is None:
             return gpu.apply(target, None)
         td = self.threads_draft or self.threads
@@ -443,15 +446,24 @@ def _resource_flags(
     flash_attn: Annotated[FlashAttn, _res_opt(
         "-fa", "--flash-attn", help="Flash attention (llama.cpp's default: auto).",
         envvar="LLAMA_ARG_FLASH_ATTN")] = FlashAttn.auto,
+    batch_size: Annotated[int, _res_opt(
+        "-b", "--batch-size", help="Logical batch size: the most tokens one decode takes.",
+        envvar="LLAMA_ARG_BATCH")] = 2048,
+    ubatch_size: Annotated[int, _res_opt(
+        "-ub", "--ubatch-size", help="Physical batch size.",
+        envvar="LLAMA_ARG_UBATCH")] = 512,
 ) -> Resources:
     if ctx_size < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
     if threads < 1:
         raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    if batch_size < 2 or ubatch_size < 1:  # a verification needs room for a drafted token
+        raise UsageError(f"-b/--batch-size must be at least 2 and -ub/--ubatch-size at least "
+                         f"1, got {batch_size} and {ubatch_size}")
     return Resources(ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
                      threads_draft, threads_batch, threads_batch_draft, cache_type_k,
                      cache_type_v, cache_type_k_draft, cache_type_v_draft,
-                     FlashAttn(flash_attn).value)
+                     FlashAttn(flash_attn).value, batch_size, ubatch_size)
 
 
 RESOURCE_FLAGS = Group(_resource_flags)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import os
 import re
 import time
@@ -28,6 +29,7 @@ from specli.server.schemas import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    JsonPrompt,
     LlamaCompletionRequest,
     Sampling,
     Speculative,
@@ -213,6 +215,15 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
         _include_usage(body), first, lambda g, probs, _: f.chat_logprobs(g, probs)), final)
 
 
+@openai.post("/v1/chat/completions/input_tokens")
+@openai.post("/chat/completions/input_tokens", include_in_schema=False)
+async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict:
+    """How many tokens the chat request's prompt is (llama-server's)."""
+    ids = await asyncio.to_thread(st.engine.tokenize_messages,
+                                  [_message(m) for m in body.messages], _prefill(body))
+    return {"input_tokens": len(ids)}
+
+
 @openai.post("/v1/completions")
 @openai.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, request: Request, st: AppState,
@@ -237,7 +248,41 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
 @llama.post("/completion")
 async def completion(body: LlamaCompletionRequest, request: Request, st: AppState,
                      pool: Pool) -> Response:
-    ids = await _prompt_ids(st, body.prompt)
+    prompts = _prompts(body.prompt)
+    if len(prompts) == 1:
+        return await _completion(body, prompts[0], request, st, pool)
+    if body.stream:
+        raise APIError(400, "a batch of prompts cannot be streamed: send one prompt per "
+                       "streamed request", param="prompt")
+    answers = []
+    for i, prompt in enumerate(prompts):  # one after another, each on the best idle slot
+        r = await _completion(body, prompt, request, st, pool)
+        answers.append({**json.loads(r.body), "index": i})
+    return JSONResponse(answers)
+
+
+def _prompts(prompt) -> list[str | list[int | str]]:
+    """llama-server's prompt forms as a list of prompts, each text or ids with text mixed in:
+    a list holding lists, objects or only strings is a batch."""
+    def one(p):
+        if isinstance(p, JsonPrompt):
+            if p.multimodal_data:
+                raise APIError(400, "multimodal data is not supported: specli serves text "
+                               "models", param="prompt.multimodal_data")
+            return p.prompt_string
+        return p
+
+    if not isinstance(prompt, list):
+        return [one(prompt)]
+    if any(isinstance(p, list | JsonPrompt) for p in prompt) or all(
+            isinstance(p, str) for p in prompt):
+        return [one(p) for p in prompt]
+    return [prompt]
+
+
+async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st: State,
+                      pool: SlotPool) -> Response:
+    ids = await _prompt_ids(st, prompt)
     spec = body.speculative
     if spec is None and any(v is not None for v in (
             body.spec_n_max, body.spec_n_min, body.spec_p_min, body.spec_type)):
@@ -245,14 +290,14 @@ async def completion(body: LlamaCompletionRequest, request: Request, st: AppStat
                            p_min=body.spec_p_min, type=body.spec_type)
     sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                         min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec,
-                        timings_per_token=body.timings_per_token,
+                        timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
     job = _job(st, sampling, ids, body.n_predict, "n_predict",
                n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
-    job.prompt_text = body.prompt if isinstance(body.prompt, str) else b"".join(
+    job.prompt_text = prompt if isinstance(prompt, str) else b"".join(
         st.engine.target.token_bytes(t, special=True) for t in ids).decode("utf-8", "replace")
     model = st.config.model_id
     return await _answer(request, pool, job, bool(body.stream),
@@ -365,12 +410,24 @@ def _refuse_completion(body: CompletionRequest) -> None:
         raise refuse("best_of")
 
 
-async def _prompt_ids(st: State, prompt: str | list[int]) -> list[int]:
+async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
+    """A prompt's ids: text tokenized (special tokens parsed, BOS first), ids as they are,
+    text inside a list of ids tokenized without BOS where it stands."""
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
         return await asyncio.to_thread(st.engine.tokenize, prompt)
-    return list(_in_vocab(st, prompt, "prompt"))
+    if all(isinstance(p, int) for p in prompt):
+        return list(_in_vocab(st, prompt, "prompt"))
+    target = st.engine.target
+
+    def mixed() -> list[int]:
+        ids: list[int] = []
+        for p in prompt:
+            ids += [p] if isinstance(p, int) else target.tokenize(p, add_special=False)
+        return ids
+
+    return _in_vocab(st, await asyncio.to_thread(mixed), "prompt")
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
@@ -391,6 +448,11 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     if len(ids) >= n_ctx:
         raise overflow(f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per slot",
                        len(ids), n_ctx, "messages" if n_param == "max_tokens" else "prompt")
+    for name, neutral in NEUTRAL.items():  # what clients send by default is no request
+        value = getattr(body, name, None)
+        if value is not None and value not in neutral:
+            raise refuse(name, "is not supported by specli (its neutral value "
+                         f"{neutral[0]} is accepted)")
     s = c.sampling
     grammar = _grammar(st, body)
     sampling = SamplingParams(
@@ -411,9 +473,19 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         grammar=grammar, n_probs=n_probs, post_sampling_probs=post)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
+    id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None
+    if id_slot is not None and id_slot >= st.config.parallel:
+        raise APIError(400, f"id_slot {id_slot} does not exist: this server has "
+                       f"{st.config.parallel} slots (0..{st.config.parallel - 1})",
+                       param="id_slot")
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop,
                n=getattr(body, "n", None) or 1, return_progress=bool(body.return_progress),
-               timings_per_token=bool(body.timings_per_token))
+               timings_per_token=bool(body.timings_per_token), id_slot=id_slot)
+
+
+# samplers specli does not have, and the values that leave them off (llama.cpp's defaults)
+NEUTRAL = {"mirostat": (0,), "typical_p": (1.0,), "xtc_probability": (0.0,),
+           "top_n_sigma": (-1.0, 0.0), "dynatemp_range": (0.0,)}
 
 
 def _grammar(st: State, body: Sampling) -> str | None:
@@ -495,7 +567,7 @@ def _model_names(st: State) -> set[str]:
 
 async def _start(pool: SlotPool, job: Job) -> Generation:
     try:
-        slot = await pool.acquire()
+        slot = await pool.acquire(job.prompt, job.id_slot)
     except Busy as e:
         raise APIError(503, f"server busy: {e}", "unavailable_error", code="server_busy",
                        headers={"Retry-After": "1"}) from None

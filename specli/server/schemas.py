@@ -61,6 +61,16 @@ class Transforms(Strict):
     dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
     dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
     dry_sequence_breakers: Annotated[list[str], Field(max_length=64)] | None = None
+    # llama-server's samplers specli does not have: accepted at their neutral values only
+    mirostat: int | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    typical_p: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    top_n_sigma: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
     # constrained output (llama-server's): a GBNF grammar, or a JSON schema turned into one
     grammar: Annotated[str, Field(max_length=1 << 20)] | None = None
     json_schema: dict | None = None
@@ -80,6 +90,7 @@ class Sampling(Transforms):
     stream_options: StreamOptions | None = None
     speculative: Speculative | bool | None = None
     timings_per_token: bool | None = None  # each streamed chunk carries the timings
+    id_slot: Annotated[int, Field(ge=-1)] | None = None  # this slot (-1: any)
     return_progress: bool | None = None  # stream prompt_progress while the prompt runs
     # known, not served: refused with 400 when set to anything but their neutral value
     n: Annotated[int, Field(ge=1, le=16)] | None = None  # choices, one after another
@@ -138,10 +149,20 @@ class CompletionRequest(Sampling):
     best_of: int | None = None
 
 
+class JsonPrompt(Strict):
+    """llama-server's prompt object; multimodal data is refused (no vision in specli)."""
+
+    prompt_string: str
+    multimodal_data: list | None = None
+
+
 class LlamaCompletionRequest(Transforms):
     """llama-server's own /completion."""
 
-    prompt: str | Annotated[list[int], Field(min_length=1)]
+    # text; token ids, text mixed in; {"prompt_string": ...}; or a list of those (a batch,
+    # answered with a list)
+    prompt: str | JsonPrompt | Annotated[list[int | str | list[int | str] | JsonPrompt],
+                                         Field(min_length=1, max_length=65536)]
     n_predict: int | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
@@ -160,6 +181,7 @@ class LlamaCompletionRequest(Transforms):
     spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
     timings_per_token: bool | None = None
     return_progress: bool | None = None
+    id_slot: Annotated[int, Field(ge=-1)] | None = None
     n_probs: Annotated[int, Field(ge=0, le=100)] | None = None
     post_sampling_probs: bool | None = None
     return_tokens: bool | None = None

@@ -40,6 +40,7 @@ class Job:
     cache_prompt: bool = True  # False: start from an empty cache (llama-server's cache_prompt)
     return_tokens: bool = False  # /completion: the generated ids in `tokens`
     n: int = 1  # choices, generated one after another on the slot
+    id_slot: int | None = None  # the slot asked for (None: the best idle one)
     return_progress: bool = False  # Progress events while the prompt is evaluated
     timings_per_token: bool = False  # each Piece carries the timings so far
     prompt_text: str = ""  # the prompt as the client gave it, for /completion's answer
@@ -253,13 +254,16 @@ class SlotPool:
     def idle(self) -> int:
         return sum(not s.busy for s in self.slots)
 
-    async def acquire(self) -> Slot:
+    async def acquire(self, prompt: Sequence[int] = (), slot_id: int | None = None) -> Slot:
+        """A slot for the prompt: the one asked for (waiting for it if busy), else the idle
+        one whose cache shares the longest prefix with the prompt (llama-server's slot
+        similarity), else the least used."""
         free = self._queue()
         if free.empty() and self.waiting >= self.max_queue:
             raise Busy(f"all {len(self.slots)} slots are busy and {self.waiting} requests wait")
         self.waiting += 1
         try:
-            slot = await asyncio.wait_for(free.get(), self.wait_s)
+            slot = await asyncio.wait_for(self._take(free, prompt, slot_id), self.wait_s)
         except TimeoutError:
             raise Busy(f"no slot became free within {self.wait_s:g} s") from None
         finally:
@@ -267,6 +271,22 @@ class SlotPool:
         slot.busy = True
         slot.n_requests += 1
         return slot
+
+    @staticmethod
+    async def _take(free: asyncio.Queue, prompt: Sequence[int], slot_id: int | None) -> Slot:
+        while True:
+            idle = [await free.get()]
+            while not free.empty():  # no await from here on: the queue is ours
+                idle.append(free.get_nowait())
+            fits = [s for s in idle if slot_id is None or s.id == slot_id]
+            best = max(fits, key=lambda s: (_common(s.engine.target.tokens, prompt),
+                                            -s.n_requests), default=None)
+            for s in idle:
+                if s is not best:
+                    free.put_nowait(s)
+            if best is not None:
+                return best
+            await asyncio.sleep(0.02)  # the slot asked for is busy: look again soon
 
     def release(self, slot: Slot) -> None:
         slot.busy = False
@@ -283,3 +303,13 @@ class SlotPool:
             s.engine.close()
         for c in self.contexts:
             c.close()
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
