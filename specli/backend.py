@@ -354,6 +354,11 @@ class Model:
         return buf.raw[:n]
 
     @functools.cached_property
+    def eog(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (once per model)."""
+        return tuple(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self._vocab, t))
+
+    @functools.cached_property
     def max_token_bytes(self) -> int:
         """The longest text one token spells (special tokens included): n tokens never spell
         more than n times this, which bounds a prompt before it is tokenized."""

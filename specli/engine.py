@@ -48,6 +48,7 @@ from specli.verify import (
     NonFinite,
     NoToken,
     TokenProbs,
+    TransformError,
     need_for,
     sampled_probs,
     sampling_dist,
@@ -321,6 +322,9 @@ class Engine:
                     if not self.target.is_eog(t):
                         probs.append(_probs(rows[i], row, i, t, sp))
             n_keep = n_past + 1 + n_acc
+        except TransformError as e:
+            raise UsageError(str(e), hint="use a repeat_penalty near 1 and penalties and "
+                             "biases of ordinary size") from None
         except NoToken:
             raise UsageError(f"the grammar allows no token after {stats.n_predict} generated "
                              "tokens", hint="check that the grammar can be completed") from None

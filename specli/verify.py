@@ -68,7 +68,14 @@ def transform(logits: np.ndarray, sp: SamplingParams, history: Sequence[int]) ->
         z = row[ids]
         z = np.where(z <= 0, z * sp.repeat_penalty, z / sp.repeat_penalty)
         row[ids] = z - (counts * sp.frequency_penalty + sp.presence_penalty)
+    if not np.isfinite(row.max()) and np.isfinite(logits.max()):
+        raise TransformError("the request's logit bias and penalties leave no finite logit "
+                             "(a penalty too close to 0, or too large)")
     return row
+
+
+class TransformError(ValueError):
+    """A request's transform turned a usable row into one no token can be chosen from."""
 
 
 class NoToken(ValueError):

@@ -42,6 +42,23 @@ def serve(
     slots: Annotated[bool, typer.Option(
         "--slots/--no-slots", help="Serve the slots' state at GET /slots.",
         envvar="LLAMA_ARG_ENDPOINT_SLOTS", rich_help_panel=SERVER)] = True,
+    cors_origins: Annotated[str, typer.Option(
+        "--cors-origins", help="Allowed CORS origins, comma-separated; * echoes any Origin, "
+        "localhost only a localhost one.", envvar="LLAMA_ARG_CORS_ORIGINS",
+        rich_help_panel=SERVER)] = "*",
+    cors_methods: Annotated[str, typer.Option(
+        "--cors-methods", help="Allowed CORS methods.", envvar="LLAMA_ARG_CORS_METHODS",
+        rich_help_panel=SERVER)] = "GET, POST, DELETE, OPTIONS",
+    cors_headers: Annotated[str, typer.Option(
+        "--cors-headers", help="Allowed CORS headers.", envvar="LLAMA_ARG_CORS_HEADERS",
+        rich_help_panel=SERVER)] = "*",
+    cors_credentials: Annotated[bool, typer.Option(
+        "--cors-credentials/--no-cors-credentials", help="Allow credentials in CORS.",
+        envvar="LLAMA_ARG_CORS_CREDENTIALS", rich_help_panel=SERVER)] = True,
+    jinja: Annotated[bool, typer.Option(
+        "--jinja/--no-jinja", help="Accepted for llama-server's command lines: specli always "
+        "renders the GGUF's Jinja chat template (sandboxed).", rich_help_panel=SERVER,
+        hidden=False)] = True,
     timeout: Annotated[float, typer.Option(
         "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
         envvar="LLAMA_ARG_TIMEOUT", rich_help_panel=SERVER)] = 600.0,
@@ -100,7 +117,9 @@ def serve(
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
         sampling=sampling,
         n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), alias=alias,
-        metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue)
+        metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
+        cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
+        cors_credentials=cors_credentials)
     _run(config, host, port)
 
 

@@ -59,10 +59,64 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     app.state.specli = st
     app.add_middleware(BodyLimit, limit=config.max_body)
     app.add_middleware(CountRequests, metrics=st.metrics)
+    app.add_middleware(Cors, config=config)  # outermost: a preflight needs no key
     errors.install(app)
     for router in (routes.public, routes.info, routes.openai, routes.llama):
         app.include_router(router)
     return app
+
+
+class Cors:
+    """llama-server's CORS: every response names the allowed origin (by default any Origin
+    is echoed back, credentials allowed); an OPTIONS preflight is answered at once, before
+    the key is checked, with the allowed methods and headers. --cors-origins localhost
+    echoes only a localhost Origin; a list echoes an Origin it holds."""
+
+    def __init__(self, app, config: ServerConfig):
+        self.app, self.c = app, config
+
+    def allow(self, origin: str) -> str | None:
+        want = self.c.cors_origins.strip()
+        if want == "*":
+            return (origin or None) if self.c.cors_credentials else "*"
+        if want == "localhost":
+            return origin if origin and _localhost(origin) else None
+        listed = {o.strip() for o in want.split(",") if o.strip()}
+        return origin if origin in listed else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        origin = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"), "")
+        allowed = self.allow(origin)
+        extra = [(b"access-control-allow-origin", allowed.encode("latin-1"))] if allowed else []
+        if scope["method"] == "OPTIONS":
+            extra += [(b"access-control-allow-credentials",
+                       b"true" if self.c.cors_credentials else b"false"),
+                      (b"access-control-allow-methods", self.c.cors_methods.encode()),
+                      (b"access-control-allow-headers", self.c.cors_headers.encode()),
+                      (b"content-type", b"text/html"), (b"content-length", b"0")]
+            await send({"type": "http.response.start", "status": 200, "headers": extra})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def sent(message):
+            if message["type"] == "http.response.start" and extra:
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, sent)
+
+
+def _localhost(origin: str) -> bool:
+    """Whether an Origin is this machine: localhost, 127.0.0.1 or [::1], any scheme/port."""
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(origin if "//" in origin else f"//{origin}").hostname
+    except ValueError:
+        return False
+    return host in ("localhost", "127.0.0.1", "::1")
 
 
 class CountRequests:

@@ -237,6 +237,21 @@ def llama_final(text: str, done: Done, gen: Generation, model: str,
     return out
 
 
+def pick(doc: dict, paths: list[str]) -> dict:
+    """llama-server's response_fields: only these fields, "a/b" reaching into objects, each
+    under its path as written; a path that leads nowhere is left out."""
+    out = {}
+    for path in paths:
+        cur = doc
+        for key in path.split("/"):
+            if not isinstance(cur, dict) or key not in cur:
+                break
+            cur = cur[key]
+        else:
+            out[path] = cur
+    return out
+
+
 def settings(job) -> dict:
     """The request's generation settings, as llama-server reports them."""
     sp = job.sampling

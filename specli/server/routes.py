@@ -45,6 +45,7 @@ def _state(request: Request) -> State:
 
 
 AppState = Annotated[State, Depends(_state)]
+FINGERPRINT = f"specli-{__version__}"  # OpenAI's system_fingerprint: the build
 
 
 async def _ready(st: AppState) -> SlotPool:
@@ -163,9 +164,9 @@ async def openapi(request: Request) -> dict:
 
 @info.get("/metrics")
 async def metrics(st: AppState) -> Response:
-    if not st.config.metrics:
-        raise APIError(404, "metrics are off: start the server with --metrics",
-                       "not_found_error", code="metrics_disabled")
+    if not st.config.metrics:  # llama-server's answer
+        raise APIError(501, "This server does not support metrics endpoint. Start it with "
+                       "`--metrics`", "not_supported_error", code="metrics_disabled")
     pool = st.pool
     body = st.metrics.render(len(pool.slots) - pool.idle if pool else 0,
                              len(pool.slots) if pool else 0, pool.waiting if pool else 0)
@@ -198,7 +199,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
                "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": st.config.model_id}
+            "model": st.config.model_id, "system_fingerprint": FINGERPRINT}
     first = [{"index": i, "delta": {"role": "assistant", "content": None},
               "logprobs": None, "finish_reason": None} for i in range(job.n)]
 
@@ -225,20 +226,24 @@ async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict
 
 
 @openai.post("/v1/completions")
-@openai.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, request: Request, st: AppState,
                       pool: Pool) -> Response:
     _refuse_completion(body)
     ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
                             isinstance(body.prompt[0], str) else body.prompt)
-    job = _job(st, body, ids, body.max_tokens, "max_tokens", n_probs=body.logprobs)
+    job = _job(st, body, ids, _first(body.max_tokens, body.n_predict), "max_tokens",
+               n_probs=body.logprobs)
+    job.cache_prompt = body.cache_prompt is not False
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
-            "model": st.config.model_id, "object": "text_completion"}
+            "model": st.config.model_id, "object": "text_completion",
+            "system_fingerprint": FINGERPRINT}
 
     def final(dones: list[Done], gen: Generation) -> dict:
         return {**head, "choices": [{"index": d.index, "text": d.text,
                                      "logprobs": f.text_logprobs(gen, d.probs),
-                                     "finish_reason": f.finish(d)} for d in dones],
+                                     "finish_reason": f.finish(d),
+                                     **({"tokens": d.tokens} if body.return_tokens else {})}
+                                    for d in dones],
                 "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
@@ -246,6 +251,7 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
 
 
 @llama.post("/completion")
+@llama.post("/completions", include_in_schema=False)  # llama-server's, not OpenAI's
 async def completion(body: LlamaCompletionRequest, request: Request, st: AppState,
                      pool: Pool) -> Response:
     prompts = _prompts(body.prompt)
@@ -297,14 +303,17 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
-    job.prompt_text = prompt if isinstance(prompt, str) else b"".join(
-        st.engine.target.token_bytes(t, special=True) for t in ids).decode("utf-8", "replace")
-    model = st.config.model_id
+    # the prompt as llama-server answers it: its tokens read back (BOS included)
+    job.prompt_text = b"".join(st.engine.target.token_bytes(t, special=True)
+                               for t in ids).decode("utf-8", "replace")
+    model, fields = st.config.model_id, body.response_fields
+
+    def final(dones: list[Done], gen: Generation) -> dict:
+        out = f.llama_final(dones[0].text, dones[0], gen, model)
+        return f.pick(out, fields) if fields else out
+
     return await _answer(request, pool, job, bool(body.stream),
-                         lambda gen: f.llama_events(gen, model),
-                         lambda dones, gen: f.llama_final(dones[0].text, dones[0], gen,
-                                                          model),
-                         done_marker=False)
+                         lambda gen: f.llama_events(gen, model), final, done_marker=False)
 
 
 @llama.post("/tokenize")
@@ -459,7 +468,9 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         temp=_first(body.temperature, s.temp), top_k=_first(body.top_k, s.top_k),
         top_p=_first(body.top_p, s.top_p), min_p=_first(body.min_p, s.min_p),
         seed=s.seed if body.seed is None else None if body.seed < 0 else body.seed,
-        logit_bias=s.logit_bias if body.logit_bias is None else _logit_bias(st, body.logit_bias),
+        logit_bias=(s.logit_bias if body.logit_bias is None else _logit_bias(
+            st, body.logit_bias)) + (tuple((t, float("-inf")) for t in st.engine.target.eog)
+                                     if body.ignore_eos else ()),
         repeat_penalty=_first(body.repeat_penalty, s.repeat_penalty),
         repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
         presence_penalty=_first(body.presence_penalty, s.presence_penalty),

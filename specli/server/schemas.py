@@ -56,6 +56,7 @@ class Transforms(Strict):
     repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
     presence_penalty: Finite | None = None
     frequency_penalty: Finite | None = None
+    ignore_eos: bool | None = None  # generate past the end of generation
     dry_multiplier: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
     dry_base: Finite | None = None  # below 1: the default, as llama-server reads it
     dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
@@ -143,6 +144,9 @@ class CompletionRequest(Sampling):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | \
         Annotated[list[int], Field(min_length=1)]
     max_tokens: int | None = None
+    n_predict: int | None = None  # llama-server's spelling of max_tokens
+    cache_prompt: bool | None = None
+    return_tokens: bool | None = None
     logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -185,6 +189,7 @@ class LlamaCompletionRequest(Transforms):
     n_probs: Annotated[int, Field(ge=0, le=100)] | None = None
     post_sampling_probs: bool | None = None
     return_tokens: bool | None = None
+    response_fields: Annotated[list[str], Field(max_length=256)] | None = None
 
 
 class TokenizeRequest(Strict):

@@ -31,6 +31,10 @@ class ServerConfig:
     alias: str | None = None
     metrics: bool = False
     slots: bool = True  # GET /slots
+    cors_origins: str = "*"  # llama-server's CORS defaults
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
     timeout: float = 600.0
     max_queue: int = 16
     max_body: int = MAX_BODY
