@@ -490,9 +490,11 @@ class Model:
         return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
 
     def sync(self, tokens: Sequence[int],
-             on_progress: Callable[[int, int], None] | None = None) -> int:
+             on_progress: Callable[[int, int], None] | None = None,
+             span: int | None = None) -> int:
         """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.
-        on_progress(reused, in the cache now) is called before and after each batch.
+        on_progress(reused, processed) is called before and after each batch, the batches
+        cut as if `span` tokens were evaluated (the caller decodes the rest right after).
 
         Returns how many tokens were reused."""
         n = 0
@@ -505,9 +507,11 @@ class Model:
                 self.decode(tokens[n:], logits="none")
             return n
         on_progress(n, n)
-        for start in range(n, len(tokens), self.n_batch):
-            end = min(start + self.n_batch, len(tokens))
-            self.decode(tokens[start:end], logits="none")
+        total = max(span or 0, len(tokens))
+        for start in range(n, total, self.n_batch):
+            end = min(start + self.n_batch, total)
+            if min(end, len(tokens)) > start:
+                self.decode(tokens[start:min(end, len(tokens))], logits="none")
             on_progress(n, end)
         return n
 

@@ -257,10 +257,8 @@ class Engine:
         meter = _Meter(stats, tgt, draft.model if draft else None)
         with meter.prompt():
             # the last prompt token opens the first verification batch
-            on_progress = _progress(progress, len(prompt)) if progress else None
-            n_reused = tgt.sync(prompt[:-1], on_progress)
-            if on_progress is not None and n_reused == len(prompt) - 1:
-                on_progress(n_reused, len(prompt))  # all cached: the last token remains
+            tgt.sync(prompt[:-1], _progress(progress, len(prompt)) if progress else None,
+                     span=len(prompt))
             if draft:
                 draft.begin(prompt)
         context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
@@ -487,14 +485,12 @@ class _Meter:
 
 
 def _progress(report: Callable[[dict], None], total: int) -> Callable[[int, int], None]:
-    """sync's progress as llama-server reports it; the last prompt token, decoded at once by
-    the first verification, counts as processed with the rest."""
+    """sync's progress as llama-server reports it, batches cut over the whole prompt: the
+    last prompt token, decoded at once by the first verification, counts in the last."""
     t0 = time.perf_counter()
 
     def on_progress(cache: int, done: int) -> None:
-        report({"total": total, "cache": cache,
-                "processed": total if done >= total - 1 and done > cache else done,
-                # (llama-server's first report has processed == cache)
+        report({"total": total, "cache": cache, "processed": done,
                 "time_ms": 1e3 * (time.perf_counter() - t0)})
 
     return on_progress

@@ -60,7 +60,7 @@ def test_completions_without_v1_is_llama_servers_own(server):  # noqa: F811
                                               "cache_prompt": False}).json()
         choice = v1["choices"][0]
         assert choice["text"] == r["content"] and len(choice["tokens"]) == 4
-        assert v1["system_fingerprint"].startswith("specli-")
+        assert v1["system_fingerprint"].endswith("-specli")
 
 
 def test_ignore_eos_and_response_fields(server):  # noqa: F811
@@ -84,3 +84,20 @@ def test_metrics_when_off_is_501(server):  # noqa: F811
     with server.http() as h:
         r = h.get("/metrics")
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_stream_chunks_carry_their_tokens_and_verbose_shows_the_prompt(server):  # noqa: F811
+    import json
+
+    with server.http() as h:
+        whole = h.post("/completion", json={"prompt": PROMPT, "n_predict": 8,
+                                            "return_tokens": True}).json()
+        with h.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 8,
+                                                   "stream": True}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+        assert [t for c in chunks for t in c["tokens"]] == whole["tokens"]
+        v = h.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2,
+            "verbose": True}).json()
+        assert PROMPT in v["__verbose"]["prompt"]

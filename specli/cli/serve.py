@@ -57,8 +57,8 @@ def serve(
         envvar="LLAMA_ARG_CORS_CREDENTIALS", rich_help_panel=SERVER)] = True,
     jinja: Annotated[bool, typer.Option(
         "--jinja/--no-jinja", help="Accepted for llama-server's command lines: specli always "
-        "renders the GGUF's Jinja chat template (sandboxed).", rich_help_panel=SERVER,
-        hidden=False)] = True,
+        "renders the GGUF's Jinja chat template (sandboxed).", envvar="LLAMA_ARG_JINJA",
+        rich_help_panel=SERVER)] = True,
     timeout: Annotated[float, typer.Option(
         "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
         envvar="LLAMA_ARG_TIMEOUT", rich_help_panel=SERVER)] = 600.0,

@@ -89,12 +89,13 @@ class Cors:
             return await self.app(scope, receive, send)
         origin = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"), "")
         allowed = self.allow(origin)
-        extra = [(b"access-control-allow-origin", allowed.encode("latin-1"))] if allowed else []
+        # (llama-server's casing: clients that keep headers in a plain dict look it up so)
+        extra = [(b"Access-Control-Allow-Origin", allowed.encode("latin-1"))] if allowed else []
         if scope["method"] == "OPTIONS":
-            extra += [(b"access-control-allow-credentials",
+            extra += [(b"Access-Control-Allow-Credentials",
                        b"true" if self.c.cors_credentials else b"false"),
-                      (b"access-control-allow-methods", self.c.cors_methods.encode()),
-                      (b"access-control-allow-headers", self.c.cors_headers.encode()),
+                      (b"Access-Control-Allow-Methods", self.c.cors_methods.encode()),
+                      (b"Access-Control-Allow-Headers", self.c.cors_headers.encode()),
                       (b"content-type", b"text/html"), (b"content-length", b"0")]
             await send({"type": "http.response.start", "status": 200, "headers": extra})
             await send({"type": "http.response.body", "body": b""})

@@ -203,7 +203,7 @@ async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:
             yield data({"index": 0, "content": "", "tokens": [], "stop": False,
                         "id_slot": gen.slot.id, "prompt_progress": ev.progress})
         elif isinstance(ev, Piece):
-            out = {"index": 0, "content": ev.text, "tokens": [], "stop": False,
+            out = {"index": 0, "content": ev.text, "tokens": ev.tokens, "stop": False,
                    "id_slot": gen.slot.id}
             if ev.stats is not None:
                 out["timings"] = timings(ev.stats)
@@ -267,6 +267,7 @@ def settings(job) -> dict:
             "dry_penalty_last_n": sp.dry_penalty_last_n,
             "dry_sequence_breakers": list(sp.dry_sequence_breakers),
             "n_probs": sp.n_probs or 0, "post_sampling_probs": sp.post_sampling_probs,
+            "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama-server's: off
             "grammar": sp.grammar or "", "stop": list(job.stop),
             "speculative": job.speculative,
             "speculative.n_max": job.spec.n_max if job.spec else None,

@@ -45,7 +45,7 @@ def _state(request: Request) -> State:
 
 
 AppState = Annotated[State, Depends(_state)]
-FINGERPRINT = f"specli-{__version__}"  # OpenAI's system_fingerprint: the build
+FINGERPRINT = f"b{__version__}-specli"  # OpenAI's system_fingerprint, as llama-server's "b..."
 
 
 async def _ready(st: AppState) -> SlotPool:
@@ -204,12 +204,17 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
               "logprobs": None, "finish_reason": None} for i in range(job.n)]
 
     def final(dones: list[Done], gen: Generation) -> dict:
-        return {**head, "object": "chat.completion",
-                "choices": [{"index": d.index,
-                             "message": {"role": "assistant", "content": d.text},
-                             "finish_reason": f.finish(d),
-                             "logprobs": f.chat_logprobs(gen, d.probs)} for d in dones],
-                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
+        out = {**head, "object": "chat.completion",
+               "choices": [{"index": d.index,
+                            "message": {"role": "assistant", "content": d.text},
+                            "finish_reason": f.finish(d),
+                            "logprobs": f.chat_logprobs(gen, d.probs)} for d in dones],
+               "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
+        if body.verbose:  # llama-server's debugging aid: the answer as /completion gives it
+            job.prompt_text = _text(st, ids)
+            out["__verbose"] = f.llama_final(dones[0].text, dones[0], gen,
+                                             st.config.model_id)
+        return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
         gen, {**head, "object": "chat.completion.chunk"}, f.chat_choice,
@@ -303,9 +308,7 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
-    # the prompt as llama-server answers it: its tokens read back (BOS included)
-    job.prompt_text = b"".join(st.engine.target.token_bytes(t, special=True)
-                               for t in ids).decode("utf-8", "replace")
+    job.prompt_text = _text(st, ids)
     model, fields = st.config.model_id, body.response_fields
 
     def final(dones: list[Done], gen: Generation) -> dict:
@@ -370,6 +373,12 @@ def _first(*values):
 
 def _include_usage(body) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
+
+
+def _text(st: State, ids: list[int]) -> str:
+    """The prompt as llama-server answers it: its tokens read back (BOS included)."""
+    return b"".join(st.engine.target.token_bytes(t, special=True)
+                    for t in ids).decode("utf-8", "replace")
 
 
 def _prefill(body: ChatRequest) -> bool:

@@ -138,6 +138,7 @@ class ChatRequest(Sampling):
     # a final assistant message is continued (llama-server's prefill; vLLM's flag for it)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None
+    verbose: bool | None = None  # llama-server's __verbose: the prompt as rendered
 
 
 class CompletionRequest(Sampling):

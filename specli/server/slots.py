@@ -51,6 +51,7 @@ class Piece:
     text: str
     probs: list[TokenProbs] = field(default_factory=list)  # of the tokens this text ends
     index: int = 0  # the choice
+    tokens: list[int] = field(default_factory=list)  # the tokens this text ends
     stats: Stats | None = None  # the generation's so far (timings_per_token)
 
 
@@ -74,27 +75,29 @@ class Done:
 
 
 class Pending:
-    """Token probabilities waiting for their text: a token's go out with the piece that
-    completes its text (text held back for a stop string holds them back too); those of a
+    """Tokens waiting for their text: a token (and its probabilities) goes out with the
+    piece that completes its text (text held back for a stop string holds it back too); a
     stop string's own tokens are never sent, as in llama-server."""
 
     def __init__(self) -> None:
-        self.items: list[tuple[TokenProbs, int]] = []  # (probs, characters of its text)
+        self.items: list[tuple[int, TokenProbs | None, int]] = []  # (token, probs, chars)
         self.sent = 0  # characters of the first item already sent
 
-    def add(self, probs: TokenProbs | None, n_chars: int) -> None:
-        if probs is not None:
-            self.items.append((probs, n_chars))
+    def add(self, token: int | None, probs: TokenProbs | None, n_chars: int) -> None:
+        if token is not None:
+            self.items.append((token, probs, n_chars))
 
-    def take(self, n_chars: int) -> list[TokenProbs]:
-        """The probs of the tokens whose text the next n_chars characters complete."""
-        out, budget = [], self.sent + n_chars
-        while self.items and self.items[0][1] <= budget:
-            probs, n = self.items.pop(0)
-            out.append(probs)
+    def take(self, n_chars: int) -> tuple[list[int], list[TokenProbs]]:
+        """The tokens (and the probs) whose text the next n_chars characters complete."""
+        tokens, probs, budget = [], [], self.sent + n_chars
+        while self.items and self.items[0][2] <= budget:
+            token, p, n = self.items.pop(0)
+            tokens.append(token)
+            if p is not None:
+                probs.append(p)
             budget -= n
         self.sent = budget
-        return out
+        return tokens, probs
 
 
 @dataclass
@@ -205,15 +208,15 @@ class Generation:
                     break
                 if chunk.token is not None:
                     tokens.append(chunk.token)
-                pending.add(chunk.probs, len(chunk.text))
+                pending.add(chunk.token, chunk.probs, len(chunk.text))
                 text, hit = stop.feed(chunk.text)
                 if chunk.finish_reason is not None and not hit:  # the last chunk
                     text += stop.flush()
-                probs = pending.take(len(text))
-                if text or probs:
+                ids, probs = pending.take(len(text))
+                if text or ids:
                     pieces.append(text)
                     sent += probs
-                    self._push(Piece(text, probs, index,
+                    self._push(Piece(text, probs, index, ids,
                                      copy.deepcopy(stats) if job.timings_per_token else None))
                 if hit:
                     finish = "stop"
