@@ -94,8 +94,12 @@ def main() -> None:
         proc = subprocess.Popen([*argv, "--port", str(port)], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, proc)
-        tps(url, PROMPTS[0], 16)  # warm up: weights paged in
+        try:
+            wait_healthy(url, proc)
+            tps(url, PROMPTS[0], 16)  # warm up: weights paged in
+        except BaseException:
+            proc.terminate()  # never leave a server behind
+            raise
         return proc, url
 
     for r in range(args.rounds):
