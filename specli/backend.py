@@ -538,42 +538,26 @@ class Model:
 _TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
 
 
-class Grammar:
-    """A GBNF grammar's parse state over a model's vocabulary (llama.cpp's grammar sampler).
-    `allowed` asks which candidate tokens may come next; `accept` moves past a token, which
-    must be one it allowed (llama.cpp aborts the process otherwise); `fork` copies the state,
-    for a draft or a verification to walk ahead without moving the committed one."""
+class _Sampler:
+    """A llama.cpp sampler whose state moves with accepted tokens: apply it to candidates,
+    accept a token, fork (clone) the state, free it."""
 
-    def __init__(self, model: Model | Tokenizer, gbnf: str | None, root: str = "root",
-                 _handle=None):
-        self._vocab = model._vocab
-        if _handle is None:
-            _check_nesting(gbnf)
-            _log_last.error = None
-            _handle = ll.llama_sampler_init_grammar(self._vocab, gbnf.encode(), root.encode())
-            if not _handle:
-                why = _log_last.error or "llama.cpp could not parse it"
-                raise UsageError(f"the grammar is not valid GBNF: {why}",
-                                 hint="see llama.cpp's grammars/README.md")
-        self._s = _handle
+    _s = None
 
-    def fork(self) -> Grammar:
-        return Grammar(self, None, _handle=ll.llama_sampler_clone(self._s))
-
-    def allowed(self, ids: np.ndarray) -> np.ndarray:
-        """A mask over `ids`: True where the grammar lets the token come next."""
-        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
-        data["id"] = ids
+    def _apply(self, data: np.ndarray) -> None:
+        """Run the sampler over a _TOKEN_DATA array, in place."""
         arr = ll.llama_token_data_array(
-            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(ids), -1, False)
+            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(data), -1, False)
         ll.llama_sampler_apply(self._s, ctypes.byref(arr))
-        return np.isfinite(data["logit"])
+
+    def _clone(self):
+        return ll.llama_sampler_clone(self._s)
 
     def accept(self, token: int) -> None:
         ll.llama_sampler_accept(self._s, token)
 
     def close(self) -> None:
-        if getattr(self, "_s", None):
+        if self._s:
             ll.llama_sampler_free(self._s)
             self._s = None
 
@@ -581,10 +565,39 @@ class Grammar:
         self.close()
 
 
-class Dry:
+class Grammar(_Sampler):
+    """A GBNF grammar's parse state over a model's vocabulary (llama.cpp's grammar sampler).
+    `allowed` asks which candidate tokens may come next; `accept` moves past a token, which
+    must be one it allowed (llama.cpp aborts the process otherwise); `fork` copies the state,
+    for a draft or a verification to walk ahead without moving the committed one."""
+
+    def __init__(self, model: Model | Tokenizer | None, gbnf: str | None,
+                 root: str = "root", _handle=None):
+        if _handle is None:
+            _check_nesting(gbnf)
+            _log_last.error = None
+            _handle = ll.llama_sampler_init_grammar(model._vocab, gbnf.encode(), root.encode())
+            if not _handle:
+                why = _log_last.error or "llama.cpp could not parse it"
+                raise UsageError(f"the grammar is not valid GBNF: {why}",
+                                 hint="see llama.cpp's grammars/README.md")
+        self._s = _handle
+
+    def fork(self) -> Grammar:
+        return Grammar(None, None, _handle=self._clone())
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A mask over `ids`: True where the grammar lets the token come next."""
+        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        self._apply(data)
+        return np.isfinite(data["logit"])
+
+
+class Dry(_Sampler):
     """llama.cpp's DRY sampler ("don't repeat yourself"): penalizes the token that would
-    extend a repetition of what it has accepted. `apply` returns the row changed; `fork`
-    copies the state for a draft or a verification to walk ahead."""
+    extend a repetition of what it has accepted. `apply` returns the row changed (the
+    sampler neither reorders nor resizes the candidates); `fork` copies the state."""
 
     def __init__(self, model: Model | None, sp=None, _handle=None):
         if _handle is None:
@@ -599,29 +612,21 @@ class Dry:
         self._s = _handle
 
     def fork(self) -> Dry:
-        return Dry(None, _handle=ll.llama_sampler_clone(self._s))
+        return Dry(None, _handle=self._clone())
 
     def apply(self, row: np.ndarray) -> np.ndarray:
-        data = np.zeros(row.shape[0], dtype=_TOKEN_DATA)
-        data["id"] = np.arange(row.shape[0])
+        data = np.empty(row.shape[0], dtype=_TOKEN_DATA)
+        data["id"] = _ids(row.shape[0])
         data["logit"] = row
-        arr = ll.llama_token_data_array(
-            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), row.shape[0], -1, False)
-        ll.llama_sampler_apply(self._s, ctypes.byref(arr))
-        out = np.empty_like(row)
-        out[data["id"]] = data["logit"]  # (it does not reorder; this holds if it did)
-        return out
+        data["p"] = 0.0
+        self._apply(data)
+        return data["logit"].copy()
 
-    def accept(self, token: int) -> None:
-        ll.llama_sampler_accept(self._s, token)
 
-    def close(self) -> None:
-        if getattr(self, "_s", None):
-            ll.llama_sampler_free(self._s)
-            self._s = None
-
-    def __del__(self) -> None:
-        self.close()
+@functools.lru_cache(maxsize=4)
+def _ids(n: int) -> np.ndarray:
+    """0..n-1, made once per vocabulary size."""
+    return np.arange(n, dtype=np.int32)
 
 
 GRAMMAR_MAX_NESTING = 256

@@ -11,14 +11,14 @@ from collections import Counter
 import numpy as np
 import pytest
 from fakes import FakeGrammar, FakeModel
-from test_sampling import N_SEEDS, chi_square
+from test_sampling import N_SEEDS, chi_square, exact_sequences
 
 from specli.backend import Grammar, schema_grammar
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
 from specli.errors import UsageError
-from specli.verify import grammar_mask, need_for, sampling_dist
+from specli.verify import grammar_mask, need_for
 
 
 def fake_engine(draft: str) -> Engine:
@@ -65,23 +65,11 @@ SP = SamplingParams(temp=0.8, top_k=8, top_p=0.95, min_p=0.05, grammar="3")
 
 def exact(e: Engine, prompt: list[int], depth: int) -> dict:
     """The masked target's distribution over the next `depth` tokens."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(prefix: tuple[int, ...], prob: float) -> None:
-        if len(prefix) == depth:
-            out[prefix] = prob
-            return
-        ctx = [*prompt, *prefix]
-        e.target.sync(ctx[:-1])
+    def mask(row, ctx, prefix):
         g = FakeGrammar(3, prefix[-1] if prefix else -1)
-        row = grammar_mask(e.target.decode([ctx[-1]])[0], g.allowed, need_for(SP, 32))
-        d = sampling_dist(row, SP)
-        for t, p in zip(d.ids.tolist(), d.probs.tolist(), strict=True):
-            if p > 0:
-                walk((*prefix, t), prob * p)
+        return grammar_mask(row, g.allowed, need_for(SP, row.shape[0]))
 
-    walk((), 1.0)
-    return out
+    return exact_sequences(e, prompt, depth, SP, mask)
 
 
 @pytest.mark.slow

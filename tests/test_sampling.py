@@ -42,8 +42,10 @@ def fake():
                   DraftParams(n_max=4))
 
 
-def exact_sequences(e: Engine, prompt: list[int], depth: int) -> dict[tuple[int, ...], float]:
-    """Enumerate the target's distribution over the next `depth` tokens (its sampling support)."""
+def exact_sequences(e: Engine, prompt: list[int], depth: int, sp: SamplingParams = SP,
+                    shape=None) -> dict[tuple[int, ...], float]:
+    """Enumerate the target's distribution over the next `depth` tokens (its sampling support).
+    shape(row, context, prefix): the row as the chain sees it (a transform, a grammar's mask)."""
     out: dict[tuple[int, ...], float] = {}
 
     def walk(prefix: tuple[int, ...], prob: float) -> None:
@@ -52,9 +54,11 @@ def exact_sequences(e: Engine, prompt: list[int], depth: int) -> dict[tuple[int,
             return
         ctx = [*prompt, *prefix]
         e.target.sync(ctx[:-1])
-        d = sampling_dist(e.target.decode([ctx[-1]])[0], SP)
+        row = e.target.decode([ctx[-1]])[0]
+        d = sampling_dist(shape(row, ctx, prefix) if shape else row, sp)
         for t, p in zip(d.ids.tolist(), d.probs.tolist(), strict=True):
-            walk((*prefix, t), prob * p)
+            if p > 0:
+                walk((*prefix, t), prob * p)
 
     walk((), 1.0)
     return out

@@ -12,13 +12,13 @@ import llama_cpp
 import numpy as np
 import pytest
 from fakes import FakeModel
-from test_sampling import N_SEEDS, chi_square
+from test_sampling import N_SEEDS, chi_square, exact_sequences
 
 from specli import engine as engine_mod
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
-from specli.verify import sampling_dist, transform
+from specli.verify import transform
 
 BIAS = ((3, 4.0), (7, -2.5), (3, 1.0), (11, float("-inf")))
 PENALTIES = {"repeat_penalty": 1.3, "repeat_last_n": 8, "frequency_penalty": 0.4,
@@ -120,21 +120,7 @@ SP = SamplingParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05,
 
 def exact(e: Engine, prompt: list[int], depth: int, sp: SamplingParams) -> dict:
     """The transformed target's distribution over the next `depth` tokens."""
-    out: dict[tuple[int, ...], float] = {}
-
-    def walk(prefix: tuple[int, ...], prob: float) -> None:
-        if len(prefix) == depth:
-            out[prefix] = prob
-            return
-        ctx = [*prompt, *prefix]
-        e.target.sync(ctx[:-1])
-        d = sampling_dist(transform(e.target.decode([ctx[-1]])[0], sp, ctx), sp)
-        for t, p in zip(d.ids.tolist(), d.probs.tolist(), strict=True):
-            if p > 0:
-                walk((*prefix, t), prob * p)
-
-    walk((), 1.0)
-    return out
+    return exact_sequences(e, prompt, depth, sp, lambda row, ctx, _: transform(row, sp, ctx))
 
 
 def runs(e: Engine, prompt: list[int], n: int, sp: SamplingParams) -> tuple[Counter, float]:

@@ -78,7 +78,10 @@ class ModelDraft:
         while True:
             # the target's transforms (logit bias, penalties, DRY, grammar) on the draft's row
             # too, so that q is the draft's distribution under the same rules
-            logits = transform(logits, sp, [*context, *out.tokens])
+            if sp.transforms:  # (the history is built only when something reads it)
+                n = sp.repeat_last_n
+                tail = context if n < 0 else context[-n:] if n > 0 else []
+                logits = transform(logits, sp, [*tail, *out.tokens])
             if g is not None:
                 logits = g.apply(logits, need_for(sp, logits.shape[0]))
             if sp.greedy:
