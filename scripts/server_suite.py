@@ -41,7 +41,7 @@ DROP = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "--no-
         "--sleep-idle-seconds": 1, "--models-dir": 1, "--models-max": 1,
         "--models-preset": 1, "--no-models-autoload": 0, "--tags": 1, "--pooling": 1,
         "--embedding": 0, "--reranking": 0, "--mmproj-url": 1, "--no-mmproj": 0,
-        "--media-path": 1, "--chat-template": 1, "--chat-template-file": 1,
+        "--media-path": 1,
         "--backend_sampling": 0, "--ui-mcp-proxy": 0, "--tools": 1, "--tools-runtime": 1,
         "--mcp-servers-config": 1, "--mcp-servers-json": 1, "--lora": 1}
 HUB = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0}

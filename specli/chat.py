@@ -12,6 +12,7 @@ import re
 import secrets
 import sys
 import time
+from collections.abc import Callable
 from functools import lru_cache, wraps
 
 import jinja2.runtime
@@ -150,27 +151,44 @@ def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
     return render_messages(template, messages, bos, eos)
 
 
+# a template rendered by llama.cpp itself: (messages, add_generation_prompt) -> text
+Builtin = Callable[[list[dict], bool], str]
+
+
 def render_messages(template: str | None, messages: list[dict], bos: str = "",
                     eos: str = "", *, seconds: float | None = None,
-                    max_bytes: int | None = None, continue_final: bool = False) -> str:
+                    max_bytes: int | None = None, continue_final: bool = False,
+                    builtin: Builtin | None = None) -> str:
     """A conversation through the model's template (ChatML when it has none), ready for the
     assistant's reply; with continue_final, ready to continue the final (assistant) message
     where its text ends (a prefill), whatever the template puts after a turn. A template
     that fails, runs past `seconds` or builds anything larger than RENDER_BYTES is a
     UsageError; output past `max_bytes` (what the context can hold) is a
-    ContextOverflowError."""
+    ContextOverflowError. builtin: render with llama.cpp's own renderer instead of Jinja."""
+    def render(msgs: list[dict], add_generation_prompt: bool = True) -> str:
+        if builtin is None:
+            return _render(template, msgs, bos, eos, seconds, max_bytes,
+                           add_generation_prompt)
+        text = builtin(msgs, add_generation_prompt)
+        if max_bytes is not None and len(text) > max_bytes:
+            raise ContextOverflowError(
+                f"the conversation renders to more than {max_bytes} characters, more than "
+                "the context can hold", hint="shorten the conversation or raise -c/--ctx-size")
+        return text
+
     if continue_final:
-        # render the last turn with a marker for its text, and cut where the marker is
+        # render the last turn with a marker for its text, and cut where the marker is (no
+        # NUL in it: llama.cpp's renderers take C strings)
         last = str(messages[-1].get("content") or "")
-        marker = f"\x00specli-prefill-{secrets.token_hex(8)}\x00"
-        text = _render(template, [*messages[:-1], {**messages[-1], "content": marker}], bos,
-                       eos, seconds, max_bytes, add_generation_prompt=False)
+        marker = f"\ue000specli-prefill-{secrets.token_hex(8)}\ue000"
+        text = render([*messages[:-1], {**messages[-1], "content": marker}],
+                      add_generation_prompt=False)
         at = text.find(marker)
         if at < 0:
             raise UsageError("the chat template drops the final assistant message: it cannot "
                              "be continued", hint="end the conversation with a user message")
         return text[:at] + last
-    return _render(template, messages, bos, eos, seconds, max_bytes)
+    return render(messages)
 
 
 def _render(template: str | None, messages: list[dict], bos: str, eos: str,

@@ -166,3 +166,8 @@ class ModelParams:
     tensor_split: tuple[float, ...] = ()  # proportions per device; (): llama.cpp decides
     main_gpu: int = 0
     tensor_overrides: tuple[tuple[str, str], ...] = ()  # (tensor name regex, buffer type)
+    # the chat template, replacing the file's (--chat-template): Jinja source, or the name of
+    # one llama.cpp renders itself (llama3, command-r...); jinja=False (--no-jinja) renders
+    # every template through llama.cpp's built-in renderers, as llama-server without --jinja
+    chat_template: str | None = None
+    jinja: bool = True

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import loadable, pairing
-from specli.backend import Model, check_placement
+from specli.backend import Model, apply_builtin_template, builtin_templates, check_placement
 from specli.batching import Gate, SharedContext
 from specli.config import (
     SPEC_TYPES,
@@ -211,11 +211,12 @@ class Engine:
         # skip measuring the vocabulary (RENDER_BYTES still bounds the template)
         size = sum(len(str(m.get("content") or "")) for m in messages)
         longest = self.target.max_token_bytes if size > n_ctx else None
+        template, builtin = chat_renderer(self.target.chat_template(), self.target.params.jinja)
         try:
-            return render_messages(self.target.chat_template(), messages, bos=bos,
+            return render_messages(template, messages, bos=bos,
                                    eos=self.target.special_text("eos"),
                                    max_bytes=n_ctx * longest if longest else None,
-                                   continue_final=continue_final)
+                                   continue_final=continue_final, builtin=builtin)
         except ContextOverflowError as e:  # more bytes than n_ctx tokens can spell
             e.n_prompt_tokens, e.n_ctx = n_ctx + 1, n_ctx  # a lower bound
             raise
@@ -265,6 +266,7 @@ class Engine:
         n_left = n_predict if n_predict >= 0 else tgt.n_ctx
         stats.finish_reason = "length"
         with meter.decode():
+            t0 = time.perf_counter()
             try:
                 while n_left > 0 and len(context) <= tgt.n_ctx:
                     # draft at most what the budget, the context and one batch can take
@@ -272,6 +274,8 @@ class Engine:
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
                                                         stats, rules, probs)
+                    if not stats.n_first:  # llama-server's rates start after the first token
+                        stats.n_first, stats.t_first_s = len(tokens), time.perf_counter() - t0
                     for i, t in enumerate(tokens):
                         context.append(t)
                         stats.n_predict += 1
@@ -404,6 +408,23 @@ def check_files(target: ModelParams, draft: ModelParams | None,
         if params is not None:
             check_placement(params)
     return n_vocab
+
+
+def chat_renderer(template: str | None, jinja: bool = True
+                  ) -> tuple[str | None, Callable[[list[dict], bool], str] | None]:
+    """How a chat template renders, as llama-server decides it: (Jinja source, None), or
+    (None, llama.cpp's own renderer). With Jinja (the default) a template's source goes
+    through the sandbox, "chatml" is ChatML and another llama.cpp built-in name (llama3,
+    command-r...) is llama.cpp's renderer; without Jinja every template is llama.cpp's,
+    recognised by its name or its text."""
+    from specli.chat import FALLBACK_TEMPLATE
+
+    if jinja and template == "chatml":
+        return FALLBACK_TEMPLATE, None
+    if jinja and template not in builtin_templates():
+        return template, None
+    source = template or FALLBACK_TEMPLATE
+    return None, lambda messages, add: apply_builtin_template(source, messages, add)
 
 
 def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:

@@ -51,6 +51,8 @@ class Stats:
     n_accept: int = 0
     drafted_per_pos: list[int] = field(default_factory=list)
     accepted_per_pos: list[int] = field(default_factory=list)
+    t_first_s: float = 0.0  # generation time until the first step's tokens were emitted
+    n_first: int = 0  # tokens the first step emitted (1, plus any accepted draft)
     t_draft_decode_s: float = 0.0  # inside the draft's llama_decode during generation
     t_target_decode_s: float = 0.0  # inside the target's llama_decode during generation
     draft: ModelPerf | None = None

@@ -146,11 +146,11 @@ def test_per_request_n_max_caps_every_draft(server):
         r = h.post("/completion", json={"prompt": PROMPT, "n_predict": 32,
                                         "speculative": {"n_max": 2}}).json()
         assert r["timings"]["draft_n"] > 0
-        assert len(r["timings"]["draft_accepted_per_position"]) <= 2
+        assert len(r["speculative"]["accepted_per_position"]) <= 2
         flat = h.post("/completion", json={"prompt": PROMPT, "n_predict": 32,
                                            "speculative.n_max": 2}).json()
         assert flat["content"] == r["content"]
-        assert 0 < len(flat["timings"]["draft_accepted_per_position"]) <= 2  # the cap held
+        assert 0 < len(flat["speculative"]["accepted_per_position"]) <= 2  # the cap held
 
 
 def test_llama_server_completion_and_its_timings(server):
@@ -163,6 +163,10 @@ def test_llama_server_completion_and_its_timings(server):
                     "predicted_per_second", "draft_n", "draft_n_accepted"):
             assert key in t, key
         assert doc["stop"] is True and doc["tokens_predicted"] == t["predicted_n"] <= 24
+        # numbers only, as llama-server's; the rate counts the tokens after the first step's
+        assert all(isinstance(v, int | float) for v in t.values()), t
+        assert t["predicted_per_second"] > 0 and t["prompt_ms"] > 0
+        assert t["predicted_per_token_ms"] * (t["predicted_n"] - 1) >= t["predicted_ms"] * 0.99
         events = []
         with h.stream("POST", "/completion", json={"prompt": PROMPT, "n_predict": 24,
                                                    "temperature": 0, "stream": True}) as s:
@@ -196,9 +200,24 @@ def test_metrics_move_by_exactly_one_requests_figures(server):
         after = h.get("/metrics").text
     for name, value in (("specli_draft_tokens_total", t["draft_n"]),
                         ("specli_draft_tokens_accepted_total", t["draft_n_accepted"]),
-                        ("specli_tokens_predicted_total", t["predicted_n"])):
+                        ("specli_tokens_predicted_total", t["predicted_n"]),
+                        # llama-server's names, for its dashboards
+                        ("llamacpp:spec_decode_num_draft_tokens_total", t["draft_n"]),
+                        ("llamacpp:spec_decode_num_accepted_tokens_total",
+                         t["draft_n_accepted"]),
+                        ("llamacpp:tokens_predicted_total", t["predicted_n"]),
+                        ("llamacpp:prompt_tokens_total", t["prompt_n"]),
+                        ("llamacpp:prompt_tokens_cached_total", t["cache_n"])):
         assert _metric(after, name) - _metric(before, name) == value, name
     assert 'specli_requests_total{code="200",route="/completion"}' in after
+    # the throughput gauges average over the window since the previous scrape
+    assert _metric(after, "llamacpp:predicted_tokens_seconds") > 0
+    assert _metric(after, "llamacpp:requests_processing") == 0
+    assert 0 < _metric(after, "llamacpp:kv_cache_usage_ratio") <= 1
+    with server.http() as h:
+        again = h.get("/metrics")
+    assert _metric(again.text, "llamacpp:predicted_tokens_seconds") == 0  # nothing since
+    assert abs(int(again.headers["Process-Start-Time-Unix"]) - time.time()) < 3600
     with server.http() as h:
         before = h.get("/metrics").text
         u = h.post("/v1/chat/completions", json={
@@ -218,6 +237,11 @@ def test_props_state_slots_and_template(server):
     assert p["chat_template_fallback"] is False
     assert p["speculative"]["types"] == ["draft-simple"]
     assert p["default_generation_settings"]["n_ctx"] == 512  # -c 1024 over 2 slots
+    params = p["default_generation_settings"]["params"]  # the server's defaults, llama's keys
+    assert params["temperature"] == 0 and params["seed"] == -1 and params["n_predict"] == -1
+    assert params["speculative.n_max"] == 8 and params["speculative.n_min"] == 0  # --draft 8
+    assert params["speculative.p_min"] == 0 and params["speculative.types"] == "draft-simple"
+    assert params["samplers"][-1] == "temperature"
 
 
 # -- errors: the OpenAI envelope, 4xx for bad input ----------------------------------------------

@@ -355,6 +355,8 @@ def test_llama_servers_prompt_forms(server):
         media = h.post("/completion", json={"prompt": {"prompt_string": "<__media__>",
                                                        "multimodal_data": ["AAAA"]}})
         assert media.status_code == 400
+        bare = h.post("/completion", json={"prompt": [7, {"prompt_string": PROMPT}]})
+        assert bare.status_code == 400 and "prompt[0]" in bare.json()["error"]["message"]
         n = h.post("/v1/chat/completions/input_tokens", json={
             "messages": [{"role": "user", "content": PROMPT}]}).json()["input_tokens"]
         usage = h.post("/v1/chat/completions", json={

@@ -101,3 +101,144 @@ def test_stream_chunks_carry_their_tokens_and_verbose_shows_the_prompt(server): 
             "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 2,
             "verbose": True}).json()
         assert PROMPT in v["__verbose"]["prompt"]
+
+
+# -- timings as llama-server computes them (part 3) ----------------------------------------------
+
+def test_timings_are_numbers_and_the_rate_starts_after_the_first_step():
+    from specli.server import formats
+    from specli.stats import Stats
+
+    s = Stats(n_prompt=10, t_encode_s=0.2, n_predict=11, t_decode_s=1.5, n_first=3,
+              t_first_s=0.5, n_drafted=12, n_accept=6, drafted_per_pos=[4, 4, 4],
+              accepted_per_pos=[3, 2, 1])
+    s.target.prompt_n = 9
+    t = formats.timings(s)
+    assert all(isinstance(v, int | float) for v in t.values())
+    # the first step's time is the prompt's (llama-server: the first token comes with it)
+    assert t["prompt_ms"] == pytest.approx(700) and t["prompt_n"] == 10
+    assert t["predicted_ms"] == pytest.approx(1000)
+    assert t["predicted_per_second"] == pytest.approx(8.0)  # 8 tokens after the first 3
+    assert t["predicted_per_token_ms"] == pytest.approx(125)
+    assert formats.speculative(s)["accepted_per_position"] == [0.75, 0.5, 0.25]
+
+
+# -- routes specli does not serve (part 9) -------------------------------------------------------
+
+@pytest.mark.parametrize("method,path", [("POST", "/infill"), ("POST", "/v1/embeddings"),
+                                         ("POST", "/embedding"), ("GET", "/"),
+                                         ("POST", "/v1/rerank"), ("POST", "/slots/0")])
+def test_llama_server_routes_specli_does_not_serve_say_so(method, path):
+    r = cors_client().request(method, path, json={})
+    assert r.status_code == 501
+    err = r.json()["error"]
+    assert err["type"] == "not_supported_error" and path in err["message"]
+    assert "specli does not implement" in err["message"]
+
+
+def test_every_route_not_served_is_in_the_readme():
+    from pathlib import Path
+
+    from specli.server.routes import NOT_SERVED
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    missing = [p for _, p in NOT_SERVED if f"`{p}`" not in readme]
+    assert not missing, missing
+
+
+# -- several aliases and the slot choice (part 8) ------------------------------------------------
+
+def test_several_aliases_name_the_model():
+    from specli.server.routes import _model_names
+
+    c = cors_client(aliases=("first", "second"))
+    models = c.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
+    assert models[0]["id"] == "first" and models[0]["aliases"] == ["first", "second"]
+    assert {"first", "second"} <= _model_names(c.app.state.specli)
+
+
+def _slot(i: int, tokens: list[int], last_used: float):
+    from types import SimpleNamespace
+
+    from specli.server.slots import Slot
+
+    return Slot(i, SimpleNamespace(target=SimpleNamespace(tokens=tokens)),
+                last_used=last_used)
+
+
+def test_slot_choice_is_llama_servers_prompt_similarity_then_least_recently_used():
+    from specli.server.slots import SlotPool
+
+    prompt = list(range(20))
+    half, tenth = _slot(0, prompt[:10] + [99], 2.0), _slot(1, prompt[:2], 1.0)
+    empty = _slot(2, [], 3.0)
+    pool = SlotPool([half, tenth, empty])
+    assert pool.choose([half, tenth, empty], prompt) is half  # 50% shared
+    assert pool.choose([tenth, empty], prompt) is tenth  # least recently used (10% is not >)
+    assert pool.choose([empty, half], [7, 8]) is half  # nothing shared: least recently used
+    pool.similarity = 0.6
+    assert pool.choose([half, tenth, empty], prompt) is tenth  # 50% is under the threshold
+    pool.similarity = 0.0  # off: least recently used whatever is cached
+    assert pool.choose([half, empty], prompt) is half
+    pool.executor.shutdown()
+
+
+# -- images, --chat-template, --host (parts 6 and 8) ---------------------------------------------
+
+def test_an_image_part_is_a_400_that_says_images_are_not_supported(server):  # noqa: F811
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["message"].startswith("image input is not supported")
+    assert err["param"] == "messages[0].content[1]"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--no-jinja", "--chat-template", "{{ messages }}"], "not supported"),
+    (["--chat-template", "{% for m in messages %}"], "not supported"),
+    (["--chat-template-file", "/no/such/template.jinja"], "cannot read"),
+    (["--chat-template", "chatml", "--chat-template-file", "x.jinja"], "not both"),
+    (["--host", "127.0.0.1,::1", "--port", "0"], "several TCP"),
+    (["--host", " , "], "at least one"),
+    (["-sps", "1.5"], "between 0 and 1"),
+])
+def test_bad_server_flags_are_one_line_errors_before_any_model_loads(args, words):
+    from conftest import specli
+
+    r = specli("serve", *args)
+    assert r.returncode == 2, r.stderr
+    assert words in r.stderr and "Traceback" not in r.stderr
+
+
+def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
+    import httpx
+    from test_serve import Server
+
+    from specli.backend import apply_builtin_template
+
+    sock = str(tmp_path / "specli.sock")
+    s = Server("-m", q4_1, "-c", "256", "-t", "2", "--chat-template", "command-r",
+               "--host", f"127.0.0.1,{sock}")
+    try:
+        msgs = [{"role": "system", "content": "You are a test."},
+                {"role": "user", "content": "Hi there"}]
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock),
+                          base_url="http://specli") as h:  # the same server, on the socket
+            r = h.post("/apply-template", json={"messages": msgs}).json()
+            # llama.cpp's own renderer, as llama-server's --chat-template command-r
+            assert r["prompt"] == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test."
+                                   "<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|><|USER_TOKEN|>"
+                                   "Hi there<|END_OF_TURN_TOKEN|><|START_OF_TURN_TOKEN|>"
+                                   "<|CHATBOT_TOKEN|>")
+            assert r["prompt"] == apply_builtin_template("command-r", msgs)
+            assert h.get("/props").json()["chat_template"] == "command-r"
+        with s.http() as h:  # a prefill through a built-in template
+            r = h.post("/apply-template", json={"messages": [
+                *msgs, {"role": "assistant", "content": "Hel"}]}).json()
+            assert r["prompt"].endswith("<|CHATBOT_TOKEN|>Hel")
+    finally:
+        s.stop()

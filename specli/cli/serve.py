@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import socket
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -20,7 +22,8 @@ SERVER = "Server"
 def serve(
     models: o.ModelFiles = o.MODEL_FILES,
     host: Annotated[str, typer.Option(
-        "--host", help="Address to listen on. 0.0.0.0 exposes the server to the network.",
+        "--host", help="Addresses to listen on, comma-separated, or UNIX socket paths ending "
+        "in .sock (llama-server's). 0.0.0.0 exposes the server to the network.",
         envvar="LLAMA_ARG_HOST", rich_help_panel=SERVER)] = "127.0.0.1",
     port: Annotated[int, typer.Option(
         "--port", help="Port to listen on (0: any free port).", envvar="LLAMA_ARG_PORT",
@@ -56,9 +59,25 @@ def serve(
         "--cors-credentials/--no-cors-credentials", help="Allow credentials in CORS.",
         envvar="LLAMA_ARG_CORS_CREDENTIALS", rich_help_panel=SERVER)] = True,
     jinja: Annotated[bool, typer.Option(
-        "--jinja/--no-jinja", help="Accepted for llama-server's command lines: specli always "
-        "renders the GGUF's Jinja chat template (sandboxed).", envvar="LLAMA_ARG_JINJA",
-        rich_help_panel=SERVER)] = True,
+        "--jinja/--no-jinja", help="Render chat templates as Jinja (sandboxed), or with "
+        "--no-jinja through llama.cpp's built-in renderers, as llama-server does.",
+        envvar="LLAMA_ARG_JINJA", rich_help_panel=SERVER)] = True,
+    chat_template: Annotated[str | None, typer.Option(
+        "--chat-template", metavar="JINJA_TEMPLATE|NAME", help="Chat template replacing the "
+        "file's: Jinja source, or a llama.cpp built-in name (chatml, llama3, command-r, "
+        "gemma...; `specli serve --list-chat-templates` lists them).",
+        envvar="LLAMA_ARG_CHAT_TEMPLATE", rich_help_panel=SERVER, show_default=False)] = None,
+    chat_template_file: Annotated[Path | None, typer.Option(
+        "--chat-template-file", metavar="FILE", help="Read the chat template from a file.",
+        envvar="LLAMA_ARG_CHAT_TEMPLATE_FILE", rich_help_panel=SERVER,
+        show_default=False)] = None,
+    list_templates: Annotated[bool, typer.Option(
+        "--list-chat-templates", help="Print llama.cpp's built-in chat template names and "
+        "exit.", rich_help_panel=SERVER)] = False,
+    slot_similarity: Annotated[float, typer.Option(
+        "-sps", "--slot-prompt-similarity", help="A request goes to the idle slot whose cache "
+        "holds more than this fraction of its prompt (the most), else to the least recently "
+        "used; 0 turns the match off.", rich_help_panel=SERVER)] = 0.1,
     timeout: Annotated[float, typer.Option(
         "-to", "--timeout", help="Seconds a request may wait for a free slot before a 503.",
         envvar="LLAMA_ARG_TIMEOUT", rich_help_panel=SERVER)] = 600.0,
@@ -66,9 +85,9 @@ def serve(
         "--max-queue", help="Requests that may wait for a slot; one more gets a 503 with "
         "Retry-After.", rich_help_panel=SERVER)] = 16,
     alias: Annotated[str | None, typer.Option(
-        "-a", "--alias", help="Model name in /v1/models and responses. Default: the file name.",
-        envvar="LLAMA_ARG_ALIAS",
-        rich_help_panel=SERVER, show_default=False)] = None,
+        "-a", "--alias", help="Model names, comma-separated: the first in /v1/models and "
+        "responses, any accepted in requests. Default: the file name.",
+        envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", "--predict", help="Default tokens per request when it sets no "
         "max_tokens; -1 until end of generation or a full context.",
@@ -85,6 +104,11 @@ def serve(
     --metrics) /metrics. A request may carry its own `speculative` object ({"n_max", "n_min",
     "p_min", "type"}, or false). With no -m, the embedded SmolLM2 pair is served.
     """
+    if list_templates:
+        from specli.backend import builtin_templates
+
+        print("\n".join(builtin_templates()))
+        return
     if parallel < 1 or max_queue < 0 or timeout <= 0:
         raise UsageError("-np/--parallel must be at least 1, --max-queue at least 0 and "
                          "--timeout more than 0")
@@ -92,6 +116,12 @@ def serve(
         raise UsageError(f"-n/--n-predict must be -1 or at least 1, got {n_predict}")
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be between 0 and 65535, got {port}")
+    if not 0.0 <= slot_similarity <= 1.0:
+        raise UsageError(f"-sps/--slot-prompt-similarity must be between 0 and 1, got "
+                         f"{slot_similarity}")
+    hosts = _hosts(host, port)
+    aliases = tuple(a.strip() for a in (alias or "").split(",") if a.strip())
+    template = _template(chat_template, chat_template_file, jinja)
     types = list(drafting.types)
     if drafting.ngram.lookup_dynamic and parallel > 1:
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
@@ -111,16 +141,56 @@ def serve(
     from specli.server import ServerConfig
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
+    target = replace(target, chat_template=template, jinja=jinja)
     check_files(target, draft_model, types)  # a bad pair or file is refused before listening
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
         sampling=sampling,
-        n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), alias=alias,
+        n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), aliases=aliases,
+        slot_similarity=slot_similarity,
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
         cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
         cors_credentials=cors_credentials)
-    _run(config, host, port)
+    _run(config, hosts, port)
+
+
+def _hosts(value: str, port: int) -> list[str]:
+    """--host as llama-server parses it: comma-separated, each an address or a UNIX socket
+    path ending in .sock; port 0 (any free port) with one TCP address only."""
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        raise UsageError("--host requires at least one address")
+    if port == 0 and sum(not h.endswith(".sock") for h in hosts) > 1:
+        raise UsageError("--port 0 is not supported with several TCP addresses")
+    return hosts
+
+
+def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
+    """The chat template given on the command line (text, or a file's), checked as
+    llama-server checks it: rendered once with a test message."""
+    if value is not None and path is not None:
+        raise UsageError("give --chat-template or --chat-template-file, not both")
+    if path is not None:
+        try:
+            value = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read --chat-template-file {path}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    if value is None:
+        return None
+    from specli.chat import render_messages
+    from specli.engine import chat_renderer
+
+    source, builtin = chat_renderer(value, jinja)
+    try:
+        render_messages(source, [{"role": "user", "content": "test"}], builtin=builtin)
+    except UsageError as e:
+        note = "" if jinja else " (without --jinja only llama.cpp's built-in templates work)"
+        raise UsageError(f"the supplied chat template is not supported: {e.message}{note}",
+                         hint="`specli serve --list-chat-templates` lists the built-in names"
+                         ) from None
+    return value
 
 
 def _keys(given: list[str], path: Path | None) -> list[str]:
@@ -136,20 +206,47 @@ def _keys(given: list[str], path: Path | None) -> list[str]:
     return keys
 
 
-def _run(config, host: str, port: int) -> None:
-    import uvicorn
-
-    from specli.server import create_app
-
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound socket: a UNIX one for a path ending in .sock (a stale socket file there is
+    replaced, any other file refused), else TCP."""
     try:
+        if host.endswith(".sock"):
+            if os.path.exists(host):
+                import stat
+
+                if not stat.S_ISSOCK(os.stat(host).st_mode):
+                    raise SpecliError(f"cannot listen on {host}: a file that is not a socket "
+                                      "is there", hint="choose another path")
+                os.unlink(host)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(host)
+            return sock
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         family, _, _, _, addr = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # "::" is IPv6 only, as llama-server binds it
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(addr)
+        return sock
     except OSError as e:
         raise SpecliError(f"cannot listen on {host}:{port}: {e.strerror or e}",
                           hint="choose another --port or --host") from None
+
+
+def _run(config, hosts: list[str], port: int) -> None:
+    import uvicorn
+
+    from specli.server import create_app
+
+    socks: list[socket.socket] = []
+    try:
+        for host in hosts:
+            socks.append(_listen(host, port))
+    except SpecliError:
+        for s in socks:
+            s.close()
+        raise
     failure: list[BaseException] = []
     server: uvicorn.Server | None = None
 
@@ -159,15 +256,17 @@ def _run(config, host: str, port: int) -> None:
             server.should_exit = True
 
     def ready(slots: int) -> None:
-        bound = sock.getsockname()
-        err.print(f"specli serve: listening on http://{host}:{bound[1]} ({config.model_id}, "
+        where = ", ".join(f"unix:{h}" if h.endswith(".sock") else
+                          f"http://{'[' + h + ']' if ':' in h else h}:{s.getsockname()[1]}"
+                          for h, s in zip(hosts, socks, strict=True))
+        err.print(f"specli serve: listening on {where} ({config.model_id}, "
                   f"{'draft ' + Path(config.draft.path).name if config.draft else 'no draft'}"
                   f", {slots} slot{'s' * (slots != 1)})", markup=False)
 
     app = create_app(config, on_fatal=fatal, on_ready=ready)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5))
-    server.run(sockets=[sock])
+    server.run(sockets=socks)
     if failure:
         e = failure[0]
         if isinstance(e, SpecliError):

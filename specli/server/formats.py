@@ -24,13 +24,19 @@ def cached(s: Stats) -> int:
     return max(s.n_prompt - (s.target.prompt_n + 1), 0) if s.n_prompt else 0
 
 
+def speculative(s: Stats) -> dict:
+    """What speculation did: drafts verified, tokens drafted and accepted, and the acceptance
+    rate at each draft position (1 = the first drafted token)."""
+    return {"drafts": s.n_steps, "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
+            "accept_rate": round(s.accept_rate, 4),
+            "accepted_per_position": [round(r, 4) for r in s.accept_rate_per_pos]}
+
+
 def usage(s: Stats) -> dict:
     return {"prompt_tokens": s.n_prompt, "completion_tokens": s.n_predict,
             "total_tokens": s.n_prompt + s.n_predict,
             "prompt_tokens_details": {"cached_tokens": cached(s)},
-            "speculative": {"drafts": s.n_steps, "draft_n": s.n_drafted,
-                            "draft_n_accepted": s.n_accept,
-                            "accept_rate": round(s.accept_rate, 4)}}
+            "speculative": speculative(s)}
 
 
 def usage_of(dones: list[Done]) -> dict:
@@ -44,27 +50,38 @@ def usage_of(dones: list[Done]) -> dict:
         spec["draft_n_accepted"] = sum(d.stats.n_accept for d in dones)
         spec["accept_rate"] = round(spec["draft_n_accepted"] / spec["draft_n"], 4) \
             if spec["draft_n"] else 0.0
+        drafted = [sum(col) for col in _columns([d.stats.drafted_per_pos for d in dones])]
+        accepted = [sum(col) for col in _columns([d.stats.accepted_per_pos for d in dones])]
+        spec["accepted_per_position"] = [round(a / d, 4) if d else 0.0
+                                         for a, d in zip(accepted, drafted, strict=True)]
         out.update(completion_tokens=n, total_tokens=out["prompt_tokens"] + n)
     return out
 
 
+def _columns(rows: list[list[int]]) -> list[list[int]]:
+    width = max((len(r) for r in rows), default=0)
+    return [[r[i] if i < len(r) else 0 for r in rows] for i in range(width)]
+
+
 def timings(s: Stats) -> dict:
-    """llama-server's timings object, with the draft figures always present."""
+    """llama-server's timings object, numbers only, computed as llama-server computes them:
+    the first token comes with the prompt's logits there, so its time is the prompt's and
+    the generation rate counts the tokens after it (here: after the first step's tokens,
+    one plus any accepted draft). The draft totals are here; the acceptance per draft
+    position is in the `speculative` object."""
     prompt_n = s.target.prompt_n + 1 if s.n_prompt else 0  # the last prompt token opens step 1
-    prompt_ms, predicted_ms = 1e3 * s.t_encode_s, 1e3 * s.t_decode_s
-
-    def per(n: float, ms: float) -> tuple[float, float]:
-        return (ms / n if n else 0.0), (1e3 * n / ms if ms else 0.0)
-
-    p_tok, p_sec = per(prompt_n, prompt_ms)
-    g_tok, g_sec = per(s.n_predict, predicted_ms)
+    prompt_ms = 1e3 * (s.t_encode_s + s.t_first_s)
+    predicted_ms = 1e3 * max(s.t_decode_s - s.t_first_s, 0.0)
+    after = s.n_predict - s.n_first
     return {"cache_n": cached(s),
-            "prompt_n": prompt_n, "prompt_ms": prompt_ms, "prompt_per_token_ms": p_tok,
-            "prompt_per_second": p_sec, "predicted_n": s.n_predict,
-            "predicted_ms": predicted_ms, "predicted_per_token_ms": g_tok,
-            "predicted_per_second": g_sec, "draft_n": s.n_drafted,
-            "draft_n_accepted": s.n_accept, "draft_accept_rate": s.accept_rate,
-            "draft_accepted_per_position": s.accept_rate_per_pos}
+            "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
+            "predicted_n": s.n_predict, "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": predicted_ms / after if after else 0.0,
+            "predicted_per_second": 1e3 * after / predicted_ms if predicted_ms else 0.0,
+            "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
+            "draft_accept_rate": s.accept_rate}
 
 
 _LOWEST = -3.4028234663852886e38  # log(0) as llama-server writes it (JSON has no -inf)
@@ -196,7 +213,7 @@ async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage:
                     "timings": timings(dones[0].stats)})
 
 
-async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:
+async def llama_events(gen: Generation, model: str, gs: dict) -> AsyncIterator[str]:
     sp = gen.job.sampling
     async for ev in gen.events():
         if isinstance(ev, Progress):
@@ -212,11 +229,12 @@ async def llama_events(gen: Generation, model: str) -> AsyncIterator[str]:
                     gen.slot.engine.target, ev.probs, sp.post_sampling_probs)
             yield data(out)
         else:
-            yield data(llama_final("", ev, gen, model, stream=True))
+            yield data(llama_final("", ev, gen, model, gs, stream=True))
 
 
-def llama_final(text: str, done: Done, gen: Generation, model: str,
+def llama_final(text: str, done: Done, gen: Generation, model: str, gs: dict,
                 stream: bool = False) -> dict:
+    """llama-server's /completion answer (gs: the request's generation_settings)."""
     s, job = done.stats, gen.job
     # llama-server's stop types: limit (n_predict), eos (end of generation), word (a stop)
     stop_type = "limit" if done.finish_reason == "length" else \
@@ -225,12 +243,12 @@ def llama_final(text: str, done: Done, gen: Generation, model: str,
            "tokens": done.tokens if job.return_tokens else [],
            "id_slot": gen.slot.id, "stop": True, "model": model,
            "tokens_predicted": s.n_predict, "tokens_evaluated": s.n_prompt,
-           "generation_settings": settings(job), "prompt": job.prompt_text,
+           "generation_settings": gs, "prompt": job.prompt_text,
            "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
            "stopping_word": done.stopping_word,
            # what the slot's cache holds now: the prompt and the output but its last token
            "tokens_cached": max(s.n_prompt + s.n_predict - 1, 0),
-           "timings": timings(s)}
+           "timings": timings(s), "speculative": speculative(s)}
     if not stream and job.sampling.n_probs is not None:
         out["completion_probabilities"] = probs_json(gen.slot.engine.target, done.probs,
                                                      job.sampling.post_sampling_probs)
@@ -252,24 +270,41 @@ def pick(doc: dict, paths: list[str]) -> dict:
     return out
 
 
-def settings(job) -> dict:
-    """The request's generation settings, as llama-server reports them."""
-    sp = job.sampling
-    return {"n_predict": job.n_predict, "seed": sp.seed if sp.seed is not None else -1,
-            "temperature": sp.temp, "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
-            "repeat_last_n": sp.repeat_last_n, "repeat_penalty": sp.repeat_penalty,
-            "presence_penalty": sp.presence_penalty,
-            "frequency_penalty": sp.frequency_penalty,
-            "logit_bias": [{"token": t, "bias": b if math.isfinite(b) else False}
-                           for t, b in sp.logit_bias],
-            "dry_multiplier": sp.dry_multiplier, "dry_base": sp.dry_base,
-            "dry_allowed_length": sp.dry_allowed_length,
-            "dry_penalty_last_n": sp.dry_penalty_last_n,
-            "dry_sequence_breakers": list(sp.dry_sequence_breakers),
-            "n_probs": sp.n_probs or 0, "post_sampling_probs": sp.post_sampling_probs,
-            "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama-server's: off
-            "grammar": sp.grammar or "", "stop": list(job.stop),
-            "speculative": job.speculative,
-            "speculative.n_max": job.spec.n_max if job.spec else None,
-            "speculative.n_min": job.spec.n_min if job.spec else None,
-            "speculative.p_min": job.spec.p_min if job.spec else None}
+# specli's sampling chain, in llama.cpp's names (verify.py): logit bias first, always
+SAMPLERS = ("penalties", "dry", "top_k", "top_p", "min_p", "temperature")
+
+
+def bias_json(logit_bias) -> list[dict]:
+    """(token, bias) pairs as llama-server writes them: a ban (-inf, which JSON cannot
+    spell) is false, as in a request."""
+    return [{"token": t, "bias": b if math.isfinite(b) else False} for t, b in logit_bias]
+
+
+def settings(sp, n_predict: int, stop=(), policy=None, speculative: bool = True,
+             types: tuple[str, ...] = ()) -> dict:
+    """Generation settings as llama-server reports them (a /completion answer's
+    generation_settings, /props' default_generation_settings.params): these sampling
+    parameters, this n_predict and stop list, and the draft policy in effect. The samplers
+    specli does not have are at their neutral values, the only ones it accepts."""
+    out = {"seed": sp.seed if sp.seed is not None else -1, "temperature": sp.temp,
+           "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+           "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
+           "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
+           "typical_p": 1.0, "repeat_last_n": sp.repeat_last_n,
+           "repeat_penalty": sp.repeat_penalty, "presence_penalty": sp.presence_penalty,
+           "frequency_penalty": sp.frequency_penalty,
+           "dry_multiplier": sp.dry_multiplier, "dry_base": sp.dry_base,
+           "dry_allowed_length": sp.dry_allowed_length,
+           "dry_penalty_last_n": sp.dry_penalty_last_n,
+           "dry_sequence_breakers": list(sp.dry_sequence_breakers),
+           "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+           "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama-server's: off
+           "stop": list(stop), "max_tokens": n_predict, "n_predict": n_predict,
+           "n_keep": 0, "n_discard": 0, "logit_bias": bias_json(sp.logit_bias),
+           "n_probs": sp.n_probs or 0, "min_keep": 0, "grammar": sp.grammar or "",
+           "post_sampling_probs": sp.post_sampling_probs, "samplers": list(SAMPLERS),
+           "speculative": speculative}
+    if policy is not None:
+        out.update({"speculative.n_max": policy.n_draft, "speculative.n_min": policy.n_min,
+                    "speculative.p_min": policy.p_min, "speculative.types": ",".join(types)})
+    return out

@@ -26,6 +26,7 @@ from specli.server import formats as f
 from specli.server.errors import APIError, envelope, overflow, refuse
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
+    MEDIA,
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
@@ -88,6 +89,44 @@ async def health(st: AppState) -> JSONResponse:
                          "slots_processing": len(st.pool.slots) - st.pool.idle})
 
 
+# llama-server's routes that specli does not serve, and what they are: a 501 that says so
+# (README, "Not served")
+NOT_SERVED = {
+    ("GET", "/"): "the web UI", ("GET", "/index.html"): "the web UI",
+    ("POST", "/infill"): "code infill",
+    **{("POST", p): "embeddings" for p in ("/embedding", "/embeddings", "/v1/embeddings")},
+    **{("POST", p): "reranking" for p in ("/rerank", "/reranking", "/v1/rerank",
+                                          "/v1/reranking")},
+    **{("POST", p): "OpenAI's Responses API" for p in (
+        "/responses", "/v1/responses", "/responses/input_tokens",
+        "/v1/responses/input_tokens")},
+    **{("POST", p): "Anthropic's Messages API" for p in ("/v1/messages",
+                                                         "/v1/messages/count_tokens")},
+    **{("POST", p): "audio transcription" for p in ("/audio/transcriptions",
+                                                    "/v1/audio/transcriptions")},
+    ("GET", "/lora-adapters"): "LoRA adapters", ("POST", "/lora-adapters"): "LoRA adapters",
+    ("POST", "/slots/{id_slot}"): "saving, restoring and erasing slots",
+    ("POST", "/props"): "changing the server's properties",
+    ("POST", "/v1/chat/completions/control"): "controlling a running generation",
+    ("GET", "/tools"): "the web UI's tools", ("POST", "/tools"): "the web UI's tools",
+    ("GET", "/cors-proxy"): "the web UI's CORS proxy",
+    ("POST", "/cors-proxy"): "the web UI's CORS proxy",
+    ("POST", "/models/load"): "router mode", ("POST", "/models/unload"): "router mode",
+}
+
+
+def _not_served(what: str) -> Callable:
+    async def answer(request: Request) -> JSONResponse:
+        return envelope(501, f"specli does not implement {request.method} "
+                        f"{request.url.path} ({what}): see the README's list of routes",
+                        "not_supported_error", code="not_supported")
+    return answer
+
+
+for (_method, _path), _what in NOT_SERVED.items():
+    public.add_api_route(_path, _not_served(_what), methods=[_method], include_in_schema=False)
+
+
 # -- information ----------------------------------------------------------------------------
 
 @info.get("/v1/models")
@@ -95,7 +134,8 @@ async def health(st: AppState) -> JSONResponse:
 async def models(st: AppState) -> dict:
     c = st.config
     return {"object": "list", "data": [{
-        "id": c.model_id, "object": "model", "created": st.created, "owned_by": "specli",
+        "id": c.model_id, "aliases": list(c.aliases), "object": "model",
+        "created": st.created, "owned_by": "specli",
         "meta": {"path": c.target.path, "draft": c.draft.path if c.draft else None}}]}
 
 
@@ -116,21 +156,14 @@ async def props(st: AppState, pool: Pool) -> dict:
         "chat_template_fallback": template is None,
         "chat_template_note": None if template else
         "the model file has no chat template: chat requests are rendered as ChatML",
+        # llama-server's shape: the defaults under params, n_ctx per slot beside them
         "default_generation_settings": {
-            "n_ctx": e.target.n_ctx, "n_predict": c.n_predict,
-            "temperature": c.sampling.temp, "top_k": c.sampling.top_k,
-            "top_p": c.sampling.top_p, "min_p": c.sampling.min_p,
-            "repeat_penalty": c.sampling.repeat_penalty,
-            "repeat_last_n": c.sampling.repeat_last_n,
-            "presence_penalty": c.sampling.presence_penalty,
-            "frequency_penalty": c.sampling.frequency_penalty,
-            # a ban is -inf, which JSON cannot spell: false, as in a request
-            "logit_bias": [{"token": t, "bias": b if b != float("-inf") else False}
-                           for t, b in c.sampling.logit_bias],
-        },
+            "n_ctx": e.target.n_ctx,
+            "params": f.settings(c.sampling, c.n_predict, (), c.draft_params,
+                                 types=_types(st))},
         "speculative": {
             "draft_model": c.draft.path if c.draft else None,
-            "types": list(spec_key([*c.spec_types, *(["draft-simple"] if c.draft else [])])),
+            "types": list(_types(st)),
             "n_max": c.draft_params.n_max, "n_min": c.draft_params.n_min,
             "p_min": c.draft_params.p_min, "auto": c.draft_params.adaptive,
         },
@@ -168,9 +201,16 @@ async def metrics(st: AppState) -> Response:
         raise APIError(501, "This server does not support metrics endpoint. Start it with "
                        "`--metrics`", "not_supported_error", code="metrics_disabled")
     pool = st.pool
+
+    def kv() -> tuple[int, int]:  # the target's cached tokens and room, over the slots
+        slots = pool.slots if pool else []
+        return (sum(len(s.engine.target.tokens) for s in slots),
+                sum(s.engine.target.n_ctx for s in slots))
+
     body = st.metrics.render(len(pool.slots) - pool.idle if pool else 0,
-                             len(pool.slots) if pool else 0, pool.waiting if pool else 0)
-    return Response(body, media_type=CONTENT_TYPE)
+                             len(pool.slots) if pool else 0, pool.waiting if pool else 0, kv)
+    return Response(body, media_type=CONTENT_TYPE,
+                    headers={"Process-Start-Time-Unix": str(st.created)})
 
 
 # -- generation -----------------------------------------------------------------------------
@@ -193,7 +233,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     _refuse_chat(body)
     # rendering and tokenizing run off the event loop, within their bounds (engine.py)
     ids = await asyncio.to_thread(st.engine.tokenize_messages,
-                                  [_message(m) for m in body.messages], _prefill(body))
+                                  _messages(body), _prefill(body))
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
@@ -213,7 +253,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
         if body.verbose:  # llama-server's debugging aid: the answer as /completion gives it
             job.prompt_text = _text(st, ids)
             out["__verbose"] = f.llama_final(dones[0].text, dones[0], gen,
-                                             st.config.model_id)
+                                             st.config.model_id, _settings(st, job))
         return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
@@ -226,7 +266,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
 async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """How many tokens the chat request's prompt is (llama-server's)."""
     ids = await asyncio.to_thread(st.engine.tokenize_messages,
-                                  [_message(m) for m in body.messages], _prefill(body))
+                                  _messages(body), _prefill(body))
     return {"input_tokens": len(ids)}
 
 
@@ -287,6 +327,10 @@ def _prompts(prompt) -> list[str | list[int | str]]:
         return [one(prompt)]
     if any(isinstance(p, list | JsonPrompt) for p in prompt) or all(
             isinstance(p, str) for p in prompt):
+        bare = next((i for i, p in enumerate(prompt) if isinstance(p, int)), None)
+        if bare is not None:  # a batch holds prompts: a token id alone is none
+            raise APIError(400, f"prompt[{bare}] is a token id in a batch of prompts: each "
+                           "prompt is text, a list of ids or an object", param="prompt")
         return [one(p) for p in prompt]
     return [prompt]
 
@@ -309,14 +353,14 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
     job.prompt_text = _text(st, ids)
-    model, fields = st.config.model_id, body.response_fields
+    model, fields, gs = st.config.model_id, body.response_fields, _settings(st, job)
 
     def final(dones: list[Done], gen: Generation) -> dict:
-        out = f.llama_final(dones[0].text, dones[0], gen, model)
+        out = f.llama_final(dones[0].text, dones[0], gen, model, gs)
         return f.pick(out, fields) if fields else out
 
     return await _answer(request, pool, job, bool(body.stream),
-                         lambda gen: f.llama_events(gen, model), final, done_marker=False)
+                         lambda gen: f.llama_events(gen, model, gs), final, done_marker=False)
 
 
 @llama.post("/tokenize")
@@ -402,8 +446,20 @@ def _prefill(body: ChatRequest) -> bool:
 async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """The prompt a chat request would be given (llama-server's /apply-template)."""
     text = await asyncio.to_thread(st.engine.render_messages,
-                                   [_message(m) for m in body.messages], _prefill(body))
+                                   _messages(body), _prefill(body))
     return {"prompt": text}
+
+
+def _messages(body: ChatRequest) -> list[dict]:
+    """The messages as the template takes them; a media part is a 400 that says what it is
+    (specli serves text models: no projector, as llama-server without --mmproj)."""
+    for i, m in enumerate(body.messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
+            if part.type in MEDIA:
+                raise APIError(400, f"{MEDIA[part.type]} input is not supported: specli "
+                               f"serves text-only models (a {part.type} part)",
+                               param=f"messages[{i}].content[{j}]")
+    return [_message(m) for m in body.messages]
 
 
 def _message(m) -> dict:
@@ -579,10 +635,25 @@ def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest
     return True, SpecRequest(types, spec.n_max, spec.n_min, spec.p_min)
 
 
+def _types(st: State, spec: SpecRequest | None = None) -> tuple[str, ...]:
+    """The --spec-type names a request drafts with: its own, else the server's."""
+    if spec is not None and spec.types is not None:
+        return spec.types
+    c = st.config
+    return spec_key([*c.spec_types, *(["draft-simple"] if c.draft else [])])
+
+
+def _settings(st: State, job: Job) -> dict:
+    """The request's generation settings as llama-server reports them."""
+    return f.settings(job.sampling, job.n_predict, job.stop,
+                      st.config.draft_params.overlay(job.spec), job.speculative,
+                      _types(st, job.spec))
+
+
 def _model_names(st: State) -> set[str]:
     c = st.config
     base = os.path.basename(c.target.path)
-    return {c.model_id, base, os.path.splitext(base)[0], c.target.path}
+    return {c.model_id, *c.aliases, base, os.path.splitext(base)[0], c.target.path}
 
 
 async def _start(pool: SlotPool, job: Job) -> Generation:

@@ -103,11 +103,26 @@ class TextPart(Strict):
     text: str
 
 
+# the media parts llama-server reads (with a vision or audio projector): refused by the route
+# with what they are, not by the validator with where its union failed
+MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video",
+         "video_url": "video"}
+
+
+class MediaPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["image_url", "input_audio", "input_video", "video_url"]
+
+
+Part = TextPart | MediaPart  # not discriminated: its tag would enter the error's location
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # name...: passed to the template
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
 
 
 class SchemaWrapper(BaseModel):

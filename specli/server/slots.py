@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -106,6 +107,7 @@ class Slot:
     engine: Engine
     busy: bool = False
     n_requests: int = 0
+    last_used: float = 0.0  # monotonic time of its last release (least recently used first)
 
 
 class StopMatcher:
@@ -237,6 +239,9 @@ class SlotPool:
     wait_s: float = 600.0
     on_done: Callable[[Stats], None] | None = None  # each generation's stats (metrics)
     contexts: list = field(default_factory=list)  # the SharedContexts the slots decode in
+    # llama-server's --slot-prompt-similarity: the idle slot whose cache holds the longest
+    # prefix of the prompt, if more than this fraction of it; else the least recently used
+    similarity: float = 0.1
     waiting: int = 0
     executor: ThreadPoolExecutor = field(init=False)
 
@@ -259,8 +264,8 @@ class SlotPool:
 
     async def acquire(self, prompt: Sequence[int] = (), slot_id: int | None = None) -> Slot:
         """A slot for the prompt: the one asked for (waiting for it if busy), else the idle
-        one whose cache shares the longest prefix with the prompt (llama-server's slot
-        similarity), else the least used."""
+        one whose cache shares most of the prompt (llama-server's slot prompt similarity),
+        else the least recently used."""
         free = self._queue()
         if free.empty() and self.waiting >= self.max_queue:
             raise Busy(f"all {len(self.slots)} slots are busy and {self.waiting} requests wait")
@@ -275,15 +280,13 @@ class SlotPool:
         slot.n_requests += 1
         return slot
 
-    @staticmethod
-    async def _take(free: asyncio.Queue, prompt: Sequence[int], slot_id: int | None) -> Slot:
+    async def _take(self, free: asyncio.Queue, prompt: Sequence[int],
+                    slot_id: int | None) -> Slot:
         while True:
             idle = [await free.get()]
             while not free.empty():  # no await from here on: the queue is ours
                 idle.append(free.get_nowait())
-            fits = [s for s in idle if slot_id is None or s.id == slot_id]
-            best = max(fits, key=lambda s: (_common(s.engine.target.tokens, prompt),
-                                            -s.n_requests), default=None)
+            best = self.choose([s for s in idle if slot_id is None or s.id == slot_id], prompt)
             for s in idle:
                 if s is not best:
                     free.put_nowait(s)
@@ -291,8 +294,20 @@ class SlotPool:
                 return best
             await asyncio.sleep(0.02)  # the slot asked for is busy: look again soon
 
+    def choose(self, idle: Sequence[Slot], prompt: Sequence[int]) -> Slot | None:
+        """llama-server's choice among idle slots: the largest fraction of the prompt already
+        cached, if above the similarity threshold (0 turns it off); else the least recently
+        used."""
+        if self.similarity > 0 and prompt:
+            shares = [(_common(s.engine.target.tokens, prompt) / len(prompt), s) for s in idle]
+            share, best = max(shares, key=lambda x: x[0], default=(0.0, None))
+            if best is not None and share > self.similarity:
+                return best
+        return min(idle, key=lambda s: s.last_used, default=None)
+
     def release(self, slot: Slot) -> None:
         slot.busy = False
+        slot.last_used = time.monotonic()
         self._queue().put_nowait(slot)
 
     def start(self, slot: Slot, job: Job) -> Generation:

@@ -28,7 +28,8 @@ class ServerConfig:
     n_predict: int = -1
     parallel: int = 1
     api_keys: tuple[str, ...] = ()
-    alias: str | None = None
+    aliases: tuple[str, ...] = ()  # -a: the model's names, the first in answers
+    slot_similarity: float = 0.1  # -sps: llama-server's slot choice by shared prompt
     metrics: bool = False
     slots: bool = True  # GET /slots
     cors_origins: str = "*"  # llama-server's CORS defaults
@@ -41,7 +42,7 @@ class ServerConfig:
 
     @property
     def model_id(self) -> str:
-        return self.alias or os.path.basename(self.target.path)
+        return self.aliases[0] if self.aliases else os.path.basename(self.target.path)
 
 
 class State:
@@ -65,5 +66,6 @@ class State:
         engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
                                             c.spec_types, c.ngram)
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
-                             c.timeout, on_done=self.metrics.observe, contexts=shared)
+                             c.timeout, on_done=self.metrics.observe, contexts=shared,
+                             similarity=c.slot_similarity)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
