@@ -34,14 +34,35 @@ class Generation:
     stats: Stats
     baseline_identical: bool | None = None  # greedy runs with a baseline only
 
+    @property
+    def interrupted(self) -> bool:
+        return self.stats.finish_reason == "interrupted"
+
+
+class Interrupt:
+    """Ctrl-C as a request to stop (the caller's SIGINT handler calls it): while tokens are
+    generated the generation ends at the next token, caches rewound and statistics whole
+    (finish reason "interrupted"); before that (loading), or a second time, it interrupts at
+    once (KeyboardInterrupt)."""
+
+    def __init__(self) -> None:
+        self.armed = self.hit = False
+
+    def __call__(self, *_signal) -> None:
+        if not self.armed or self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+
 
 def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
              on_note: Callable[[str], None] | None = None,
-             phase: Callable[[str], AbstractContextManager] | None = None) -> Generation:
+             phase: Callable[[str], AbstractContextManager] | None = None,
+             interrupt: Interrupt | None = None) -> Generation:
     """Load the pair, generate, optionally measure the target alone, close the models.
 
     on_text receives the text as it is decoded; on_note one-line remarks for a person (no
-    draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal)."""
+    draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal);
+    interrupt, once hit, ends the generation at the next token (no baseline then)."""
     from specli.engine import Engine
 
     phase = phase or (lambda _name: nullcontext())
@@ -57,12 +78,26 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
         ids = engine.tokenize(req.text, chat=req.chat)
         pieces: list[str] = []
         stats = Stats()
-        for chunk in engine.stream(ids, req.n_predict, req.sampling, stats=stats):
-            pieces.append(chunk.text)
-            if on_text and chunk.text:
-                on_text(chunk.text)
+        stream = engine.stream(ids, req.n_predict, req.sampling, stats=stats)
+        if interrupt is not None:
+            interrupt.armed = True
+        stopped = False
+        try:
+            for chunk in stream:
+                pieces.append(chunk.text)
+                if on_text and chunk.text:
+                    on_text(chunk.text)
+                if interrupt is not None and interrupt.hit and chunk.finish_reason is None:
+                    stopped = True
+                    break
+        finally:
+            if interrupt is not None:
+                interrupt.armed = False
+            stream.close()  # caches rewound, the statistics complete
+        if stopped:
+            stats.finish_reason = "interrupted"
         out = Generation("".join(pieces), stats)
-        if req.baseline:
+        if req.baseline and not out.interrupted:
             with phase("measuring the baseline (target alone)"):
                 plain = engine.complete(ids, req.n_predict, replace(req.sampling,
                                                                     seed=stats.seed),

@@ -153,6 +153,8 @@ def format_llama(s: Stats) -> str:
     lines += ["target:", "", *s.target.perf_lines(), ""]
     per_pos = ", ".join(f"{r:.3f}" for r in s.accept_rate_per_pos) or "-"
     lines += [
+        f"seed      = {s.seed if s.seed is not None else '-'}",
+        f"finish    = {s.finish_reason or '-'}",
         f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",
         f"acceptance per position = {per_pos}",
         f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -230,27 +231,47 @@ def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path, command):
     assert r.stderr.startswith("error: -lcs/-lcd are lookup caches for --spec-type ngram-cache")
 
 
-def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f32):
-    """Ctrl-C in the middle of generation: exit 130, no traceback, and the dynamic cache on
-    disk is whole and holds the text generated so far."""
+@pytest.mark.parametrize("json_out", [False, True])
+def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f32, json_out):
+    """Ctrl-C in the middle of generation: the generation stops at the next token, the text
+    and the statistics so far are printed (finish reason interrupted; with --json the one
+    object), exit 130, no traceback, and the dynamic cache on disk is whole and holds the
+    text generated so far."""
+    import json
     import signal
     import sys
+    import time
 
     lcd = tmp_path / "dyn.bin"
     p = subprocess.Popen([sys.executable, "-m", "specli", "run", "-m", f32, "-lcd", str(lcd),
                           "-p", "Write a very long story about dragons.", "--chat", "-n", "4000",
-                          "--temp", "1.5", "-s", "5", "-t", "2"],
+                          "--temp", "1.5", "-s", "5", "-t", "2",
+                          *(["--json"] if json_out else [])],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        assert p.stdout.read(200), "generation started"  # then interrupt it mid-stream
+        if json_out:  # nothing streams: interrupt once the statistics of a start exist
+            time.sleep(4)
+        else:
+            assert p.stdout.read(200), "generation started"  # then interrupt it mid-stream
         p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=60)
+        t0 = time.monotonic()
+        out, err = p.communicate(timeout=60)
+        seconds = time.monotonic() - t0
     finally:
         p.kill()
     assert p.returncode == 130, err
     assert b"Traceback" not in err
+    assert seconds < 10, f"it took {seconds:.1f} s to stop"  # one step, then the cache saved
+    if json_out:
+        doc = json.loads(out)
+        assert doc["stats"]["finish_reason"] == "interrupted" and doc["text"]
+        n = doc["stats"]["n_predict"]
+    else:
+        assert b"finish    = interrupted" in err and b"seed      = 5" in err
+        n = int(re.search(rb"n_predict = (\d+)", err).group(1))
+    assert 0 < n < 4000
     stats = lookup.statistics(lookup.load(lcd))
-    assert stats["observations"] > 4 * 50
+    assert stats["observations"] > (0 if json_out else 4 * 50)
 
 
 def test_counts_saturate_and_repeated_records_keep_the_first(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +16,7 @@ from specli.cli import options as o
 from specli.cli.console import err, spinner
 from specli.config import SamplingParams
 from specli.errors import SpecliError, UsageError
-from specli.generate import Generation, Request, generate
+from specli.generate import Generation, Interrupt, Request, generate
 
 DEFAULT_PROMPT = "Write a Python function that checks whether a number is prime."
 
@@ -62,13 +63,20 @@ def run(
     def note(line: str) -> None:
         err.print(line, markup=False)
 
+    interrupt = Interrupt()
+    previous = signal.signal(signal.SIGINT, interrupt)
     try:
         gen = generate(req, on_text=None if json_out else write,
                        on_note=None if json_out else note,
-                       phase=lambda name: spinner(name, json_out))
+                       phase=lambda name: spinner(name, json_out), interrupt=interrupt)
+        signal.signal(signal.SIGINT, previous)
         _report(gen, json_out, req)
     except BrokenPipeError:
         raise _reader_gone() from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if gen.interrupted:  # Ctrl-C: what was generated and its statistics are out; as a shell
+        raise typer.Exit(130)
 
 
 def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: bool,

@@ -86,7 +86,7 @@ def serve(
         "Retry-After.", rich_help_panel=SERVER)] = 16,
     alias: Annotated[str | None, typer.Option(
         "-a", "--alias", help="Model names, comma-separated: the first in /v1/models and "
-        "responses, any accepted in requests. Default: the file name.",
+        "responses (a request may name any model). Default: the file name.",
         envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", "--predict", help="Default tokens per request when it sets no "

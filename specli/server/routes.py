@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import os
 import re
 import time
 import uuid
@@ -508,9 +507,6 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
          n_param: str, n_probs: int | None = None, post: bool = False) -> Job:
     c = st.config
     n_ctx = st.engine.target.n_ctx
-    if body.model is not None and body.model not in _model_names(st):
-        raise APIError(400, f"the model '{body.model}' does not exist: this server has "
-                       f"'{c.model_id}'", param="model", code="model_not_found")
     if n_predict is not None and n_predict < 1 and not (n_param == "n_predict"
                                                         and n_predict == -1):
         raise APIError(400, f"{n_param} must be at least 1, got {n_predict}", param=n_param)
@@ -648,12 +644,6 @@ def _settings(st: State, job: Job) -> dict:
     return f.settings(job.sampling, job.n_predict, job.stop,
                       st.config.draft_params.overlay(job.spec), job.speculative,
                       _types(st, job.spec))
-
-
-def _model_names(st: State) -> set[str]:
-    c = st.config
-    base = os.path.basename(c.target.path)
-    return {c.model_id, *c.aliases, base, os.path.splitext(base)[0], c.target.path}
 
 
 async def _start(pool: SlotPool, job: Job) -> Generation:
