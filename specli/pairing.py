@@ -336,9 +336,16 @@ def compare(target: ModelInfo, draft: ModelInfo) -> PairReport:
     t, d = target.tokenizer, draft.tokenizer
     held = {rule: (ok, msg) for rule, ok, msg in rules(t, d)}
 
-    def rule_row(name: str, rule: str, tv: str, dv: str) -> Row:
+    def rule_row(name: str, rule: str, tv: str, dv: str, why: str = "") -> Row:
         ok, msg = held[rule]
-        return Row(name, tv, dv, "ok" if ok else "fail", "" if ok else msg)
+        return Row(name, tv, dv, "ok" if ok else "fail", why if ok else msg)
+
+    def special_note(which: str, tid, did, added) -> str:
+        """Why different ids still pass: llama.cpp compares them only when they are added."""
+        if tid == did or added:
+            return ""
+        return (f"ids differ but {which} is not added to prompts, so llama.cpp does not "
+                "compare them")
 
     def same(name: str, tv, dv, differ: str, show=str) -> Row:
         ok = tv == dv
@@ -360,8 +367,10 @@ def compare(target: ModelInfo, draft: ModelInfo) -> PairReport:
         same("pre-tokenizer", t.pre, d.pre, "different pre-tokenizers split text "
              "differently: expect lower acceptance", _opt),
         rule_row("vocab size", "vocab-size", str(t.n_vocab), str(d.n_vocab)),
-        rule_row("BOS", "bos", _special(t.bos_id, t.add_bos), _special(d.bos_id, d.add_bos)),
-        rule_row("EOS", "eos", _special(t.eos_id, t.add_eos), _special(d.eos_id, d.add_eos)),
+        rule_row("BOS", "bos", _special(t.bos_id, t.add_bos), _special(d.bos_id, d.add_bos),
+                 special_note("BOS", t.bos_id, d.bos_id, t.add_bos)),
+        rule_row("EOS", "eos", _special(t.eos_id, t.add_eos), _special(d.eos_id, d.add_eos),
+                 special_note("EOS", t.eos_id, d.eos_id, t.add_eos)),
         Row("EOT", _opt(t.eot_id), _opt(d.eot_id)),
         Row("PAD", _opt(t.pad_id), _opt(d.pad_id)),
         Row("tokens", _short(t.tokens_sha256), _short(d.tokens_sha256),

@@ -88,6 +88,11 @@ class Stats:
         return [_div(a, d) for a, d in pairs]
 
     @property
+    def max_drafted(self) -> int:
+        """The longest draft verified in this run (n_draft is the cap it was allowed)."""
+        return len(self.drafted_per_pos)
+
+    @property
     def overhead_s(self) -> float:
         """Decode wall time spent outside llama_decode (sampling, bookkeeping, Python)."""
         return max(0.0, self.t_decode_s - self.t_draft_decode_s - self.t_target_decode_s)
@@ -102,7 +107,9 @@ class Stats:
         """Count one verification step that checked n_drafted tokens and accepted n_accepted."""
         if source:
             s = self.per_source.setdefault(
-                source, {"gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0})
+                source, {"gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0,
+                         "max_tokens": 0})
+            s["max_tokens"] = max(s["max_tokens"], n_drafted)
             s["gen_drafts"] += 1
             s["acc_drafts"] += n_accepted > 0
             s["gen_tokens"] += n_drafted
@@ -127,21 +134,31 @@ class Stats:
             accept_rate=self.accept_rate,
             mean_accept_len=self.mean_accept_len,
             accept_rate_per_pos=self.accept_rate_per_pos,
+            max_drafted=self.max_drafted,
             overhead_s=self.overhead_s,
             speedup=self.speedup,
         )
         return d
 
 
+MEASURABLE_S = 1e-3  # a rate over less time than this says more about the clock than the work
+
+
+def _speed(tps: float, seconds: float) -> str:
+    """A rate as llama.cpp prints it, or "-" when the time is too short to measure (a
+    one-token prompt is one decode of no measurable length)."""
+    return f"{tps:8.3f}" if seconds >= MEASURABLE_S else f"{'-':>8}"
+
+
 def format_llama(s: Stats) -> str:
     """The statistics block of llama-speculative-simple, then what llama.cpp does not print."""
     lines = [
         f"encoded {s.n_prompt:4d} tokens in {s.t_encode_s:8.3f} seconds, "
-        f"speed: {s.encode_tps:8.3f} t/s",
+        f"speed: {_speed(s.encode_tps, s.t_encode_s)} t/s",
         f"decoded {s.n_predict:4d} tokens in {s.t_decode_s:8.3f} seconds, "
-        f"speed: {s.decode_tps:8.3f} t/s",
+        f"speed: {_speed(s.decode_tps, s.t_decode_s)} t/s",
         "",
-        f"n_draft   = {s.n_draft}",
+        f"n_draft   = {s.max_drafted or s.n_draft}",  # the longest draft made, per source below
         f"n_predict = {s.n_predict}",
         f"n_drafted = {s.n_drafted}",
         f"n_accept  = {s.n_accept}",
@@ -151,7 +168,11 @@ def format_llama(s: Stats) -> str:
     if s.draft is not None:
         lines += ["draft:", "", *s.draft.perf_lines(), ""]
     lines += ["target:", "", *s.target.perf_lines(), ""]
-    per_pos = ", ".join(f"{r:.3f}" for r in s.accept_rate_per_pos) or "-"
+    rates = s.accept_rate_per_pos
+    last = max((i for i, a in enumerate(s.accepted_per_pos) if a), default=-1) + 1
+    per_pos = ", ".join(f"{r:.3f}" for r in rates[:max(last, 1)]) or "-"
+    if len(rates) > max(last, 1):  # drafted that deep, never accepted there
+        per_pos += f" (positions {max(last, 1) + 1}-{len(rates)}: never accepted)"
     lines += [
         f"seed      = {s.seed if s.seed is not None else '-'}",
         f"finish    = {s.finish_reason or '-'}",
@@ -162,7 +183,8 @@ def format_llama(s: Stats) -> str:
     ]
     lines += [f"statistics {name}: #gen drafts = {v['gen_drafts']}, #acc drafts = "
               f"{v['acc_drafts']}, #gen tokens = {v['gen_tokens']}, #acc tokens = "
-              f"{v['acc_tokens']}" for name, v in s.per_source.items()]
+              f"{v['acc_tokens']}, #max draft = {v.get('max_tokens', 0)}"
+              for name, v in s.per_source.items()]
     if s.speedup is not None:
         lines += [
             f"baseline  = {s.baseline_decode_tps:8.3f} t/s (target alone)",

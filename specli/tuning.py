@@ -28,6 +28,32 @@ PROBE_PROMPTS: tuple[tuple[str, str], ...] = (
     ("chat", "What should I pack for a weekend hiking trip?"),
 )
 WORTH_IT = 1.05  # a speedup below this is within the noise of a short probe
+# a measurement judges itself: the target alone's speed varying more than this between its
+# runs, or a measured speedup this far from the cost model's prediction, means the machine
+# was busy (or the measurement too short) and the figures are not to be trusted
+BUSY_SPREAD = 1.5
+DISAGREE = 2.0
+
+
+def _spread(values: Sequence[float]) -> float:
+    """max / min of positive figures (1.0 for fewer than two)."""
+    v = [x for x in values if x > 0]
+    return max(v) / min(v) if len(v) > 1 else 1.0
+
+
+def judge(baseline_tps: Sequence[float], measured: float | None = None,
+          predicted: float | None = None) -> str | None:
+    """Why a measurement is unreliable, or None: the target alone's runs varied (a busy
+    machine), or the measured speedup and the cost model's prediction disagree by more than
+    DISAGREE times."""
+    spread = _spread(baseline_tps)
+    if spread > BUSY_SPREAD:
+        return f"the machine was busy (the target alone varied {spread:.1f}x between runs)"
+    if measured and predicted and max(measured, predicted) / min(measured, predicted) \
+            > DISAGREE:
+        return (f"measured {measured:.2f}x but the cost model predicts {predicted:.2f}x (a "
+                "busy machine?)")
+    return None
 
 
 @dataclass(frozen=True)
@@ -54,10 +80,15 @@ class ProbeResult:
     estimated_speedup: float  # at suggested_draft, from the cost model
     worth_it: bool
     costs: CostModel | None = field(default=None, repr=False)
+    unreliable: str | None = None  # why the figures are not to be trusted (judge)
 
     @property
     def recommendation(self) -> str:
         measured = f"measured {self.speedup:.2f}x at --draft {self.n_draft}"
+        if self.unreliable:
+            return (f"unreliable: {self.unreliable}; rerun on an idle machine ({measured}, "
+                    f"estimated {self.estimated_speedup:.2f}x at --draft "
+                    f"{self.suggested_draft})")
         if self.worth_it:
             return (f"worth it: use --draft {self.suggested_draft} ({measured}; estimated "
                     f"{self.estimated_speedup:.2f}x at --draft {self.suggested_draft})")
@@ -132,11 +163,14 @@ def probe(engine, n_predict: int, prompts: Sequence[tuple[str, str]] = PROBE_PRO
     base_tps = sum(b.n_predict for b in base) / max(sum(b.t_decode_s for b in base), 1e-9)
     drafted, accepted = sum(s.n_drafted for s in spec), sum(s.n_accept for s in spec)
     speedup = spec_tps / base_tps if base_tps > 0 else 0.0
+    at_n = c.speedup(s_j, min(n_draft, len(s_j))) if s_j else None  # predicted where measured
     return ProbeResult(
         n_draft=n_draft, rows=tuple(rows),
         accept_rate=accepted / drafted if drafted else 0.0, accept_rate_per_pos=s_j,
         speedup=speedup, suggested_draft=k, estimated_speedup=est,
-        worth_it=max(est, speedup) >= WORTH_IT, costs=c)
+        worth_it=max(est, speedup) >= WORTH_IT, costs=c,
+        # the target alone runs once per prompt: its speed should not vary between them
+        unreliable=judge([r.baseline_tps for r in rows], speedup, at_n))
 
 
 # -- tune-draft: a sweep over draft settings, against a baseline measured in the same run ----
@@ -285,20 +319,29 @@ class Sweep:
         pts = [p for p in self.points if p.predicted is not None]
         return max(pts, key=lambda p: p.predicted).setting.k if pts else None
 
+    @property
+    def unreliable(self) -> str | None:
+        """Why the sweep is not to be trusted (judge: the baseline's runs, and the best
+        setting measured against its prediction), or None."""
+        b = self.best
+        return judge(self.baseline.tps, b.speedup, b.predicted)
+
     def to_dict(self) -> dict:
         b = self.best
         return {"baseline": self.baseline.to_dict(), "points": [p.to_dict() for p in self.points],
                 "best": b.to_dict(), "beats_baseline": b.speedup > 1.0,
+                "repeat": len(self.baseline.tps), "unreliable": self.unreliable,
                 "predicted_best_draft": self.predicted_best,
                 "costs": {"draft_s_per_token": self.costs.c,
                           "verify_s_by_batch": list(self.costs.v)} if self.costs else None}
 
 
 def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_predict: int,
-          repeat: int, progress: Callable[[str], None] | None = None) -> Sweep:
+          repeat: int, progress: Callable[[str, str, int, int], None] | None = None) -> Sweep:
     """Greedy generation on every prompt for every setting and for the target alone, `repeat`
     times. Each repeat runs the baseline and the settings in a rotated order, so that a drift
-    in the machine's speed hits them all alike."""
+    in the machine's speed hits them all alike. progress(label, figures, done, total) after
+    each finished run of a setting (figures: its tokens/s and acceptance, as text)."""
     greedy = SamplingParams(temp=0.0, seed=0)
     engine.complete(prompts[0], 4, greedy, speculative=False)  # page the weights in
     base = Point(None)
@@ -308,7 +351,7 @@ def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_p
     for r in range(repeat):
         shift = r % len(runs)
         for point in runs[shift:] + runs[:shift]:
-            tokens, seconds = 0, 0.0
+            tokens, seconds, drafted, accepted = 0, 0.0, 0, 0
             for ids in prompts:
                 s = point.setting
                 spec = SpecRequest(types=s.types, n_max=s.k, p_min=s.p_min) if s else None
@@ -316,12 +359,15 @@ def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_p
                                         spec=spec).stats
                 tokens += stats.n_predict
                 seconds += stats.t_decode_s
+                drafted, accepted = drafted + stats.n_drafted, accepted + stats.n_accept
                 point.add(stats)
             point.tps.append(tokens / seconds if seconds else 0.0)
             done += 1
             if progress:
-                progress(f"{point.setting.label if point.setting else 'target alone'} "
-                         f"({done}/{total})")
+                figures = f"{point.tps[-1]:.1f} t/s" + (
+                    f", accept {accepted / drafted:.1%}" if drafted else "")
+                progress(point.setting.label if point.setting else "target alone", figures,
+                         done, total)
     for p in points:
         p.speedup = p.median / base.median if base.median else 0.0
     return Sweep(base, points)

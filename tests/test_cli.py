@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
 
 import pytest
@@ -167,6 +169,25 @@ def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
                "one two three four five six seven eight nine ten")
     assert r.returncode == 0, r.stderr
     assert "statistics ngram-simple: " in r.stderr and "draft:" not in r.stderr
+    # n_draft is the longest draft made (ngram-simple drafts up to its own 48, not --draft's
+    # 8), the same as the source's own #max draft
+    n_draft = int(re.search(r"^n_draft   = (\d+)$", r.stderr, re.M).group(1))
+    most = int(re.search(r"#max draft = (\d+)", r.stderr).group(1))
+    assert n_draft == most > 0
+    per_pos = re.search(r"^acceptance per position = (.*)$", r.stderr, re.M).group(1)
+    shown = per_pos.split(" (")[0].split(", ")
+    assert len(shown) <= n_draft and (len(shown) == n_draft or "never accepted" in per_pos)
+
+
+def test_a_prompt_from_stdin_and_a_one_token_prompt_has_no_speed(f32):
+    r = subprocess.run([sys.executable, "-m", "specli", "run", "-m", f32, "-f", "-", "-n", "4",
+                        "--no-spec", "--temp", "0"], input="hi\n", capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    # one prompt token: nothing to prefill, no speed to speak of (not 103252 t/s)
+    assert re.search(r"^encoded +1 tokens in +[0-9.]+ seconds, speed: +- t/s$", r.stderr, re.M)
+    one_line_error(specli("run", "-m", f32, "-p", "hi", "-n", "0"), 2, "-n 0")
 
 
 def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
@@ -209,3 +230,46 @@ def test_an_explicit_draft_caps_ngram_types_too(f32):
     assert f["gen_tokens"] > 2 * f["gen_drafts"], "by default a match drafts up to its m"
     assert 0 < c["gen_tokens"] <= 2 * c["gen_drafts"]
     assert json.loads(free.stdout)["text"] == json.loads(capped.stdout)["text"]
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["run", "--draf", "3"], ["no such option --draf", "did you mean --draft"]),
+    (["run", "-fa", "maybe"], ["invalid value for -fa/--flash-attn", "'maybe'"]),
+    (["run", "-p"], ["-p needs a value"]),
+    (["run", "-n", "ten"], ["invalid value for -n/--n-predict"]),
+    (["check-pair"], ["missing argument TARGET"]),
+    (["frobnicate"], ["no such command 'frobnicate'"]),
+    (["serve", "--port", "99999"], ["--port"]),
+])
+def test_usage_errors_are_one_line_and_exit_2(args, needles):
+    """Click's own usage errors read like specli's: one stderr line, exit 2, no panel."""
+    one_line_error(specli(*args, env={"COLUMNS": "80"}), 2, *needles)
+
+
+def _commands():
+    import typer
+
+    from specli.cli.app import app
+
+    root = typer.main.get_command(app)
+    for name, cmd in root.commands.items():
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for sub_name, sub in subs.items():
+                yield [name, sub_name], sub
+        else:
+            yield [name], cmd
+
+
+@pytest.mark.parametrize("path,cmd", list(_commands()),
+                         ids=[" ".join(p) for p, _ in _commands()])
+def test_help_spells_every_flag_in_full_at_80_columns(path, cmd):
+    r = specli(*path, "-h", env={"COLUMNS": "80"})
+    assert r.returncode == 0, r.stderr
+    words = set(re.findall(r"-{1,2}[A-Za-z0-9][A-Za-z0-9-]*", r.stdout))
+    for param in cmd.params:
+        for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if opt.startswith("-"):
+                assert opt in words, f"{' '.join(path)} -h does not show {opt}"
+    assert "…" not in r.stdout and "<bool>" not in r.stdout
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80

@@ -241,6 +241,9 @@ def test_list_pairs_shows_the_seed_presets(fake, tmp_path):
     assert r.returncode == 0
     for name in ("llama3.3-70b", "llama3.1-8b", "qwen3-8b", "gemma3-27b"):
         assert name in r.stdout
+    # not a terminal: one whole record per line, repository ids never cut
+    for p in hub.pairs():
+        assert f"{p.name}: target {p.target}, draft {p.draft}" in r.stdout
 
 
 def test_a_pair_preset_downloads_both_and_checks_them(fake, tmp_path):

@@ -10,6 +10,7 @@ import json
 import pytest
 from conftest import specli
 
+from specli.errors import UsageError
 from specli.tuning import CostModel, Point, Setting, Sweep, grid
 
 
@@ -44,6 +45,37 @@ def test_csv_and_the_text_report(f16, q4_1):
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [row["label"] for row in rows] == ["target alone", "draft-simple k=2"]
     assert float(rows[1]["speedup"]) > 0
+    assert "tune-draft: [" not in r.stderr  # --csv and --json print only what they print
+    text = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n",
+                  "6", "--task", "structured", "-t", "2", timeout=600)
+    assert text.returncode == 0, text.stderr
+    assert "target alone" in text.stdout and "draft-simple k=2" in text.stdout
+    # stderr is no terminal here (a CI log): one line per finished run shows the progress
+    lines = [ln for ln in text.stderr.splitlines() if ln.startswith("tune-draft: [")]
+    assert len(lines) == 2 and lines[-1].startswith("tune-draft: [2/2] ")
+    assert any("t/s, accept " in ln for ln in lines)
+
+
+def test_plot_without_matplotlib_fails_before_any_model_loads(f16, q4_1, tmp_path, monkeypatch):
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from specli.cli.app import app
+    from specli.engine import Engine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+
+    def load(*_a, **_k):
+        raise AssertionError("the models were loaded before --plot was checked")
+
+    monkeypatch.setattr(Engine, "load", load)
+    r = CliRunner().invoke(app, ["tune-draft", "-m", f16, "-md", q4_1,
+                                 "--plot", str(tmp_path / "p.png")])
+    assert isinstance(r.exception, UsageError), r.output  # exit 2 through specli's main
+    assert "--plot needs matplotlib" in r.exception.message
 
 
 def test_the_cost_model_gives_the_textbook_values():
@@ -105,3 +137,41 @@ def test_prompt_files_lines_and_jsonl(q4_1, tmp_path):
                "--repeat", "1", "-n", "4", "-t", "2", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["points"][0]["label"] == "draft-simple k=2"
+
+
+def test_a_busy_machine_makes_the_sweep_say_it_is_unreliable(capsys):
+    """tune-draft judges its own measurement: a baseline that swung 3x between its runs, or a
+    measured speedup far from the cost model's, is flagged (text and --json); steady figures
+    are not."""
+    from specli.cli.tune import _print
+
+    k8 = Setting(8, 0.0, ("draft-simple",))
+    busy = Sweep(Point(None, tps=[10.0, 30.0]),
+                 [Point(k8, tps=[60.0, 62.0], n_drafted=80, n_accept=40, n_steps=10,
+                        speedup=3.05, predicted=2.9)])
+    assert "varied 3.0x" in busy.unreliable and busy.to_dict()["unreliable"]
+    _print(busy, "t.gguf", "d.gguf")
+    text = capsys.readouterr().out
+    assert "unreliable: the machine was busy" in text and "--repeat 3" in text
+    assert "specli run" not in text  # no command to paste from figures that cannot be trusted
+
+    # one run each: no range to show, and a 4.98x measured against 0.80x predicted
+    far = Sweep(Point(None, tps=[20.0]), [Point(k8, tps=[99.6], n_steps=10, speedup=4.98,
+                                                predicted=0.80)])
+    assert "predicts 0.80x" in far.unreliable
+    _print(far, "t.gguf", "d.gguf")
+    text = capsys.readouterr().out
+    assert "--repeat 1" in text and "no range" in text and "1.5-1.5" not in text
+
+    steady = Sweep(Point(None, tps=[20.0, 21.0]), [Point(k8, tps=[30.0, 31.0], n_steps=10,
+                                                         speedup=1.5, predicted=1.4)])
+    assert steady.unreliable is None and steady.to_dict()["unreliable"] is None
+
+
+def test_the_probe_judges_itself_too():
+    from specli.tuning import ProbeResult
+
+    r = ProbeResult(n_draft=8, rows=(), accept_rate=0.5, accept_rate_per_pos=(0.5,),
+                    speedup=4.98, suggested_draft=4, estimated_speedup=0.8, worth_it=True,
+                    unreliable="measured 4.98x but the cost model predicts 0.80x")
+    assert r.recommendation.startswith("unreliable: ") and r.to_dict()["unreliable"]

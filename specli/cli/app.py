@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import typer
@@ -25,7 +26,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
-    rich_markup_mode="markdown",
+    rich_markup_mode=None,  # plain help: every flag spelled in full, wrapped at any width
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command("run")(run_cmd.run)
@@ -51,13 +52,55 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main() -> None:
-    """Console entry point: every SpecliError becomes one line on stderr and its exit code."""
+    """Console entry point: every error, Click's usage errors included, is one line on stderr
+    and its exit code (2 for a usage error)."""
     try:
-        app(prog_name="specli", standalone_mode=True)
+        rc = app(prog_name="specli", standalone_mode=False)
     except SpecliError as e:
         if os.environ.get("SPECLI_DEBUG") == "1":
             raise
         hint = f" (hint: {e.hint})" if e.hint else ""
         err.print(f"error: {e.message}{hint}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
+    except Exception as e:
+        # Click's errors (Typer's own copy of Click, or Click): by their protocol, not their
+        # module, which Typer's public API does not name
+        code = getattr(e, "exit_code", None)
+        if not hasattr(e, "format_message") or not isinstance(code, int):
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":  # `specli` alone: the help, as before
+            print(e.format_message())
+        else:
+            err.print(f"error: {usage_line(e)}", markup=False, soft_wrap=True)
+        sys.exit(code)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
+
+def _plain(text: str) -> str:
+    """One line, first letter small, pydantic's prefix dropped."""
+    text = " ".join(str(text).replace("Value error, ", "").split())
+    return text[:1].lower() + text[1:]
+
+
+def usage_line(e: Exception) -> str:
+    """A Click error as one line in specli's words: `no such option --draf (did you mean
+    --draft?)`, `invalid value for -fa/--flash-attn: 'maybe' is not one of ...`,
+    `-p needs a value`."""
+    name = type(e).__name__
+    message = getattr(e, "message", "") or ""
+    if name == "NoSuchOption":
+        maybe = getattr(e, "possibilities", None) or []
+        return f"no such option {getattr(e, 'option_name', '?')}" + (
+            f" (did you mean {' or '.join(maybe[:3])}?)" if maybe else "")
+    param = getattr(e, "param", None)
+    if param is not None:
+        names = "/".join(getattr(param, "opts", None) or [param.name or "?"])
+        if name == "MissingParameter":
+            if getattr(param, "param_type_name", "") == "argument":
+                return f"missing argument {(param.name or '?').upper()}"
+            return f"missing {names}"
+        return f"invalid value for {names}" + (f": {_plain(message)}" if message else "")
+    m = re.fullmatch(r"Option '(.+)' requires an argument\.", message)
+    if m:
+        return f"{m.group(1)} needs a value"
+    return _plain(e.format_message()).rstrip(".")

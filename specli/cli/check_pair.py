@@ -107,6 +107,8 @@ def _print(report: PairReport, result: ProbeResult | None) -> None:
     for r in report.rows:
         if r.status in ("fail", "warn"):
             out.print(f"{_LABEL[r.status]}: {r.field}: {safe(r.note)}", markup=False)
+        elif r.status == "ok" and r.note:  # why a difference passes (ids not compared)
+            out.print(f"ok: {r.field}: {safe(r.note)}", markup=False)
     if result is not None:
         _print_probe(result)
     v = report.verdict

@@ -43,7 +43,10 @@ def download(
     hf_token: HfToken = None,
     quiet: Annotated[bool, typer.Option(
         "-q", "--quiet", help="No progress bars.")] = False,
-    json_out: o.Json = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print JSON on stdout: the repository, tag, revision and files "
+        "downloaded (with --pair both paths and the check-pair report; with --list-pairs the "
+        "pairs).", rich_help_panel=o.OUTPUT)] = False,
 ) -> None:
     """Download GGUF files from Hugging Face into the cache other tools share.
 
@@ -91,9 +94,13 @@ def _list_pairs(json_out: bool) -> None:
         out.print_json(json.dumps([{"name": p.name, "target": str(p.target),
                                     "draft": str(p.draft), "note": p.note} for p in presets]))
         return
+    if not out.is_terminal:  # a log or a pipe: one whole record per line, never cut
+        for p in presets:
+            sys.stdout.write(f"{p.name}: target {p.target}, draft {p.draft} ({p.note})\n")
+        return
     table = Table(show_edge=False, pad_edge=False)
     for name in ("pair", "target", "draft", "note"):
-        table.add_column(name)
+        table.add_column(name, overflow="fold")
     for p in presets:
         table.add_row(p.name, str(p.target), str(p.draft), p.note)
     out.print(table)

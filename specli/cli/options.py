@@ -1,4 +1,4 @@
-"""The commands' flags, with llama.cpp's spellings (seed-era and current), in groups.
+"""The commands' flags, with llama.cpp's spellings (older and current), in groups.
 
 Each group is declared once, as a function whose Annotated parameters are its flags and whose
 result is one frozen config object (llama.cpp parses one common_params the same way). A command
@@ -176,7 +176,7 @@ def _drafting_flags(
         rich_help_panel=DRAFTING, show_default=False)] = None,
     ngram_size_n: Annotated[int | None, _ngram_opt(
         "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
-        "(seed-era flag; the per-type flags below override it). Default: 12.")] = None,
+        "(llama.cpp's older spelling; the per-type flags below override it). Default: 12.")] = None,
     ngram_size_m: Annotated[int | None, _ngram_opt(
         "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types. "
         "Default: 48.")] = None,
@@ -554,8 +554,13 @@ def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.Draf
 
 
 def check_n_predict(n_predict: int) -> None:
+    """Before any model loads: -1 (unlimited) or a number of tokens; 0 would load and
+    prefill to generate nothing."""
     if n_predict < -1:
         raise UsageError(f"-n/--n-predict must be -1 (unlimited) or more, got {n_predict}")
+    if n_predict == 0:
+        raise UsageError("-n 0 generates nothing", hint="give a number of tokens, or -1 until "
+                         "the end of generation")
 
 
 # -- GPU placement: one group of flags, spliced into each command that loads models ----------

@@ -28,7 +28,8 @@ def run(
         "-p", "--prompt", help="Prompt text. Default: a built-in chat prompt.",
         rich_help_panel="Input", show_default=False)] = None,
     file: Annotated[Path | None, typer.Option(
-        "-f", "--file", help="Read the prompt from a file (one trailing newline is dropped).",
+        "-f", "--file", help="Read the prompt from a file, - for standard input (one trailing "
+        "newline is dropped).",
         rich_help_panel="Input", show_default=False)] = None,
     chat: Annotated[bool, typer.Option(
         "--chat", help="Wrap the prompt in the target's chat template (sandboxed).",
@@ -120,12 +121,19 @@ def _report(gen: Generation, json_out: bool, req: Request) -> None:
                          f"{'yes' if gen.baseline_identical else 'no'}\n")
 
 
+def read_text(file: Path) -> str:
+    """A prompt file's text; `-` is standard input, as in llama.cpp's tools."""
+    if str(file) == "-":
+        return sys.stdin.buffer.read().decode("utf-8")
+    return file.read_text(encoding="utf-8")
+
+
 def _prompt(prompt: str | None, file: Path | None, chat: bool) -> tuple[str, bool]:
     if prompt is not None and file is not None:
         raise UsageError("give -p/--prompt or -f/--file, not both")
     if file is not None:
         try:
-            text = file.read_text(encoding="utf-8")
+            text = read_text(file)
         except FileNotFoundError:
             raise SpecliError(f"prompt file not found: {file}") from None
         except (OSError, UnicodeDecodeError) as e:

@@ -41,7 +41,8 @@ def tune_draft(
         "--task", help="Built-in prompts: " + ", ".join(TASKS) + " (mixed: one of each kind).",
         rich_help_panel=SWEEP)] = "mixed",
     file: Annotated[Path | None, typer.Option(
-        "-f", "--file", help="Your prompts: one per line, or JSONL with a \"prompt\" field.",
+        "-f", "--file", help="Your prompts: one per line, or JSONL with a \"prompt\" field; - "
+        "for standard input.",
         rich_help_panel=SWEEP, show_default=False)] = None,
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", help="Tokens generated per prompt.", rich_help_panel=SWEEP)] = 128,
@@ -53,7 +54,10 @@ def tune_draft(
         rich_help_panel=SWEEP)] = True,
     resources: o.Resources = o.RESOURCE_FLAGS,
     gpu: o.GpuFlags = o.GPU_FLAGS,
-    json_out: o.Json = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the sweep as one JSON object on stdout: every point, the best, "
+        "the cost model and whether the measurement is reliable.",
+        rich_help_panel=o.OUTPUT)] = False,
     csv_out: Annotated[bool, typer.Option(
         "--csv", help="Print the points as CSV on stdout.", rich_help_panel=o.OUTPUT)] = False,
     plot: Annotated[Path | None, typer.Option(
@@ -79,6 +83,8 @@ def tune_draft(
     if json_out and csv_out:
         raise UsageError("give --json or --csv, not both")
     quiet = json_out or csv_out
+    if plot is not None:  # before the sweep, not after it
+        _check_plot(plot)
     model, model_draft = models.resolve(quiet=quiet)
     types = _types(spec_type, model_draft)
     settings = tuning.grid(ks, ps, types)
@@ -155,8 +161,10 @@ def _prompts(file: Path | None, task: str) -> list[str]:
         if task == "all":
             return [p for prompts in PROMPT_SETS.values() for p in prompts]
         return list(PROMPT_SETS[task])
+    from specli.cli.run import read_text
+
     try:
-        text = file.read_text(encoding="utf-8")
+        text = read_text(file)
     except (OSError, UnicodeDecodeError) as e:
         raise SpecliError(f"cannot read prompt file {file}: {e}") from None
     prompts = []
@@ -178,10 +186,11 @@ def _prompts(file: Path | None, task: str) -> list[str]:
 
 
 class _progress:
-    """A Rich progress bar on stderr on a terminal; the callback advances it."""
+    """A Rich progress bar on stderr on a terminal; elsewhere (CI logs, a file) one line per
+    finished run of a setting; nothing with --json or --csv. The callback advances it."""
 
     def __init__(self, settings: int, repeat: int, quiet: bool):
-        self.total, self.bar = settings * repeat, None
+        self.total, self.bar, self.quiet = settings * repeat, None, quiet
         if not quiet and err.is_terminal:
             from rich.progress import Progress
 
@@ -189,10 +198,15 @@ class _progress:
 
     def __enter__(self):
         if self.bar is None:
-            return None
+            if self.quiet:
+                return None
+            return lambda label, figures, done, total: err.print(
+                f"tune-draft: [{done}/{total}] {label}: {figures}", markup=False,
+                soft_wrap=True)
         self.bar.start()
         task = self.bar.add_task("sweeping", total=self.total)
-        return lambda label: self.bar.update(task, advance=1, description=label)
+        return lambda label, figures, done, total: self.bar.update(
+            task, advance=1, description=f"{label} ({done}/{total})")
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
@@ -207,7 +221,8 @@ def _print(result, model: str, model_draft: str | None) -> None:
     rows = [base, *result.points]
     for p in rows:
         table.add_row(
-            _label(p), f"{p.median:.1f}", f"{min(p.tps):.1f}-{max(p.tps):.1f}",
+            _label(p), f"{p.median:.1f}",
+            f"{min(p.tps):.1f}-{max(p.tps):.1f}" if len(p.tps) > 1 else "-",
             "-" if p.setting is None else f"{p.accept_rate:.1%}",
             "-" if p.setting is None else f"{p.mean_accept_len:.2f}",
             "1.00x" if p.setting is None else f"{p.speedup:.2f}x",
@@ -218,12 +233,24 @@ def _print(result, model: str, model_draft: str | None) -> None:
     for p in rows:  # tokens/s per setting, as bars
         out.print(f"{_label(p):<{width}} {'█' * max(1, round(40 * p.median / top))} "
                   f"{p.median:.1f} t/s", markup=False)
-    if result.predicted_best is not None:
+    if result.predicted_best is not None and result.costs is not None:
         out.print(f"cost model: draft {1e3 * result.costs.c:.2f} ms/token, target "
                   f"{1e3 * result.costs.v[0]:.2f} ms for 1 token, "
                   f"{1e3 * result.costs.v[-1]:.2f} ms for {len(result.costs.v)}; "
                   f"predicted best --draft {result.predicted_best}", markup=False)
+    repeat = len(base.tps)
+    if repeat == 1:
+        out.print("one run per setting (--repeat 1): no range, and no check of the machine's "
+                  "noise; --repeat 3 gives both", markup=False)
+    unreliable = result.unreliable
+    if unreliable:
+        out.print(f"unreliable: {unreliable}; rerun with --repeat {max(repeat + 1, 3)} on an "
+                  "idle machine", markup=False)
     best = result.best
+    if unreliable:
+        out.print(f"best measured (unreliable): {best.setting.label}, {best.speedup:.2f}x the "
+                  f"target alone", markup=False)
+        return
     if best.speedup <= 1.0:
         out.print(f"no setting beats the target alone (best: {best.setting.label}, "
                   f"{best.speedup:.2f}x): run without speculation (--no-spec)", markup=False)
@@ -259,6 +286,17 @@ def _csv(result) -> str:
         row["spec_types"] = "+".join(row["spec_types"])
         w.writerow(row)
     return buf.getvalue()
+
+
+def _check_plot(path: Path) -> None:
+    """--plot's needs, checked before any work: matplotlib, and a folder to write into."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib", hint="pip install 'specli[plot]'")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UsageError(f"--plot {path}: the folder {folder} does not exist")
 
 
 def _plot(result, path: Path) -> None:
