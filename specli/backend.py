@@ -705,6 +705,17 @@ def builtin_templates() -> tuple[str, ...]:
     return tuple(x.decode() for x in names)
 
 
+@functools.lru_cache(maxsize=16)
+def knows_template(template: str) -> bool:
+    """Whether llama.cpp renders this template itself (a built-in name, or a template it
+    recognises by its text)."""
+    try:
+        apply_builtin_template(template, [{"role": "user", "content": "test"}])
+    except UsageError:
+        return False
+    return True
+
+
 def apply_builtin_template(template: str, messages: Sequence[dict],
                            add_generation_prompt: bool = True) -> str:
     """A conversation through llama_chat_apply_template: a built-in name, or a template

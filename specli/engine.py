@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specli import loadable, pairing
-from specli.backend import Model, apply_builtin_template, builtin_templates, check_placement
+from specli.backend import (
+    Model,
+    apply_builtin_template,
+    builtin_templates,
+    check_placement,
+    knows_template,
+)
 from specli.batching import Gate, SharedContext
 from specli.config import (
     SPEC_TYPES,
@@ -285,6 +291,8 @@ class Engine:
                         stats.finish_reason = "stop"
                         return
             finally:
+                # a consumer that stopped inside the first step took fewer of its tokens
+                stats.n_first = min(stats.n_first, stats.n_predict)
                 if draft:
                     draft.end()
                 if rules is not None:
@@ -423,7 +431,8 @@ def chat_renderer(template: str | None, jinja: bool = True
         return FALLBACK_TEMPLATE, None
     if jinja and template not in builtin_templates():
         return template, None
-    source = template or FALLBACK_TEMPLATE
+    # one llama.cpp does not recognise is ChatML, as llama-server falls back (serve warns)
+    source = template if template and knows_template(template) else "chatml"
     return None, lambda messages, add: apply_builtin_template(source, messages, add)
 
 

@@ -121,6 +121,21 @@ def test_timings_are_numbers_and_the_rate_starts_after_the_first_step():
     assert t["predicted_per_second"] == pytest.approx(8.0)  # 8 tokens after the first 3
     assert t["predicted_per_token_ms"] == pytest.approx(125)
     assert formats.speculative(s)["accepted_per_position"] == [0.75, 0.5, 0.25]
+    # a stop string inside the first step: fewer tokens than it made, never a negative rate
+    s.n_predict = 1
+    assert formats.timings(s)["predicted_per_second"] == 0.0
+
+
+def test_without_jinja_a_template_llama_cpp_does_not_know_is_chatml():
+    from specli.backend import apply_builtin_template
+    from specli.engine import chat_renderer
+
+    msgs = [{"role": "user", "content": "hi"}]
+    source, builtin = chat_renderer("{{ 'a template no heuristic knows' }}", jinja=False)
+    assert source is None and builtin(msgs, True) == apply_builtin_template("chatml", msgs)
+    source, builtin = chat_renderer("llama3", jinja=True)  # a name: llama.cpp's renderer
+    assert builtin(msgs, True).startswith("<|start_header_id|>user")
+    assert chat_renderer("{{ x }}", jinja=True) == ("{{ x }}", None)  # Jinja source
 
 
 # -- routes specli does not serve (part 9) -------------------------------------------------------
@@ -194,6 +209,23 @@ def test_an_image_part_is_a_400_that_says_images_are_not_supported(server):  # n
     assert err["param"] == "messages[0].content[1]"
 
 
+def test_a_live_unix_socket_is_not_taken_over(tmp_path):
+    import socket
+
+    from conftest import specli
+
+    path = str(tmp_path / "live.sock")
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(path)
+    live.listen(1)
+    try:
+        r = specli("serve", "--host", path)
+    finally:
+        live.close()
+    assert r.returncode == 2 and "another server is listening" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("args,words", [
     (["--no-jinja", "--chat-template", "{{ messages }}"], "not supported"),
     (["--chat-template", "{% for m in messages %}"], "not supported"),
@@ -239,3 +271,14 @@ def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
             assert r["prompt"].endswith("<|CHATBOT_TOKEN|>Hel")
     finally:
         s.stop()
+    # the socket file a stopped server leaves is replaced by the next start
+    import subprocess
+    import sys
+
+    again = subprocess.Popen([sys.executable, "-m", "specli", "serve", "-m", q4_1, "-c", "256",
+                              "-t", "2", "--host", sock], stderr=subprocess.PIPE, text=True)
+    try:
+        assert f"listening on unix:{sock}" in again.stderr.readline()
+    finally:
+        again.terminate()
+        again.wait(20)

@@ -179,11 +179,14 @@ def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
                              f"{getattr(e, 'strerror', None) or e}") from None
     if value is None:
         return None
+    from specli.backend import knows_template
     from specli.chat import render_messages
     from specli.engine import chat_renderer
 
     source, builtin = chat_renderer(value, jinja)
     try:
+        if builtin is not None and not knows_template(value):  # given: no ChatML fallback
+            raise UsageError("llama.cpp does not know this chat template")
         render_messages(source, [{"role": "user", "content": "test"}], builtin=builtin)
     except UsageError as e:
         note = "" if jinja else " (without --jinja only llama.cpp's built-in templates work)"
@@ -206,17 +209,13 @@ def _keys(given: list[str], path: Path | None) -> list[str]:
     return keys
 
 
-def _listen(host: str, port: int) -> socket.socket:
+def _listen(host: str, port: int, v6only: bool = False) -> socket.socket:
     """A bound socket: a UNIX one for a path ending in .sock (a stale socket file there is
     replaced, any other file refused), else TCP."""
     try:
         if host.endswith(".sock"):
             if os.path.exists(host):
-                import stat
-
-                if not stat.S_ISSOCK(os.stat(host).st_mode):
-                    raise SpecliError(f"cannot listen on {host}: a file that is not a socket "
-                                      "is there", hint="choose another path")
+                _stale(host)
                 os.unlink(host)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.bind(host)
@@ -225,13 +224,33 @@ def _listen(host: str, port: int) -> socket.socket:
         family, _, _, _, addr = infos[0]
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6:  # "::" is IPv6 only, as llama-server binds it
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        if family == socket.AF_INET6 and v6only:  # "::" beside other addresses: IPv6 only,
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as llama-server's
+            # --host help says (alone it stays dual-stack, as cpp-httplib binds it)
         sock.bind(addr)
         return sock
     except OSError as e:
         raise SpecliError(f"cannot listen on {host}:{port}: {e.strerror or e}",
                           hint="choose another --port or --host") from None
+
+
+def _stale(path: str) -> None:
+    """A socket file left by a server that is gone may be replaced; a live server's, or a
+    file that is no socket, may not."""
+    import stat
+
+    if not stat.S_ISSOCK(os.stat(path).st_mode):
+        raise SpecliError(f"cannot listen on {path}: a file that is not a socket is there",
+                          hint="choose another path")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return  # nobody listens (connection refused): stale
+    finally:
+        probe.close()
+    raise SpecliError(f"cannot listen on {path}: another server is listening there",
+                      hint="stop it, or choose another path")
 
 
 def _run(config, hosts: list[str], port: int) -> None:
@@ -241,8 +260,9 @@ def _run(config, hosts: list[str], port: int) -> None:
 
     socks: list[socket.socket] = []
     try:
+        tcp = sum(not h.endswith(".sock") for h in hosts)
         for host in hosts:
-            socks.append(_listen(host, port))
+            socks.append(_listen(host, port, v6only=tcp > 1))
     except SpecliError:
         for s in socks:
             s.close()
@@ -266,7 +286,7 @@ def _run(config, hosts: list[str], port: int) -> None:
     app = create_app(config, on_fatal=fatal, on_ready=ready)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5))
-    server.run(sockets=socks)
+    server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
     if failure:
         e = failure[0]
         if isinstance(e, SpecliError):

@@ -72,7 +72,7 @@ def timings(s: Stats) -> dict:
     prompt_n = s.target.prompt_n + 1 if s.n_prompt else 0  # the last prompt token opens step 1
     prompt_ms = 1e3 * (s.t_encode_s + s.t_first_s)
     predicted_ms = 1e3 * max(s.t_decode_s - s.t_first_s, 0.0)
-    after = s.n_predict - s.n_first
+    after = max(s.n_predict - s.n_first, 0)
     return {"cache_n": cached(s),
             "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,

@@ -5,6 +5,7 @@ app, so several apps (tests) never mix."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -80,6 +81,7 @@ class LlamaMetrics:
     calls across slots)."""
 
     def __init__(self) -> None:
+        self.lock = threading.Lock()  # observe runs on the slots' threads, collect on the loop
         self.prompt_tokens = self.prompt_cached = self.predicted = self.drafted = 0
         self.accepted = self.drafts = self.n_tokens_max = 0
         self.prompt_s = self.predicted_s = 0.0
@@ -89,6 +91,10 @@ class LlamaMetrics:
         self._window = [0, 0.0, 0, 0.0]
 
     def observe(self, s: Stats) -> None:
+        with self.lock:
+            self._observe(s)
+
+    def _observe(self, s: Stats) -> None:
         evaluated = s.target.prompt_n + 1 if s.n_prompt else 0
         self.prompt_tokens += evaluated
         self.prompt_cached += max(s.n_prompt - evaluated, 0)
@@ -113,6 +119,11 @@ class LlamaMetrics:
         return []  # registered without a first collect: the values change after
 
     def collect(self):
+        with self.lock:  # a snapshot: the window is read and reset at once
+            families = list(self._collect())
+        yield from families
+
+    def _collect(self):
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
 

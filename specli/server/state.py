@@ -4,9 +4,11 @@ runs (State: the slots, once loaded, and the metrics)."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field, replace
 
+from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
 from specli.server.metrics import Metrics
@@ -69,3 +71,7 @@ class State:
                              c.timeout, on_done=self.metrics.observe, contexts=shared,
                              similarity=c.slot_similarity)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
+        template = self.engine.target.chat_template()
+        if not c.target.jinja and template and not knows_template(template):
+            sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
+                             "chat template; without --jinja, chat requests use ChatML\n")
