@@ -34,7 +34,10 @@ _FLASH_ATTN = {
     "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
 }
 QUANT_TYPES = {"f32": ll.LLAMA_FTYPE_ALL_F32, "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
-               "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0}
+               "q8_0": ll.LLAMA_FTYPE_MOSTLY_Q8_0,
+               # weaker drafts for draft-tree benchmarks (llama.cpp falls back to another
+               # type for tensors whose rows are not a multiple of 256)
+               "q2_k": ll.LLAMA_FTYPE_MOSTLY_Q2_K, "q3_k_s": ll.LLAMA_FTYPE_MOSTLY_Q3_K_S}
 
 _log_lock = threading.Lock()
 _log_verbose = False
@@ -268,8 +271,11 @@ class Model:
     another Model's context, with its own tokens and timings, that frees nothing on close."""
 
     def __init__(self, params: ModelParams, n_seq_max: int = 1, *, share: Model | None = None,
-                 seq: int = 0):
+                 seq: int = 0, tree: bool = False):
         self.params, self.seq = params, seq  # the sequence id this model's tokens live in
+        # tree: n_seq_max sequences over one unified cache of n_ctx cells, the branches of a
+        # draft tree (branch 0 holds the committed tokens; decode_tree, keep)
+        self.n_branch = n_seq_max if tree else 1
         self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
         self.t_decode_s = 0.0  # wall time inside llama_decode (and the wait for the device)
         self.n_decode_calls = 0
@@ -304,6 +310,7 @@ class Model:
         cp.n_batch = params.n_batch
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = n_seq_max  # > 1: a SharedContext's sequences, n_ctx / n_seq_max each
+        cp.kv_unified = tree  # a tree's branches share cells and the whole context
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads_batch or params.n_threads
         cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
@@ -326,7 +333,7 @@ class Model:
         # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
         self.offloaded = (supports_gpu_offload() and params.n_gpu_layers != 0
                           and params.devices != ())
-        self._batch = ll.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
 
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -434,25 +441,75 @@ class Model:
     def decode_segments(self, segments: Sequence[tuple[Sequence[int], int, int, int]]) -> float:
         """One llama_decode of (tokens, first position, sequence, rows wanted) segments that
         fit one batch together; the rows come back in segment order. Returns the seconds."""
-        b, j = self._batch, 0
-        for tokens, pos0, seq, n_out in segments:
-            first_out = len(tokens) - n_out
-            for i, t in enumerate(tokens):
-                b.token[j] = t
-                b.pos[j] = pos0 + i
-                b.n_seq_id[j] = 1
-                b.seq_id[j][0] = seq
-                b.logits[j] = 1 if i >= first_out else 0
-                j += 1
-        b.n_tokens = j
+        return self.decode_items([(t, pos0 + i, (seq,), i >= len(tokens) - n_out)
+                                  for tokens, pos0, seq, n_out in segments
+                                  for i, t in enumerate(tokens)])
+
+    # -- draft trees: branches in sequences seq..seq+n_seq_max-1 of a unified cache ----------
+    # (branch ids are relative to the model's own sequence; branch 0 holds what is committed)
+    def branch(self, seqs: Sequence[int]) -> None:
+        """Each of the branches `seqs` but 0 starts as a copy of the committed tokens (no
+        data moves: in a unified cache a copy tags the same cells)."""
+        for s in seqs:
+            if s != 0:
+                self.fork(0, s)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Branch dst becomes a copy of branch src."""
+        ll.llama_memory_seq_rm(self._mem, self.seq + dst, -1, -1)
+        ll.llama_memory_seq_cp(self._mem, self.seq + src, self.seq + dst, -1, -1)
+
+    def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
+                    seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One llama_decode of tree nodes: token i at position pos[i], in every branch of
+        seqs[i] (the branches that pass through it), a logits row each. Nodes come parents
+        first; `tokens` (branch 0's) is unchanged until `keep`."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise BackendError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
+        if max(pos) >= self.n_ctx:
+            raise ContextOverflowError(f"context full: position {max(pos)} does not fit "
+                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        items = [(t, p, [self.seq + s for s in ss], True)
+                 for t, p, ss in zip(tokens, pos, seqs, strict=True)]
+        self.t_decode_s += self.decode_items(items)
+        self.n_decode_calls += 1
+        self.n_decode_tokens += n
+        return self.rows(n)
+
+    def decode_items(self, items: Sequence[tuple[int, int, Sequence[int], bool]]) -> float:
+        """One llama_decode of (token, position, sequences, wants logits) items. Returns the
+        seconds it took."""
+        b = self._batch
+        for j, (t, p, ss, out) in enumerate(items):
+            b.token[j], b.pos[j], b.logits[j], b.n_seq_id[j] = t, p, int(out), len(ss)
+            for i, s in enumerate(ss):
+                b.seq_id[j][i] = s
+        b.n_tokens = len(items)
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
-        # a GPU backend returns before the work is done: wait for it here, or its time would
-        # land in whatever reads the logits next (and show as overhead)
-        ll.llama_synchronize(self._ctx)
+        ll.llama_synchronize(self._ctx)  # a GPU returns early: wait, or reading pays for it
         return time.perf_counter() - t0
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        """Branch `seq` up to len(tokens) becomes the committed branch 0, holding `tokens`
+        (its cells, which the caller knows spell them); every other branch and every cell
+        past them is dropped. Other models' sequences of a shared context are untouched."""
+        n, base = len(tokens), self.seq
+        ll.llama_memory_seq_rm(self._mem, base + seq, n, -1)
+        if seq != 0:
+            ll.llama_memory_seq_rm(self._mem, base, -1, -1)
+            ll.llama_memory_seq_cp(self._mem, base + seq, base, -1, -1)
+        for s in range(1, self.n_branch):
+            ll.llama_memory_seq_rm(self._mem, base + s, -1, -1)
+        self.tokens[:] = tokens
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """The lowest and highest position branch `seq` holds ((-1, -1) when empty)."""
+        return (int(ll.llama_memory_seq_pos_min(self._mem, self.seq + seq)),
+                int(ll.llama_memory_seq_pos_max(self._mem, self.seq + seq)))
 
     @property
     def n_ctx_seq(self) -> int:

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -77,13 +78,18 @@ class SharedContext:
     tokens queued here at once, and hands each caller a copy of its own logits rows."""
 
     def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
-                 first: bool = False):
+                 first: bool = False, width: int = 1):
         self.params = params
         self.n_seq = n_seq
+        self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
         self.gate = gate or Gate()
-        # the context as Model builds it, with n_seq sequences over n_ctx each
-        self.base = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
-        self.n_ctx_seq = self.base.n_ctx_seq
+        if width == 1:  # the context as Model builds it, with n_seq sequences over n_ctx each
+            self.base = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
+            self.n_ctx_seq = self.base.n_ctx_seq
+        else:  # one unified cache (a tree's branches share cells), n_ctx a slot, +1 a tree
+            self.base = Model(replace(params, n_ctx=(params.n_ctx + 1) * n_seq),
+                              n_seq_max=n_seq * width, tree=True)
+            self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
@@ -93,7 +99,7 @@ class SharedContext:
         self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
 
     def view(self, seq: int) -> SeqModel:
-        return SeqModel(self, seq)
+        return SeqModel(self, seq * self.width)
 
     def close(self) -> None:
         with self.gate.cond:  # never under a decode; later decodes are refused
@@ -162,13 +168,16 @@ class SharedContext:
         if len(batch) == 1 or sum(len(r.tokens) for r in batch) > m.n_batch:
             for r in batch:  # alone (a long prompt is decoded in chunks)
                 try:
-                    r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
+                    if r.nodes is not None:
+                        r.seconds = m.decode_items(r.items())
+                    else:
+                        r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.rows = np.array(m.rows(r.n_out))  # a copy: see below
                 except BackendError as e:
                     r.error = e
             return
         try:
-            dt = m.decode_segments([(r.tokens, r.pos0, r.seq, r.n_out) for r in batch])
+            dt = m.decode_items([item for r in batch for item in r.items()])
         except BackendError as e:
             for r in batch:
                 r.error = e
@@ -195,6 +204,16 @@ class _Request:
     rows: np.ndarray | None = None
     error: Exception | None = None
     seconds: float = 0.0
+    nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
+
+    def items(self) -> list[tuple[int, int, Sequence[int], bool]]:
+        """Its tokens as backend.Model.decode_items takes them."""
+        if self.nodes is not None:
+            pos, seqs = self.nodes
+            return [(t, p, ss, True) for t, p, ss in zip(self.tokens, pos, seqs, strict=True)]
+        first_out = len(self.tokens) - self.n_out
+        return [(t, self.pos0 + i, (self.seq,), i >= first_out)
+                for i, t in enumerate(self.tokens)]
 
 
 class SeqModel(Model):
@@ -204,6 +223,43 @@ class SeqModel(Model):
     def __init__(self, shared: SharedContext, seq: int):
         super().__init__(shared.params, share=shared.base, seq=seq)
         self._shared, self.gate = shared, shared.gate
+        self.n_branch = shared.width
+        self.n_ctx = shared.n_ctx_seq
+
+    def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
+                    seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        n = len(tokens)
+        if not 0 < n <= self.n_batch or max(pos) >= self.n_ctx:
+            return super().decode_tree(tokens, pos, seqs)  # its checks raise
+        req = _Request(self.seq, list(tokens), pos[0], n,
+                       nodes=(list(pos), [[self.seq + s for s in ss] for ss in seqs]))
+        self._shared.decode(req)
+        self.t_decode_s += req.seconds
+        self.n_decode_calls += 1
+        self.n_decode_tokens += n
+        if req.error is not None:
+            raise req.error
+        return req.rows
+
+    def fork(self, src: int, dst: int) -> None:
+        with self._between():
+            super().fork(src, dst)
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        with self._between():
+            if self._shared.closed:
+                self.tokens[:] = tokens
+                return
+            super().keep(seq, tokens)
+
+    @contextmanager
+    def _between(self):
+        """llama.cpp contexts are not thread-safe: edit the cache only between decodes."""
+        g, shared = self._shared.gate, self._shared
+        with g.cond:
+            while shared.decoding:
+                g.cond.wait()
+            yield
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
         n_out = self._plan(tokens, logits)

@@ -22,6 +22,7 @@ def parse_spec_types(text: str) -> tuple[str, ...]:
 
 DRAFT_AUTO_MAX = 64  # --draft auto chooses k up to this (llama.cpp's largest n-gram default)
 DEFAULT_DRAFT_MAX = 8
+MAX_DRAFT_SEQ = 64  # draft-tree branches (llama.cpp's contexts take up to 256 sequences)
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
 DEFAULT_THREADS = min(os.cpu_count() or 1, 8)  # llama.cpp: the physical cores
@@ -82,6 +83,8 @@ class SpecRequest:
     n_max: int | None = None
     n_min: int | None = None
     p_min: float | None = None
+    n_seq: int | None = None  # draft-tree branches, up to the engine's (tune-draft's sweep)
+    p_split: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,9 @@ class DraftPolicy:
     step: the engine's settings with a request's own on top (`overlay`). n_max caps the draft
     model and ngram-cache; the other n-gram types draft up to their own m unless cap_ngram
     (--draft given explicitly). limit: a request's own n_max, which caps every source.
-    adaptive: --draft auto, k chosen each step."""
+    adaptive: --draft auto, k chosen each step. n_seq, p_split: a draft tree of up to n_seq
+    branches (llama-speculative's -np), a branch splitting where the draft's next candidate
+    is more likely than p_split (--draft-p-split)."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
@@ -98,6 +103,8 @@ class DraftPolicy:
     adaptive: bool = False
     cap_ngram: bool = False
     limit: int | None = None
+    n_seq: int = 1
+    p_split: float = 0.1
 
     def overlay(self, request: SpecRequest | None) -> DraftPolicy:
         """This policy with a request's own n_min, p_min and n_max (as the limit) on top."""
@@ -106,7 +113,9 @@ class DraftPolicy:
         return replace(
             self, n_min=self.n_min if request.n_min is None else request.n_min,
             p_min=self.p_min if request.p_min is None else request.p_min,
-            limit=self.limit if request.n_max is None else request.n_max)
+            limit=self.limit if request.n_max is None else request.n_max,
+            n_seq=self.n_seq if request.n_seq is None else request.n_seq,
+            p_split=self.p_split if request.p_split is None else request.p_split)
 
     def k_for(self, source: object, k: int) -> int:
         """The most tokens `source` drafts in a step that can take k: --draft caps it unless

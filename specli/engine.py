@@ -27,6 +27,7 @@ from specli.backend import (
 )
 from specli.batching import Gate, SharedContext
 from specli.config import (
+    MAX_DRAFT_SEQ,
     SPEC_TYPES,
     DraftPolicy,
     ModelParams,
@@ -47,6 +48,7 @@ from specli.drafts import (
     VerifyCost,
 )
 from specli.drafts.base import rules_kw
+from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.rules import Rules
 from specli.stats import ModelPerf, Stats
@@ -61,6 +63,7 @@ from specli.verify import (
     token_probs,
     transform,
     verify,
+    verify_tree,
 )
 
 
@@ -102,9 +105,11 @@ class Engine:
         draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
         n_vocab = check_files(target, draft, spec_types)
-        t = Model(target)
+        tree = check_tree(draft_params, draft, spec_types)
+        t = Model(target, n_seq_max=draft_params.n_seq, tree=True) if tree else Model(target)
         try:
-            dm = Model(draft) if draft is not None else None
+            dm = (None if draft is None else
+                  Model(draft, n_seq_max=draft_params.n_seq, tree=True) if tree else Model(draft))
         except BaseException:
             t.close()
             raise
@@ -127,11 +132,12 @@ class Engine:
         draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
         n_vocab = check_files(target, draft, spec_types)
+        width = draft_params.n_seq if check_tree(draft_params, draft, spec_types) else 1
         gate = Gate()
-        shared = [SharedContext(target, n, gate)]
+        shared = [SharedContext(target, n, gate, width=width)]
         try:
             if draft is not None:
-                shared.append(SharedContext(draft, n, gate, first=True))
+                shared.append(SharedContext(draft, n, gate, first=True, width=width))
             engines = [cls._assemble(shared[0].view(i), shared[1].view(i) if draft else None,
                                      draft_params, spec_types, ngram, n_vocab)
                        for i in range(n)]
@@ -261,6 +267,8 @@ class Engine:
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
+        stats.n_seq_dft = policy.n_seq if draft is not None and self._tree(draft, policy, rules) \
+            else 1
         meter = _Meter(stats, tgt, draft.model if draft else None)
         with meter.prompt():
             # the last prompt token opens the first verification batch
@@ -278,8 +286,9 @@ class Engine:
                     # draft at most what the budget, the context and one batch can take
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
-                    tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats, rules, probs)
+                    step = self._tree_step if self._tree(draft, policy, rules) else self._step
+                    tokens, n_drafted, eog = step(draft, policy, context, k, sp, rng, stats,
+                                                  rules, probs)
                     if not stats.n_first:  # llama-server's rates start after the first token
                         stats.n_first, stats.t_first_s = len(tokens), time.perf_counter() - t0
                     for i, t in enumerate(tokens):
@@ -355,6 +364,73 @@ class Engine:
         eog = self.target.is_eog(token)
         return drafted[:n_acc] + ([] if eog else [token]), n_acc, eog
 
+    def _tree(self, draft: DraftSource | None, policy: DraftPolicy,
+              rules: Rules | None) -> bool:
+        """Whether this step drafts a tree: more than one draft sequence, a draft model alone
+        (not chained with n-gram types), no grammar or DRY (their state follows one path)."""
+        return (policy.n_seq > 1 and rules is None and isinstance(draft, ModelDraft)
+                and min(getattr(m, "n_branch", 1) for m in (self.target, draft.model))
+                >= policy.n_seq)
+
+    def _tree_step(self, draft: ModelDraft, policy: DraftPolicy, context: list[int], k: int,
+                   sp: SamplingParams, rng: np.random.Generator, stats: Stats,
+                   rules: Rules | None = None,
+                   probs: list[TokenProbs] | None = None) -> tuple[list[int], int, bool]:
+        """_step with a draft tree (llama-speculative's -np): every node verified in one
+        target decode, the longest agreed path kept in both caches, the rest dropped."""
+        tgt, n_past = self.target, len(context) - 1
+        keep: tuple[int, list[int]] = (0, context[:-1])  # on an exception: as before the step
+        tree, path, done = None, [], False
+        try:
+            # 1. propose a tree (its nodes at most k: the verification batch stays k + 1)
+            tree = draft.propose_tree(context, policy.k_for(draft, k), sp, rng, policy) \
+                if k >= max(policy.n_min, 1) else None
+            if tree is not None and len(tree) < max(policy.n_min, 1):
+                tree = None
+            # 2. verify: the root and every node, each in the branches through it
+            if tree is None:
+                rows = tgt.decode([context[-1]], logits="all")
+            else:
+                tgt.branch(tree.seq_ids)
+                rows = tgt.decode_tree(
+                    [context[-1], *tree.tokens], [n_past, *(n_past + d for d in tree.depth)],
+                    [tree.seq_ids, *tree.seqs])
+            row = _tree_rows(rows, sp, context, tree)
+            # 3. accept the longest path the target agrees with
+            path, token = verify_tree(tree or _EMPTY, row, sp, rng)
+            drafted = [tree.tokens[i] for i in path] if tree else []
+            cut = next((j for j, t in enumerate(drafted) if tgt.is_eog(t)), None)
+            if cut is not None:  # an accepted end-of-generation token ends it as the target's
+                path, token, drafted = path[:cut], drafted[cut], drafted[:cut]
+            if probs is not None and sp.n_probs is not None:
+                for i, t in enumerate([*drafted, token]):
+                    if not tgt.is_eog(t):
+                        r = 0 if i == 0 else path[i - 1] + 1
+                        probs.append(_probs(rows[r], lambda _, r=r, i=i: row(r, path[:i]),
+                                            0, t, sp))
+            seq = min(tree.seqs[path[-1]]) if path else 0
+            keep, done = (seq, [*context, *drafted]), True
+        except NonFinite as e:
+            who = "the draft model" if e.row < 0 else "the model"
+            raise BackendError(f"{who} produced NaN or infinite logits at token "
+                               f"{stats.n_predict + 1}", hint="its weights may be damaged: "
+                               "try another file or quantization") from None
+        except TransformError as e:
+            raise UsageError(str(e), hint="use a repeat_penalty near 1 and penalties and "
+                             "biases of ordinary size") from None
+        finally:
+            # 4. rewind: the accepted path's branch becomes sequence 0 in both caches
+            tgt.keep(*keep)
+            draft.keep_path(tree, path if done else [], context[:len(keep[1])],
+                            token if done else None)
+        # 5. observe
+        if tree is not None:
+            stats.record_step(len(tree), len(path), tree.source, depth=tree.max_depth,
+                              branches=tree.n_branches)
+            draft.observe(len(path))
+        eog = tgt.is_eog(token)
+        return drafted + ([] if eog else [token]), len(drafted), eog
+
     def _source(self, spec: SpecRequest | None) -> DraftSource | None:
         return self.draft if spec is None or spec.types is None else self.source_for(spec.types)
 
@@ -416,6 +492,30 @@ def check_files(target: ModelParams, draft: ModelParams | None,
         if params is not None:
             check_placement(params)
     return n_vocab
+
+
+def check_tree(policy: DraftPolicy, draft: ModelParams | None,
+               spec_types: Sequence[str]) -> bool:
+    """Whether the engine drafts trees (more than one draft sequence); UsageError when the
+    setting cannot: a tree needs a draft model, alone, and a fixed --draft."""
+    if not 1 <= policy.n_seq <= MAX_DRAFT_SEQ:
+        raise UsageError(f"--draft-n-seq {policy.n_seq} is out of range",
+                         hint=f"1 to {MAX_DRAFT_SEQ} draft sequences")
+    if not 0.0 <= policy.p_split <= 1.0:
+        raise UsageError(f"--draft-p-split {policy.p_split} is not a probability",
+                         hint="a value from 0 to 1 (default 0.1)")
+    if policy.n_seq == 1:
+        return False
+    if draft is None:
+        raise UsageError("draft trees (-np/--draft-n-seq > 1) need a draft model",
+                         hint="give -md FILE")
+    if any(t != "draft-simple" for t in spec_types):
+        raise UsageError("draft trees (-np/--draft-n-seq > 1) draft with the model alone",
+                         hint="drop the n-gram --spec-type, or use -np 1")
+    if policy.adaptive:
+        raise UsageError("draft trees (-np/--draft-n-seq > 1) take a fixed --draft",
+                         hint="give --draft N instead of auto")
+    return True
 
 
 def chat_renderer(template: str | None, jinja: bool = True
@@ -555,6 +655,20 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: lis
         return r
 
     return row
+
+
+_EMPTY = Tree()  # no nodes: verify_tree takes the root row alone
+
+
+def _tree_rows(rows: np.ndarray, sp: SamplingParams, context: list[int],
+               tree) -> Callable[[int, list[int]], np.ndarray]:
+    """Row r of a tree's verification batch as the sampler sees it: transformed with the
+    history it follows (the context and the path above it)."""
+    if not sp.transforms:
+        return lambda r, path: rows[r]
+    n = sp.repeat_last_n
+    tail = context if n < 0 else context[-n:] if n > 0 else []
+    return lambda r, path: transform(rows[r], sp, [*tail, *(tree.tokens[i] for i in path)])
 
 
 def _probs(raw: np.ndarray, row: Callable[[int], np.ndarray], i: int, token: int,

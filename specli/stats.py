@@ -63,6 +63,13 @@ class Stats:
     # per draft source (llama.cpp's "statistics <type>:" lines): gen_drafts, acc_drafts,
     # gen_tokens, acc_tokens
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    # draft trees (-np/--draft-n-seq > 1): the sequences allowed, the branches drafted over
+    # all steps, the draft depths (llama-speculative's n_drafted: a draft decode per depth),
+    # the longest accepted path; for a single sequence n_depths == n_drafted
+    n_seq_dft: int = 1
+    n_branches: int = 0
+    n_depths: int = 0
+    max_path: int = 0
 
     # -- derived figures -------------------------------------------------------------------
     @property
@@ -103,8 +110,10 @@ class Stats:
             return None
         return self.decode_tps / self.baseline_decode_tps
 
-    def record_step(self, n_drafted: int, n_accepted: int, source: str = "") -> None:
-        """Count one verification step that checked n_drafted tokens and accepted n_accepted."""
+    def record_step(self, n_drafted: int, n_accepted: int, source: str = "",
+                    depth: int | None = None, branches: int = 1) -> None:
+        """Count one verification step that checked n_drafted tokens and accepted n_accepted.
+        A draft tree: n_drafted counts its nodes, depth its deepest, branches its leaves."""
         if source:
             s = self.per_source.setdefault(
                 source, {"gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0,
@@ -117,11 +126,15 @@ class Stats:
         self.n_steps += 1
         self.n_drafted += n_drafted
         self.n_accept += n_accepted
-        if n_drafted > len(self.drafted_per_pos):
-            grow = n_drafted - len(self.drafted_per_pos)
+        depth = n_drafted if depth is None else depth
+        self.n_branches += branches
+        self.n_depths += depth
+        self.max_path = max(self.max_path, n_accepted)
+        if depth > len(self.drafted_per_pos):
+            grow = depth - len(self.drafted_per_pos)
             self.drafted_per_pos.extend([0] * grow)
             self.accepted_per_pos.extend([0] * grow)
-        for i in range(n_drafted):
+        for i in range(depth):
             self.drafted_per_pos[i] += 1
         for i in range(n_accepted):
             self.accepted_per_pos[i] += 1
@@ -185,6 +198,13 @@ def format_llama(s: Stats) -> str:
               f"{v['acc_drafts']}, #gen tokens = {v['gen_tokens']}, #acc tokens = "
               f"{v['acc_tokens']}, #max draft = {v.get('max_tokens', 0)}"
               for name, v in s.per_source.items()]
+    if s.n_seq_dft > 1:
+        lines += [
+            f"draft tree = {s.n_seq_dft} sequences, {_div(s.n_branches, s.n_steps):.2f} "
+            f"branches a step, {s.n_drafted} nodes over {s.n_depths} depths "
+            f"(llama-speculative's n_drafted = {s.n_depths})",
+            f"accepted path = {_div(s.n_accept, s.n_steps):.3f} mean, {s.max_path} longest",
+        ]
     if s.speedup is not None:
         lines += [
             f"baseline  = {s.baseline_decode_tps:8.3f} t/s (target alone)",

@@ -211,16 +211,20 @@ MAX_POINTS = 64  # the grid's guard: a sweep longer than this is a mistake, not 
 
 @dataclass(frozen=True)
 class Setting:
-    """One point of the grid: the draft length, the draft's probability floor, the sources."""
+    """One point of the grid: the draft length, the draft's probability floor, the sources,
+    and for a draft tree its sequences and split probability."""
 
     k: int
     p_min: float
     types: tuple[str, ...]
+    n_seq: int = 1
+    p_split: float = 0.1
 
     @property
     def label(self) -> str:
         p = f" p-min {self.p_min:g}" if self.p_min else ""
-        return f"{'+'.join(self.types)} k={self.k}{p}"
+        tree = f" n-seq {self.n_seq} p-split {self.p_split:g}" if self.n_seq > 1 else ""
+        return f"{'+'.join(self.types)} k={self.k}{p}{tree}"
 
 
 @dataclass
@@ -259,6 +263,8 @@ class Point:
         st = self.setting
         return {"baseline": st is None, "label": st.label if st else "target alone",
                 "draft": st.k if st else None, "draft_p_min": st.p_min if st else None,
+                "draft_n_seq": st.n_seq if st else None,
+                "draft_p_split": st.p_split if st and st.n_seq > 1 else None,
                 "spec_types": list(st.types) if st else [],
                 "tps_median": self.median, "tps_min": min(self.tps, default=0.0),
                 "tps_max": max(self.tps, default=0.0), "tps_runs": self.tps,
@@ -266,12 +272,16 @@ class Point:
                 "speedup": self.speedup, "predicted_speedup": self.predicted}
 
 
-def grid(drafts: Sequence[int], p_mins: Sequence[float],
-         types: Sequence[tuple[str, ...]]) -> list[Setting]:
-    points = [Setting(k, p, t) for t in types for p in p_mins for k in drafts]
+def grid(drafts: Sequence[int], p_mins: Sequence[float], types: Sequence[tuple[str, ...]],
+         n_seqs: Sequence[int] = (1,), p_splits: Sequence[float] = (0.1,)) -> list[Setting]:
+    """Every combination; a single sequence once, whatever the split probabilities."""
+    trees = [(n, s) for n in n_seqs for s in (p_splits if n > 1 else p_splits[:1])]
+    points = [Setting(k, p, t, n, sp) for t in types for n, sp in trees for p in p_mins
+              for k in drafts]
     if len(points) > MAX_POINTS:
         raise UsageError(f"the sweep has {len(points)} settings (at most {MAX_POINTS})",
-                         hint="fewer --draft, --draft-p-min or --spec-type values")
+                         hint="fewer --draft, --draft-p-min, --draft-n-seq, --draft-p-split "
+                         "or --spec-type values")
     return points
 
 
@@ -355,7 +365,8 @@ def sweep(engine, prompts: Sequence[list[int]], settings: Sequence[Setting], n_p
             tokens, seconds, drafted, accepted = 0, 0.0, 0, 0
             for ids in prompts:
                 s = point.setting
-                spec = SpecRequest(types=s.types, n_max=s.k, p_min=s.p_min) if s else None
+                spec = SpecRequest(types=s.types, n_max=s.k, p_min=s.p_min, n_seq=s.n_seq,
+                                   p_split=s.p_split) if s else None
                 stats = engine.complete(ids, n_predict, greedy, speculative=s is not None,
                                         spec=spec).stats
                 tokens += stats.n_predict
@@ -378,7 +389,7 @@ def predict(sw: Sweep, model: CostModel) -> None:
     """Fill each point's predicted speedup from its own measured S(j) and the cost model."""
     sw.costs = model
     for p in sw.points:
-        if p.n_steps:
+        if p.n_steps and p.setting.n_seq == 1:  # the model prices one draft sequence
             s = [a / p.n_steps for a in p.accepted_per_pos]
             # an n-gram lookup costs next to nothing: only a draft model pays c per token
             m = model if "draft-simple" in p.setting.types else replace(model, c=0.0)

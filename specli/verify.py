@@ -207,3 +207,40 @@ def sampled_probs(d: Dist, token: int, n: int) -> TokenProbs:
     """After the chain: the distribution the token was drawn from (zeros left out)."""
     keep = [(int(i), float(q)) for i, q in zip(d.ids[:n], d.probs[:n], strict=True) if q > 0]
     return TokenProbs(token, d.prob(token), tuple(keep))
+
+
+def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: SamplingParams,
+                rng: np.random.Generator) -> tuple[list[int], int]:
+    """Return (the accepted path's nodes, next token) for a draft tree (drafts/tree.py), whose
+    node i is row i + 1 of the verification batch (row 0: the root).
+
+    Walk down from the root. Greedy: descend into the child spelling the target's argmax.
+    Sampling (SpecInfer's multi-draft rule): try the node's draws in order, accepting draw x
+    with probability min(1, r(x)/q(x)), where r starts as p and becomes norm(max(0, r - q))
+    after each rejection; when every draw is rejected, sample r. With independent draws from
+    q this draws from p exactly; a one-hot q (greedy children) zeroes x instead.
+    `target_row(row, path)` gives the batch row, `path` the nodes above it."""
+    path: list[int] = []
+    node = -1
+    while True:
+        row = target_row(node + 1, path)
+        draws = tree.draws.get(node, [])
+        if sp.greedy:
+            best = finite_argmax(row, node + 1)
+            node = next((c for c in draws if tree.tokens[c] == best), None)
+            if node is None:
+                return path, best
+            path.append(node)
+            continue
+        r = sampling_dist(row, sp, node + 1)
+        q = tree.q.get(node)
+        for c in draws:
+            x = tree.tokens[c]
+            qx = q.prob(x) if q is not None else 1.0
+            if qx > 0.0 and rng.random() * qx < r.prob(x):
+                path.append(c)
+                node = c
+                break
+            r = residual(r, q, x)
+        else:
+            return path, r.sample(rng)

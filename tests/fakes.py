@@ -41,6 +41,8 @@ class FakeModel:
         self.tokens: list[int] = []
         self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
         self.fail_on_call: int | None = None  # the decode call number that raises
+        self.n_branch = 1  # > 1: draft-tree branches (set by the tests that use them)
+        self.branches: dict[int, int] = {}  # branch sequence -> its cached length beyond tokens
 
     # -- vocabulary: one token per character --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -87,6 +89,30 @@ class FakeModel:
 
     def rewind(self, n_keep: int) -> None:
         del self.tokens[n_keep:]
+
+    # -- draft trees: the logits depend on (token, position) only, so a node's row is exact ---
+    def branch(self, seqs: Sequence[int]) -> None:
+        for s in seqs:
+            if s != 0:
+                self.fork(0, s)
+
+    def fork(self, src: int, dst: int) -> None:
+        assert 0 <= src < self.n_branch and 0 < dst < self.n_branch, (src, dst)
+        self.branches[dst] = self.branches.get(src, 0)
+
+    def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
+                    seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        assert all(0 <= s < self.n_branch for ss in seqs for s in ss)
+        assert all(p >= len(self.tokens) - 1 for p in pos), "a node inside the committed cache"
+        self.n_decode_calls += 1
+        if self.fail_on_call == self.n_decode_calls:
+            raise BackendError("decode failed (fake)")
+        self.n_decode_tokens += len(tokens)
+        return np.stack([self.rows_after([t], p)[0] for t, p in zip(tokens, pos, strict=True)])
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        self.branches.clear()
+        self.tokens[:] = tokens
 
     sync = Model.sync  # the real one: it needs only tokens, rewind and decode
 

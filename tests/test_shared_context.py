@@ -66,9 +66,9 @@ def test_decodes_are_combined_and_run_on_the_decode_thread(shared, monkeypatch):
 
 
 def test_a_failed_combined_decode_reaches_every_slot(shared, monkeypatch):
-    def broken(self, segments):
+    def broken(self, items):
         raise BackendError("llama_decode failed (test)")
 
-    monkeypatch.setattr(Model, "decode_segments", broken)
+    monkeypatch.setattr(Model, "decode_items", broken)
     out = two_slots(shared, steps=0)
     assert all(isinstance(e, BackendError) and "(test)" in e.message for e in out), out

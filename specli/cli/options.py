@@ -238,9 +238,23 @@ def _drafting_flags(
         help="Stop drafting when the draft's top probability falls below this.",
         envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
         rich_help_panel=DRAFTING)] = config.DraftPolicy.p_min,
+    draft_n_seq: Annotated[int, typer.Option(
+        "--draft-n-seq", "--spec-draft-n-seq",
+        help="Draft sequences: more than 1 drafts a tree, as llama-speculative's -np, a "
+        "branch splitting where the draft's next candidate is above --draft-p-split; the "
+        "target verifies every node in one batch. Needs a draft model alone (no n-gram "
+        "types) and a fixed --draft, which caps the tree's nodes.",
+        envvar="LLAMA_ARG_SPEC_DRAFT_N_SEQ",
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_seq,
+    draft_p_split: Annotated[float, typer.Option(
+        "--draft-p-split", "--spec-draft-p-split",
+        help="A draft tree branches where the draft's next candidate is more likely than "
+        "this (with --draft-n-seq or run's -np above 1).",
+        envvar="LLAMA_ARG_SPEC_DRAFT_P_SPLIT",
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_split,
 ) -> Drafting:
     """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
-    params = draft_params(draft, draft_min, draft_p_min)
+    params = draft_params(draft, draft_min, draft_p_min, draft_n_seq, draft_p_split)
     ngram = ngram_params(
         size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
         simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,
@@ -541,16 +555,35 @@ def spec_types(value: str | None, lookup_static: str | None = None,
     return types
 
 
-def draft_params(draft: str | None, draft_min: int, p_min: float) -> config.DraftPolicy:
-    """--draft (K or auto), --draft-min and --draft-p-min, checked. An explicit K also caps the
-    n-gram types' own lengths."""
+def draft_params(draft: str | None, draft_min: int, p_min: float, n_seq: int = 1,
+                 p_split: float = config.DraftPolicy.p_split) -> config.DraftPolicy:
+    """--draft (K or auto), --draft-min, --draft-p-min, --draft-n-seq and --draft-p-split,
+    checked. An explicit K also caps the n-gram types' own lengths."""
     k, adaptive = parse_draft(draft if draft is not None else str(config.DEFAULT_DRAFT_MAX))
     if draft_min < 0 or draft_min > k:
         raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
     if not 0.0 <= p_min <= 1.0:
         raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
+    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
+        raise UsageError(f"--draft-n-seq must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
+    if not 0.0 <= p_split <= 1.0:
+        raise UsageError(f"--draft-p-split must be between 0 and 1, got {p_split}")
+    if n_seq > 1 and adaptive:
+        raise UsageError("a draft tree (--draft-n-seq above 1) takes a fixed --draft",
+                         hint="give --draft N instead of auto")
     return config.DraftPolicy(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
-                              cap_ngram=draft is not None and not adaptive)
+                              cap_ngram=draft is not None and not adaptive, n_seq=n_seq,
+                              p_split=p_split)
+
+
+def with_n_seq(drafting: Drafting, n_seq: int, flag: str) -> Drafting:
+    """The drafting flags with another number of draft sequences (run's -np), checked."""
+    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
+        raise UsageError(f"{flag} must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
+    if n_seq > 1 and drafting.params.adaptive:
+        raise UsageError("a draft tree (-np above 1) takes a fixed --draft",
+                         hint="give --draft N instead of auto")
+    return replace(drafting, params=replace(drafting.params, n_seq=n_seq))
 
 
 def check_n_predict(n_predict: int) -> None:

@@ -39,6 +39,10 @@ def run(
         "or full context.", envvar="LLAMA_ARG_N_PREDICT",
         rich_help_panel="Input")] = config.DEFAULT_N_PREDICT,
     drafting: o.Drafting = o.DRAFTING_FLAGS,
+    parallel: Annotated[int | None, typer.Option(
+        "-np", "--parallel", help="Draft sequences, as llama-speculative's -np: the same as "
+        "--draft-n-seq.", envvar="LLAMA_ARG_N_PARALLEL", rich_help_panel=o.DRAFTING,
+        show_default=False)] = None,
     no_spec: o.NoSpec = False,
     baseline: Annotated[bool, typer.Option(
         "--baseline", help="Also decode with the target alone in this process; print the "
@@ -54,6 +58,8 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
+    if parallel is not None:
+        drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
                   resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out)
 
@@ -93,6 +99,7 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
         raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
     if no_spec:
         model_draft, types = None, []
+        drafting = o.with_n_seq(drafting, 1, "-np")
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
                    drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline)

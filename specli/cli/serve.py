@@ -137,12 +137,13 @@ def serve(
     except ImportError:
         raise SpecliError("specli serve needs the server extra",
                           hint="pip install 'specli[server]'") from None
-    from specli.engine import check_files
+    from specli.engine import check_files, check_tree
     from specli.server import ServerConfig
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     target = replace(target, chat_template=template, jinja=jinja)
     check_files(target, draft_model, types)  # a bad pair or file is refused before listening
+    check_tree(drafting.params, draft_model, types)
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,

@@ -33,6 +33,12 @@ def tune_draft(
     p_mins: Annotated[str, typer.Option(
         "--draft-p-min", "--spec-draft-p-min", help="Draft probability floors to sweep, "
         "comma-separated.", rich_help_panel=SWEEP)] = "0",
+    n_seqs: Annotated[str, typer.Option(
+        "--draft-n-seq", "--spec-draft-n-seq", help="Draft sequences to sweep, comma-separated "
+        "(above 1: a draft tree, with the draft model alone).", rich_help_panel=SWEEP)] = "1",
+    p_splits: Annotated[str, typer.Option(
+        "--draft-p-split", "--spec-draft-p-split", help="Tree split probabilities to sweep, "
+        "comma-separated (for --draft-n-seq above 1).", rich_help_panel=SWEEP)] = "0.1",
     spec_type: Annotated[str | None, typer.Option(
         "--spec-type", help="Speculation types to sweep, comma-separated; join types with + "
         "to combine them (ngram-mod+draft-simple). Default: draft-simple with -md.",
@@ -67,7 +73,8 @@ def tune_draft(
 ) -> None:
     """Find the fastest draft setting for this machine and this kind of text.
 
-    Every setting of the grid (--draft × --draft-p-min × --spec-type) and the target alone
+    Every setting of the grid (--draft × --draft-p-min × --spec-type × --draft-n-seq ×
+    --draft-p-split) and the target alone
     generate greedily on the same prompts, interleaved, --repeat times; each gets its median
     tokens/s, range, acceptance and speedup, next to the speedup a cost model measured here
     predicts. The best setting is printed with the command that uses it.
@@ -76,6 +83,8 @@ def tune_draft(
 
     ks = _ints(drafts, "--draft")
     ps = _floats(p_mins, "--draft-p-min")
+    seqs = _ints(n_seqs, "--draft-n-seq")
+    splits = _floats(p_splits, "--draft-p-split")
     if n_predict < 1 or repeat < 1:
         raise UsageError("-n/--n-predict and --repeat must be at least 1")
     if task not in TASKS:
@@ -87,7 +96,11 @@ def tune_draft(
         _check_plot(plot)
     model, model_draft = models.resolve(quiet=quiet)
     types = _types(spec_type, model_draft)
-    settings = tuning.grid(ks, ps, types)
+    if max(seqs) > 1 and types != [("draft-simple",)]:
+        raise UsageError("--draft-n-seq above 1 sweeps draft trees, which draft with the "
+                         "model alone", hint="drop --spec-type, or give -md and "
+                         "--spec-type draft-simple")
+    settings = tuning.grid(ks, ps, types, seqs, splits)
     texts = _prompts(file, task)
     loaded = sorted({t for combo in types for t in combo if t != "draft-simple"})
 
@@ -96,7 +109,7 @@ def tune_draft(
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
         engine = Engine.load(target, draft_model,
-                             DraftPolicy(n_max=max(ks)), spec_types=loaded)
+                             DraftPolicy(n_max=max(ks), n_seq=max(seqs)), spec_types=loaded)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
         with _progress(len(settings) + 1, repeat, quiet) as advance:
@@ -267,6 +280,8 @@ def _print(result, model: str, model_draft: str | None) -> None:
     args += ["--draft", str(s.k)]
     if s.p_min:
         args += ["--draft-p-min", f"{s.p_min:g}"]
+    if s.n_seq > 1:
+        args += ["--draft-n-seq", str(s.n_seq), "--draft-p-split", f"{s.p_split:g}"]
     out.print("  specli run " + shlex.join(args), markup=False)
     out.print("  specli serve " + shlex.join(args), markup=False)
 
@@ -277,7 +292,8 @@ def _label(p) -> str:
 
 def _csv(result) -> str:
     buf = io.StringIO()
-    fields = ["label", "baseline", "draft", "draft_p_min", "spec_types", "tps_median", "tps_min",
+    fields = ["label", "baseline", "draft", "draft_p_min", "draft_n_seq", "draft_p_split",
+              "spec_types", "tps_median", "tps_min",
               "tps_max", "accept_rate", "mean_accept_len", "speedup", "predicted_speedup"]
     w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
@@ -310,10 +326,12 @@ def _plot(result, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
     series: dict[tuple, list] = {}
     for p in result.points:
-        series.setdefault((p.setting.types, p.setting.p_min), []).append(p)
-    for (types, p_min), pts in series.items():
+        st = p.setting
+        series.setdefault((st.types, st.p_min, st.n_seq, st.p_split), []).append(p)
+    for (types, p_min, n_seq, p_split), pts in series.items():
         pts.sort(key=lambda p: p.setting.k)
-        label = "+".join(types) + (f" p-min {p_min:g}" if p_min else "")
+        label = "+".join(types) + (f" p-min {p_min:g}" if p_min else "") + (
+            f" n-seq {n_seq} p-split {p_split:g}" if n_seq > 1 else "")
         ax.plot([p.setting.k for p in pts], [p.speedup for p in pts], marker="o", label=label)
         pred = [(p.setting.k, p.predicted) for p in pts if p.predicted is not None]
         if pred:

@@ -9,6 +9,7 @@ import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Proposal
+from specli.drafts.tree import Calibration, Tree, draft_tree
 
 if TYPE_CHECKING:
     from specli.backend import Model
@@ -32,6 +33,8 @@ class ModelDraft:
 
     def __init__(self, model: Model, *, n_vocab_target: int | None = None):
         self.model = model
+        self._branches: list = []  # the last tree's branches (drafts/tree.py)
+        self.calib = Calibration()  # how often the target takes its top candidate
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
         # ids the target does not have
         self.n_vocab = min(model.n_vocab, n_vocab_target or model.n_vocab)
@@ -50,6 +53,21 @@ class ModelDraft:
         k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
         if k <= 0:
             return Proposal()
+        logits = self.feed(context)[0, : self.n_vocab]
+        out = Proposal(q=None if sp.greedy else [], source=self.name)
+        g = rules.fork() if rules is not None else None
+        try:
+            return self._draft(logits, out, context, k, sp, rng, p_min, g)
+        except NoToken:  # the grammar allows nothing the draft knows: propose what it has
+            return out
+        finally:
+            if g is not None:
+                g.close()
+
+    def feed(self, context: Sequence[int]) -> np.ndarray:
+        """Bring the cache to the whole context (decoding only what it lacks, in one batch)
+        and return the row that follows it."""
+        m = self.model
         n_have = len(m.tokens)
         if n_have >= len(context):  # nothing new: re-decode the last token for its logits
             m.rewind(len(context) - 1)
@@ -60,16 +78,29 @@ class ModelDraft:
             # CUDA graph whenever the batch shape changes, and re-warms and re-captures it
             m.decode(new[:1])
             new = new[1:]
-        logits = m.decode(new, logits="last")[0, : self.n_vocab]
-        out = Proposal(q=None if sp.greedy else [], source=self.name)
-        g = rules.fork() if rules is not None else None
-        try:
-            return self._draft(logits, out, context, k, sp, rng, p_min, g)
-        except NoToken:  # the grammar allows nothing the draft knows: propose what it has
-            return out
-        finally:
-            if g is not None:
-                g.close()
+        return m.decode(new, logits="last")
+
+    def propose_tree(self, context: Sequence[int], k: int, sp: SamplingParams,
+                     rng: np.random.Generator, policy: DraftPolicy) -> Tree:
+        """A draft tree of up to k nodes over policy.n_seq branches (drafts/tree.py)."""
+        k = min(k, self.model.n_ctx - len(context))
+        self._branches = []
+        if k <= 0:
+            return Tree(source=self.name)
+        tree, self._branches = draft_tree(self, context, k, sp, rng, policy, self.calib)
+        return tree
+
+    def keep_path(self, tree: Tree | None, path: Sequence[int], context: Sequence[int],
+                  token: int | None = None) -> None:
+        """After a tree step: the branch holding the accepted path becomes the cache, as far
+        as the draft decoded it (the committed context as far as it holds it, then the path);
+        every other branch is dropped. An empty path keeps the context alone."""
+        m = self.model
+        if tree is not None and token is not None:
+            self.calib.record(tree, path, token)
+        seq = min(tree.seqs[path[-1]]) if tree is not None and path else 0
+        n = min(len(path), self._branches[seq].decoded) if path else 0
+        m.keep(seq, [*m.tokens[:len(context)], *(tree.tokens[i] for i in path[:n])])
 
     def _draft(self, logits: np.ndarray, out: Proposal, context: Sequence[int], k: int,
                sp: SamplingParams, rng: np.random.Generator, p_min: float,

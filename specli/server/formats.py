@@ -25,11 +25,15 @@ def cached(s: Stats) -> int:
 
 
 def speculative(s: Stats) -> dict:
-    """What speculation did: drafts verified, tokens drafted and accepted, and the acceptance
-    rate at each draft position (1 = the first drafted token)."""
-    return {"drafts": s.n_steps, "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
-            "accept_rate": round(s.accept_rate, 4),
-            "accepted_per_position": [round(r, 4) for r in s.accept_rate_per_pos]}
+    """What speculation did: drafts verified, tokens (a tree's nodes) drafted and accepted,
+    the acceptance rate at each draft position (1 = the first drafted token), and with draft
+    trees the branches drafted."""
+    out = {"drafts": s.n_steps, "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
+           "accept_rate": round(s.accept_rate, 4),
+           "accepted_per_position": [round(r, 4) for r in s.accept_rate_per_pos]}
+    if s.n_seq_dft > 1:
+        out.update(n_seq=s.n_seq_dft, branches=s.n_branches)
+    return out
 
 
 def usage(s: Stats) -> dict:
