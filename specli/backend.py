@@ -220,9 +220,9 @@ def _check_gguf(path: str) -> None:
                                  hint="specli reads llama.cpp GGUF models")
 
 
-def _tokenize(vocab, text: str, add_special: bool, parse_special: bool) -> list[int]:
+def _tokenize(vocab, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
     try:
-        data = text.encode("utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
     except UnicodeEncodeError as e:  # a lone surrogate: from JSON's "\ud800" or argv bytes
         raise UsageError(f"the text is not valid Unicode: a lone surrogate "
                          f"(U+{ord(text[e.start]):04X}) at character {e.start}") from None
@@ -339,6 +339,17 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
         return _tokenize(self._vocab, text, add_special, parse_special)
+
+    def tokenize_bytes(self, data: bytes, add_special: bool = False,
+                       parse_special: bool = False) -> list[int]:
+        """UTF-8 text as bytes (what token_bytes spells), tokenized."""
+        return _tokenize(self._vocab, bytes(data), add_special, parse_special)
+
+    @property
+    def eos_token(self) -> int | None:
+        """The end-of-sequence token, if the vocabulary has one."""
+        t = ll.llama_vocab_eos(self._vocab)
+        return int(t) if t >= 0 else None
 
     def dry(self, sp) -> Dry:
         """llama.cpp's DRY sampler with the request's settings, over this vocabulary."""

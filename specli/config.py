@@ -95,7 +95,8 @@ class DraftPolicy:
     (--draft given explicitly). limit: a request's own n_max, which caps every source.
     adaptive: --draft auto, k chosen each step. n_seq, p_split: a draft tree of up to n_seq
     branches (llama-speculative's -np), a branch splitting where the draft's next candidate
-    is more likely than p_split (--draft-p-split)."""
+    is more likely than p_split (--draft-p-split). translate: --spec-type draft-translate,
+    a draft model with another tokenizer (drafts/translate.py)."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
@@ -105,6 +106,7 @@ class DraftPolicy:
     limit: int | None = None
     n_seq: int = 1
     p_split: float = 0.1
+    translate: bool = False  # the draft model has another tokenizer: go through the text
 
     def overlay(self, request: SpecRequest | None) -> DraftPolicy:
         """This policy with a request's own n_min, p_min and n_max (as the limit) on top."""

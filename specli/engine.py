@@ -48,6 +48,7 @@ from specli.drafts import (
     VerifyCost,
 )
 from specli.drafts.base import rules_kw
+from specli.drafts.translate import TranslateDraft
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.rules import Rules
@@ -93,6 +94,7 @@ class Engine:
         self.draft_params = draft_params or DraftPolicy()
         self.ngram = ngram or NgramParams()
         self._sources: dict[tuple[str, ...], DraftSource | None] = {}  # per-request types
+        self._draft_prompts: dict[tuple[int, ...], list[int]] = {}  # draft-translate's
 
     @classmethod
     def load(cls, target: ModelParams, draft: ModelParams | None = None,
@@ -104,7 +106,7 @@ class Engine:
         model, which is used whenever `draft` is given."""
         draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
-        n_vocab = check_files(target, draft, spec_types)
+        n_vocab = check_files(target, draft, spec_types, draft_params.translate)
         tree = check_tree(draft_params, draft, spec_types)
         t = Model(target, n_seq_max=draft_params.n_seq, tree=True) if tree else Model(target)
         try:
@@ -131,15 +133,16 @@ class Engine:
         between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
         draft_params = draft_params or DraftPolicy()
         ngram = ngram or NgramParams()
-        n_vocab = check_files(target, draft, spec_types)
+        n_vocab = check_files(target, draft, spec_types, draft_params.translate)
         width = draft_params.n_seq if check_tree(draft_params, draft, spec_types) else 1
         gate = Gate()
         shared = [SharedContext(target, n, gate, width=width)]
         try:
             if draft is not None:
                 shared.append(SharedContext(draft, n, gate, first=True, width=width))
+            prompts: dict = {}  # a translating draft's prompts: tokenized on any slot
             engines = [cls._assemble(shared[0].view(i), shared[1].view(i) if draft else None,
-                                     draft_params, spec_types, ngram, n_vocab)
+                                     draft_params, spec_types, ngram, n_vocab, prompts)
                        for i in range(n)]
         except BaseException:
             for c in shared:
@@ -149,12 +152,16 @@ class Engine:
 
     @classmethod
     def _assemble(cls, t: Model, dm: Model | None, draft_params: DraftPolicy,
-                  spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None) -> Engine:
+                  spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None,
+                  prompts: dict | None = None) -> Engine:
         sources = ngram_drafts(spec_types, ngram, n_vocab)
+        prompts = {} if prompts is None else prompts  # a translating draft's, by the target's
         if dm is not None:
-            sources.append(ModelDraft(dm, n_vocab_target=t.n_vocab))
+            sources.append(TranslateDraft(dm, t, prompts) if draft_params.translate
+                           else ModelDraft(dm, n_vocab_target=t.n_vocab))
         source = combine(sources, draft_params.adaptive, draft_params.n_min)
         engine = cls(t, source, draft_params, ngram)
+        engine._draft_prompts = prompts
         engine._sources[spec_key([*spec_types, *(["draft-simple"] if dm else [])])] = source
         return engine
 
@@ -170,7 +177,10 @@ class Engine:
                                  hint="start the server with -md")
             sources = ngram_drafts(key, self.ngram, self.target.n_vocab)
             if dm is not None and "draft-simple" in key:
-                sources.append(ModelDraft(dm, n_vocab_target=self.target.n_vocab))
+                sources.append(
+                    TranslateDraft(dm, self.target, self._draft_prompts)
+                    if self.draft_params.translate
+                    else ModelDraft(dm, n_vocab_target=self.target.n_vocab))
             self._sources[key] = combine(sources, self.draft_params.adaptive,
                                          self.draft_params.n_min)
         return self._sources[key]
@@ -205,8 +215,27 @@ class Engine:
         continue_final: continue the final assistant message (a prefill)."""
         text = self.render_messages(messages, continue_final)
         bos = self.target.special_text("bos")
-        return self.target.tokenize(self._fits(text),
-                                    add_special=not (bos and text.startswith(bos)))
+        ids = self.target.tokenize(self._fits(text),
+                                   add_special=not (bos and text.startswith(bos)))
+        if self.draft_params.translate and self.draft_model is not None:
+            self._remember_draft_prompt(ids, messages, continue_final)
+        return ids
+
+    def _remember_draft_prompt(self, ids: list[int], messages: list[dict],
+                               continue_final: bool) -> None:
+        """A draft with another tokenizer reads the conversation through its own chat
+        template and special tokens (drafts/translate.py looks it up by the target's ids)."""
+        from specli.chat import render_messages
+
+        dm = self.draft_model
+        template, builtin = chat_renderer(dm.chat_template(), self.target.params.jinja)
+        bos = dm.special_text("bos")
+        text = render_messages(template, messages, bos=bos, eos=dm.special_text("eos"),
+                               continue_final=continue_final, builtin=builtin)
+        if len(self._draft_prompts) >= 64:  # recent prompts only
+            self._draft_prompts.pop(next(iter(self._draft_prompts)))
+        self._draft_prompts[tuple(ids)] = dm.tokenize(
+            text, add_special=not (bos and text.startswith(bos)))
 
     def render_messages(self, messages: list[dict], continue_final: bool = False) -> str:
         """The conversation as the prompt text tokenize_messages tokenizes."""
@@ -478,15 +507,17 @@ class Engine:
 
 
 def check_files(target: ModelParams, draft: ModelParams | None,
-                spec_types: Sequence[str]) -> int | None:
+                spec_types: Sequence[str], translate: bool = False) -> int | None:
     """The target's header is read once, before any weights: a damaged one is one clear error,
     metadata llama.cpp would abort on is refused (loadable.py), an incompatible draft is
-    refused. Devices and buffer types are checked last. Returns the target's
-    vocabulary size when it was read."""
+    refused (unless it drafts through text: translate). Devices and buffer types are
+    checked last. Returns the target's vocabulary size when it was read."""
     header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
     info = pairing.tokenizer_info(header)
     if draft is not None:
-        pairing.ensure_compatible(info, pairing.tokenizer_info(loadable.check_file(draft.path)))
+        draft_header = loadable.check_file(draft.path)
+        if not translate:
+            pairing.ensure_compatible(info, pairing.tokenizer_info(draft_header))
     n_vocab = info.n_vocab if draft is not None or "ngram-cache" in spec_types else None
     for params in (target, draft):
         if params is not None:
@@ -512,6 +543,9 @@ def check_tree(policy: DraftPolicy, draft: ModelParams | None,
     if any(t != "draft-simple" for t in spec_types):
         raise UsageError("draft trees (-np/--draft-n-seq > 1) draft with the model alone",
                          hint="drop the n-gram --spec-type, or use -np 1")
+    if policy.translate:
+        raise UsageError("draft trees (-np/--draft-n-seq > 1) need the draft's own tokenizer",
+                         hint="use -np 1 with --spec-type draft-translate")
     if policy.adaptive:
         raise UsageError("draft trees (-np/--draft-n-seq > 1) take a fixed --draft",
                          hint="give --draft N instead of auto")

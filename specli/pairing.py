@@ -286,7 +286,8 @@ def ensure_compatible(target: str | TokenizerInfo, draft: str | TokenizerInfo) -
         raise IncompatiblePairError(
             f"incompatible draft/target pair ({verdict.rule}): {verdict.message}",
             rule=verdict.rule or "",
-            hint="the draft must share the target's tokenizer (same model family)",
+            hint="use a draft of the target's family, or --spec-type draft-translate to draft "
+                 "through text",
         )
 
 

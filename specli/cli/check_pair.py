@@ -117,6 +117,10 @@ def _print(report: PairReport, result: ProbeResult | None) -> None:
         tail = f", {n} warning{'s' * (n != 1)}" if n else ""
         out.print(f"verdict: compatible{tail}", markup=False)
     else:
+        out.print("translation: `specli run/serve --spec-type draft-translate` can still use "
+                  "this draft, its drafts turned into text and the text into the target's "
+                  "tokens (expect less acceptance than a draft of the target's family)",
+                  markup=False)
         out.print(f"verdict: incompatible ({v.rule}): {safe(v.message)}", markup=False)
 
 

@@ -172,7 +172,9 @@ def _drafting_flags(
     spec_type: Annotated[str | None, typer.Option(
         "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
         + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
-        "draft model (-md) fills in when none has a proposal.", envvar="LLAMA_ARG_SPEC_TYPE",
+        "draft model (-md) fills in when none has a proposal. draft-translate: a draft model "
+        "with another tokenizer, its drafts converted through text (as --draft-translate).",
+        envvar="LLAMA_ARG_SPEC_TYPE",
         rich_help_panel=DRAFTING, show_default=False)] = None,
     ngram_size_n: Annotated[int | None, _ngram_opt(
         "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
@@ -246,6 +248,11 @@ def _drafting_flags(
         "types) and a fixed --draft, which caps the tree's nodes.",
         envvar="LLAMA_ARG_SPEC_DRAFT_N_SEQ",
         rich_help_panel=DRAFTING)] = config.DraftPolicy.n_seq,
+    draft_translate: Annotated[bool, typer.Option(
+        "--draft-translate", help="The draft model (-md) has another tokenizer: its drafts "
+        "are turned into text and the text into the target's tokens, which the target "
+        "verifies (a pair llama.cpp refuses; it accepts less than a same-family draft).",
+        rich_help_panel=DRAFTING)] = False,
     draft_p_split: Annotated[float, typer.Option(
         "--draft-p-split", "--spec-draft-p-split",
         help="A draft tree branches where the draft's next candidate is more likely than "
@@ -254,7 +261,13 @@ def _drafting_flags(
         rich_help_panel=DRAFTING)] = config.DraftPolicy.p_split,
 ) -> Drafting:
     """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
-    params = draft_params(draft, draft_min, draft_p_min, draft_n_seq, draft_p_split)
+    names = [t.strip() for t in (spec_type or "").split(",")]
+    if "draft-translate" in names:  # the draft model, through text
+        draft_translate = True
+        spec_type = ",".join(dict.fromkeys("draft-simple" if t == "draft-translate" else t
+                                           for t in names))
+    params = replace(draft_params(draft, draft_min, draft_p_min, draft_n_seq, draft_p_split),
+                     translate=draft_translate)
     ngram = ngram_params(
         size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
         simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,

@@ -127,8 +127,9 @@ def serve(
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
     model, model_draft = models.resolve()
-    if "draft-simple" in types and model_draft is None:
-        raise UsageError("--spec-type draft-simple needs a draft model", hint="add -md FILE")
+    if ("draft-simple" in types or drafting.params.translate) and model_draft is None:
+        raise UsageError("--spec-type draft-simple or draft-translate needs a draft model",
+                         hint="add -md FILE")
     keys = _keys(api_key or [], api_key_file)
 
     try:
@@ -142,7 +143,8 @@ def serve(
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     target = replace(target, chat_template=template, jinja=jinja)
-    check_files(target, draft_model, types)  # a bad pair or file is refused before listening
+    # a bad pair or file is refused before listening
+    check_files(target, draft_model, types, drafting.params.translate)
     check_tree(drafting.params, draft_model, types)
     config = ServerConfig(
         target=target, draft=draft_model,
