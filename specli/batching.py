@@ -78,7 +78,7 @@ class SharedContext:
     tokens queued here at once, and hands each caller a copy of its own logits rows."""
 
     def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
-                 first: bool = False, width: int = 1):
+                 first: bool = False, width: int = 1, tree_cells: int = 0):
         self.params = params
         self.n_seq = n_seq
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
@@ -86,8 +86,9 @@ class SharedContext:
         if width == 1:  # the context as Model builds it, with n_seq sequences over n_ctx each
             self.base = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
             self.n_ctx_seq = self.base.n_ctx_seq
-        else:  # one unified cache (a tree's branches share cells), n_ctx a slot, +1 a tree
-            self.base = Model(replace(params, n_ctx=(params.n_ctx + 1) * n_seq),
+        else:  # one unified cache (a tree's branches share cells): n_ctx a slot, and the
+            # cells a tree may add beyond its slot's committed tokens
+            self.base = Model(replace(params, n_ctx=(params.n_ctx + tree_cells) * n_seq),
                               n_seq_max=n_seq * width, tree=True)
             self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
@@ -243,6 +244,8 @@ class SeqModel(Model):
 
     def fork(self, src: int, dst: int) -> None:
         with self._between():
+            if self._shared.closed:
+                raise BackendError("the model's context is closed (the server is stopping)")
             super().fork(src, dst)
 
     def keep(self, seq: int, tokens: Sequence[int]) -> None:

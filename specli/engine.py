@@ -135,11 +135,18 @@ class Engine:
         ngram = ngram or NgramParams()
         n_vocab = check_files(target, draft, spec_types, draft_params.translate)
         width = draft_params.n_seq if check_tree(draft_params, draft, spec_types) else 1
+        if n * width > MAX_SEQUENCES:
+            raise UsageError(f"{n} slots of {width} draft sequences are {n * width} sequences; "
+                             f"llama.cpp holds at most {MAX_SEQUENCES}",
+                             hint="fewer -np slots or a smaller --draft-n-seq")
+        # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
+        cells = width * (draft_params.n_max + 1) if width > 1 else 0
         gate = Gate()
-        shared = [SharedContext(target, n, gate, width=width)]
+        shared = [SharedContext(target, n, gate, width=width, tree_cells=cells)]
         try:
             if draft is not None:
-                shared.append(SharedContext(draft, n, gate, first=True, width=width))
+                shared.append(SharedContext(draft, n, gate, first=True, width=width,
+                                            tree_cells=cells))
             prompts: dict = {}  # a translating draft's prompts: tokenized on any slot
             engines = [cls._assemble(shared[0].view(i), shared[1].view(i) if draft else None,
                                      draft_params, spec_types, ngram, n_vocab, prompts)
@@ -230,10 +237,13 @@ class Engine:
         dm = self.draft_model
         template, builtin = chat_renderer(dm.chat_template(), self.target.params.jinja)
         bos = dm.special_text("bos")
-        text = render_messages(template, messages, bos=bos, eos=dm.special_text("eos"),
-                               continue_final=continue_final, builtin=builtin)
-        if len(self._draft_prompts) >= 64:  # recent prompts only
-            self._draft_prompts.pop(next(iter(self._draft_prompts)))
+        try:
+            text = render_messages(template, messages, bos=bos, eos=dm.special_text("eos"),
+                                   continue_final=continue_final, builtin=builtin)
+        except UsageError:  # the draft's template refuses what the target's takes (roles):
+            return  # the draft reads the prompt's text instead (TranslateDraft.begin)
+        if len(self._draft_prompts) >= 64:  # recent prompts only (slots tokenize at once)
+            self._draft_prompts.pop(next(iter(self._draft_prompts), None), None)
         self._draft_prompts[tuple(ids)] = dm.tokenize(
             text, add_special=not (bos and text.startswith(bos)))
 
@@ -354,7 +364,10 @@ class Engine:
                         if draft and k >= n_min else Proposal())
             if rules is not None and rules.grammar is not None and proposal.tokens:
                 proposal = _fit(proposal, rules)
-            drafted = proposal.tokens if len(proposal.tokens) >= n_min else []
+            # (a sampled draft is verified whatever its length: how long it came out depends
+            # on what it drew, and dropping the short ones would bias what is accepted)
+            drafted = (proposal.tokens if len(proposal.tokens) >= n_min or proposal.q
+                       else [])
             # 2. verify: one target decode of [last token, *draft], a logits row per token
             rows = self.target.decode([context[-1], *drafted], logits="all")
             # 3. accept (an accepted end-of-generation token ends the step as the target's)
@@ -414,8 +427,9 @@ class Engine:
             # 1. propose a tree (its nodes at most k: the verification batch stays k + 1)
             tree = draft.propose_tree(context, policy.k_for(draft, k), sp, rng, policy) \
                 if k >= max(policy.n_min, 1) else None
-            if tree is not None and len(tree) < max(policy.n_min, 1):
-                tree = None
+            if tree is not None and (not tree.tokens or
+                                     sp.greedy and len(tree) < max(policy.n_min, 1)):
+                tree = None  # sampled, its size depends on its draws: verified whatever it is
             # 2. verify: the root and every node, each in the branches through it
             if tree is None:
                 rows = tgt.decode([context[-1]], logits="all")
@@ -523,6 +537,9 @@ def check_files(target: ModelParams, draft: ModelParams | None,
         if params is not None:
             check_placement(params)
     return n_vocab
+
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
 
 
 def check_tree(policy: DraftPolicy, draft: ModelParams | None,

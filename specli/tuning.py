@@ -234,6 +234,7 @@ class Point:
     n_drafted: int = 0
     n_accept: int = 0
     n_steps: int = 0
+    n_branches: int = 0  # draft-tree leaves over all steps (n_steps for single sequences)
     accepted_per_pos: list[int] = field(default_factory=list)
     speedup: float = 0.0
     predicted: float | None = None
@@ -254,6 +255,7 @@ class Point:
         self.n_drafted += s.n_drafted
         self.n_accept += s.n_accept
         self.n_steps += s.n_steps
+        self.n_branches += s.n_branches
         for j, a in enumerate(s.accepted_per_pos):
             if j >= len(self.accepted_per_pos):
                 self.accepted_per_pos.append(0)
@@ -269,6 +271,7 @@ class Point:
                 "tps_median": self.median, "tps_min": min(self.tps, default=0.0),
                 "tps_max": max(self.tps, default=0.0), "tps_runs": self.tps,
                 "accept_rate": self.accept_rate, "mean_accept_len": self.mean_accept_len,
+                "branches_per_step": self.n_branches / self.n_steps if self.n_steps else 0.0,
                 "speedup": self.speedup, "predicted_speedup": self.predicted}
 
 

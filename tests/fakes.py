@@ -42,7 +42,7 @@ class FakeModel:
         self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
         self.fail_on_call: int | None = None  # the decode call number that raises
         self.n_branch = 1  # > 1: draft-tree branches (set by the tests that use them)
-        self.branches: dict[int, int] = {}  # branch sequence -> its cached length beyond tokens
+        self.cells: dict[int, dict[int, int]] = {}  # branch -> {position: token} past tokens
 
     # -- vocabulary: one token per character --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -98,7 +98,7 @@ class FakeModel:
 
     def fork(self, src: int, dst: int) -> None:
         assert 0 <= src < self.n_branch and 0 < dst < self.n_branch, (src, dst)
-        self.branches[dst] = self.branches.get(src, 0)
+        self.cells[dst] = dict(self.cells.get(src, {}))
 
     def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
                     seqs: Sequence[Sequence[int]]) -> np.ndarray:
@@ -108,10 +108,18 @@ class FakeModel:
         if self.fail_on_call == self.n_decode_calls:
             raise BackendError("decode failed (fake)")
         self.n_decode_tokens += len(tokens)
+        for t, p, ss in zip(tokens, pos, seqs, strict=True):
+            for s in ss:
+                self.cells.setdefault(s, {})[p] = t
         return np.stack([self.rows_after([t], p)[0] for t, p in zip(tokens, pos, strict=True)])
 
     def keep(self, seq: int, tokens: Sequence[int]) -> None:
-        self.branches.clear()
+        """As llama.cpp would: what branch `seq` holds past the committed tokens must be
+        the tokens kept (a wrong branch kept would be a wrong cache)."""
+        held = self.cells.get(seq, {})
+        for p in range(len(self.tokens), len(tokens)):
+            assert held.get(p) == tokens[p], (seq, p, held, tokens[len(self.tokens):])
+        self.cells.clear()
         self.tokens[:] = tokens
 
     sync = Model.sync  # the real one: it needs only tokens, rewind and decode

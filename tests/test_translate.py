@@ -53,17 +53,18 @@ class Pieces(FakeModel):
 
     def __init__(self, target: Letters, noise: float = 1.0):
         order = np.random.default_rng(3).permutation(26)
-        self.pieces = ["", *(LETTERS[i] for i in order), *self.BIGRAMS]
+        self.pieces = ["", *(LETTERS[i] for i in order), *self.BIGRAMS, " ", "\n"]
         super().__init__(n_vocab=len(self.pieces))
         rng = np.random.default_rng(4)
         n = self.n_vocab
         table = np.full((n, n), -4.0, dtype=np.float32)  # two-letter tokens: rarely drafted
         for a, pa in enumerate(self.pieces):
-            prev = LETTERS.index(pa[-1]) + 1 if pa else EOG
+            prev = LETTERS.index(pa[-1]) + 1 if pa and pa[-1] in LETTERS else EOG
             for b, pb in enumerate(self.pieces):
-                if len(pb) <= 1:
+                if pb == "" or (len(pb) == 1 and pb in LETTERS):  # the end, or a letter
                     nxt = LETTERS.index(pb) + 1 if pb else EOG
                     table[a, b] = target.table[prev, nxt] + rng.normal(0.0, noise)
+        table[:, [self.pieces.index(" "), self.pieces.index("\n")]] = -1e9  # never drafted
         self.table = table
         self.by_pos = np.zeros_like(self.by_pos[:, :n])
 
@@ -84,9 +85,17 @@ class Pieces(FakeModel):
         return out
 
 
-def fake_engine(k: int = 4) -> Engine:
+class SpacedPieces(Pieces):
+    """Pieces with SentencePiece's add_space_prefix: a space before any text tokenized."""
+
+    def tokenize_bytes(self, data: bytes, add_special: bool = False,
+                       parse_special: bool = False) -> list[int]:
+        return [self.pieces.index(" "), *super().tokenize_bytes(data)]
+
+
+def fake_engine(k: int = 4, draft=Pieces) -> Engine:
     target = Letters(seed=5)
-    return Engine(target, TranslateDraft(Pieces(target), target), DraftPolicy(n_max=k))
+    return Engine(target, TranslateDraft(draft(target), target), DraftPolicy(n_max=k))
 
 
 def test_greedy_translation_equals_plain_on_the_fake():
@@ -97,6 +106,17 @@ def test_greedy_translation_equals_plain_on_the_fake():
         out = e.complete(prompt, 60, GREEDY)
         assert out.tokens == plain.tokens
         assert out.stats.n_accept > 0 and out.stats.n_accept < out.stats.n_drafted
+
+
+def test_a_tokenizer_that_adds_a_leading_space_still_translates():
+    """Without the newline it is given to put its space on, every re-tokenized piece would
+    spell an extra space and no proposal would ever match the committed text."""
+    e = fake_engine(draft=SpacedPieces)
+    prompt = e.target.tokenize("theanswerisin")
+    plain = e.complete(prompt, 60, GREEDY, speculative=False)
+    out = e.complete(prompt, 60, GREEDY)
+    assert out.tokens == plain.tokens
+    assert out.stats.n_accept > 0
 
 
 @pytest.mark.slow

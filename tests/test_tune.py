@@ -175,3 +175,48 @@ def test_the_probe_judges_itself_too():
                     speedup=4.98, suggested_draft=4, estimated_speedup=0.8, worth_it=True,
                     unreliable="measured 4.98x but the cost model predicts 0.80x")
     assert r.recommendation.startswith("unreliable: ") and r.to_dict()["unreliable"]
+
+
+def test_the_grid_sweeps_draft_trees():
+    points = grid([4, 8], [0.0], [("draft-simple",)], n_seqs=[1, 3], p_splits=[0.05, 0.2])
+    assert [p.label for p in points] == [
+        "draft-simple k=4", "draft-simple k=8",
+        "draft-simple k=4 n-seq 3 p-split 0.05", "draft-simple k=8 n-seq 3 p-split 0.05",
+        "draft-simple k=4 n-seq 3 p-split 0.2", "draft-simple k=8 n-seq 3 p-split 0.2"]
+
+
+def test_a_best_tree_setting_prints_its_flags(capsys):
+    from specli.cli.tune import _print
+
+    base = Point(None, tps=[100.0, 101.0])
+    tree = Point(Setting(8, 0.0, ("draft-simple",), 4, 0.05), tps=[130.0, 131.0], n_drafted=8,
+                 n_accept=6, n_steps=2, speedup=1.3)
+    _print(Sweep(base, [tree]), "t.gguf", "d.gguf")
+    text = capsys.readouterr().out
+    assert "specli run -m t.gguf -md d.gguf --draft 8 --draft-n-seq 4 --draft-p-split 0.05" \
+        in text
+    # into a pipe the table is as wide as its cells: no label or figure cut to "…"
+    assert "…" not in text
+    assert any(line.startswith("draft-simple k=8 n-seq 4 p-split 0.05 ") and "1.30x" in line
+               for line in text.splitlines())
+
+
+def test_a_tiny_tree_sweep_on_the_real_pair(f16, q4_1):
+    """On a weak draft (a third accepted), where trees branch."""
+    from specli import defaults
+
+    q2 = defaults.derived("q2_k", q4_1)
+    r = specli("tune-draft", "-m", f16, "-md", q2, "--draft", "3", "--draft-n-seq", "1,2",
+               "--draft-p-split", "0.05", "--repeat", "1", "-n", "6", "--task", "chat",
+               "-t", "2", "--json", timeout=600)
+    assert r.returncode == 0, r.stderr
+    points = {p["label"]: p for p in json.loads(r.stdout)["points"]}
+    assert list(points) == ["draft-simple k=3", "draft-simple k=3 n-seq 2 p-split 0.05"]
+    tree = points["draft-simple k=3 n-seq 2 p-split 0.05"]
+    assert tree["draft_n_seq"] == 2 and tree["draft_p_split"] == 0.05
+    assert tree["tps_median"] > 0 and tree["predicted_speedup"] is None  # priced for chains
+    assert tree["branches_per_step"] > 1.0  # it drafted trees, not one sequence
+    assert points["draft-simple k=3"]["branches_per_step"] == 1.0
+    bad = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft-n-seq", "2",
+                 "--spec-type", "ngram-simple")
+    assert bad.returncode == 2 and "draft with the model alone" in bad.stderr

@@ -39,6 +39,27 @@ def _complete(data: bytes) -> int:
     return n
 
 
+def _spell(model: Model, ids: Sequence[int]) -> bytes:
+    return b"".join(model.token_bytes(t) for t in ids)
+
+
+def _tokenize_piece(model: Model, data: bytes) -> list[int] | None:
+    """data's tokens as they come in the middle of a text. A tokenizer that puts a space
+    before any text it tokenizes alone (SentencePiece's add_space_prefix: Llama 2, Mistral)
+    is given a newline to put it on, and the tokens spelling it are dropped. None when
+    neither spells data exactly."""
+    ids = model.tokenize_bytes(data)
+    if _spell(model, ids) == data:
+        return ids
+    ids = model.tokenize_bytes(b"\n" + data)
+    spelled = b""
+    for j, t in enumerate(ids[:4]):
+        spelled += model.token_bytes(t)
+        if spelled.endswith(b"\n") and _spell(model, ids[j + 1:]) == data:
+            return ids[j + 1:]
+    return None
+
+
 class TranslateDraft:
     """The draft's cache holds its own tokenization of the prompt and of the committed text;
     before each proposal its tokens that still spell a prefix of the committed text are kept
@@ -135,7 +156,7 @@ class TranslateDraft:
             kept_at = 0
         del self._spelled[keep:]
         rest = text[kept_at:_complete(text)] if _complete(text) > kept_at else b""
-        new = m.tokenize_bytes(rest, add_special=False, parse_special=False) if rest else []
+        new = (_tokenize_piece(m, rest) or m.tokenize_bytes(rest)) if rest else []
         want = [*self._prompt, *m.tokens[len(self._prompt):len(self._prompt) + keep], *new]
         if len(want) >= m.n_ctx:
             return None
@@ -166,9 +187,8 @@ class TranslateDraft:
                 head = b"".join(tgt.token_bytes(t) for t in gen[len(gen) - m:])
                 if not _boundary(head, 0):
                     continue
-                ids = tgt.tokenize_bytes(head + new, add_special=False, parse_special=False)
-                if ids[:m] == list(gen[len(gen) - m:]) and \
-                        b"".join(tgt.token_bytes(t) for t in ids[m:]) == new:
+                ids = _tokenize_piece(tgt, head + new)
+                if ids is not None and ids[:m] == list(gen[len(gen) - m:]):
                     out = ids[m:]
                     break
             else:
