@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 
 from rich.console import Console
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+if not out.is_terminal and "COLUMNS" not in os.environ:
+    # into a file or a pipe, a table is as wide as its cells: Rich's 80 columns would cut
+    # tune-draft's labels and figures to "…"
+    out.width = 400
 
 
 def spinner(message: str, quiet: bool = False):
