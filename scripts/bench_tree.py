@@ -69,6 +69,11 @@ def pairs(names: list[str]) -> dict[str, tuple[str, str]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default="embedded,q3_k_s,q2_k,gemma")
+    ap.add_argument("-m", "--model", help="a target GGUF: with -md, the pairs are this one "
+                    "and the draft requantized to Q2_K beside it (a GPU host's files)")
+    ap.add_argument("-md", "--model-draft")
+    ap.add_argument("-ngl", type=int, default=0)
+    ap.add_argument("-ngld", type=int, default=0)
     ap.add_argument("--n-seq", default="1,2,4")
     ap.add_argument("--p-split", type=float, default=0.1)
     ap.add_argument("--k", type=int, default=8)
@@ -84,7 +89,7 @@ def main() -> None:
     bin_dir = None if args.no_native else native.native_bin_dir()
     greedy = SamplingParams(temp=args.temp, seed=0)
     lines = [
-        f"Machine: {machine()}; threads {args.threads}; "
+        f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl} -ngld {args.ngld}; "
         f"{'greedy' if args.temp <= 0 else f'temperature {args.temp:g}'}, k = {args.k} "
         "(a tree's nodes), "
         f"--draft-p-split {args.p_split:g}, -n {args.n}, prompts: {', '.join(PROMPTS)} (chat "
@@ -95,11 +100,20 @@ def main() -> None:
         "| branches/step | native t/s | specli / native |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for pair, (target_path, draft_path) in pairs(args.pairs.split(",")).items():
+    if args.model and args.model_draft:
+        weak = str(Path(args.model_draft).with_suffix(".Q2_K.gguf"))
+        if not Path(weak).is_file():
+            quantize(args.model_draft, weak, "q2_k")
+        chosen = {"given": (args.model, args.model_draft), "given-q2_k": (args.model, weak)}
+    else:
+        chosen = pairs(args.pairs.split(","))
+    gpu = ("-ngl", str(args.ngl), "-ngld", str(args.ngld))
+    for pair, (target_path, draft_path) in chosen.items():
         n_seq_max = max(seqs)
-        tgt = Model(ModelParams(target_path, n_threads=args.threads), n_seq_max=n_seq_max,
-                    tree=n_seq_max > 1)
-        dft = ModelDraft(Model(ModelParams(draft_path, n_threads=args.threads),
+        tgt = Model(ModelParams(target_path, n_threads=args.threads, n_gpu_layers=args.ngl),
+                    n_seq_max=n_seq_max, tree=n_seq_max > 1)
+        dft = ModelDraft(Model(ModelParams(draft_path, n_threads=args.threads,
+                                           n_gpu_layers=args.ngld),
                                n_seq_max=n_seq_max, tree=n_seq_max > 1))
         tmp = Path(tempfile.mkdtemp())
         prompts = {}
@@ -130,7 +144,7 @@ def main() -> None:
                                            args.threads,
                                            extra=("-np", str(n), "--spec-draft-p-split",
                                                   f"{args.p_split:g}", "--temp",
-                                                  f"{args.temp:g}"))
+                                                  f"{args.temp:g}", *gpu))
                     tps.setdefault(f"native {n}", []).append(fair_tps(r, s))
         tgt.close()
         dft.model.close()
