@@ -60,7 +60,7 @@ def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q)
     target, draft = request.getfixturevalue(target_q), request.getfixturevalue(draft_q)
     e = Engine.load(ModelParams(target), ModelParams(draft), DraftParams(n_max=K))
     try:
-        for prompt in PROMPTS:
+        for prompt in PROMPTS[::2]:  # five: a near-tie shows up in some of them
             ids = e.tokenize(prompt, chat=True)
             plain = e.complete(ids, 64, GREEDY, speculative=False)
             fast = e.complete(ids, 64, GREEDY)
