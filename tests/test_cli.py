@@ -148,13 +148,13 @@ def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
 
 
 @pytest.mark.parametrize("prompt,n", [
-    (PROMPTS[7], "320"),  # the draft's context fills up during generation
+    (PROMPTS[7], "160"),  # the draft's context (-cd 128) fills up during generation
     (" ".join(["Repeat after me: the quick brown fox jumps over the lazy dog."] * 25), "16"),
 ])
 def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
     args = ("-m", f32, "-md", q4_1, "-p", prompt, "--chat", "-c", "1024", "-n", n,
             "--temp", "0")
-    spec = specli("run", *args, "-cd", "256")
+    spec = specli("run", *args, "-cd", "128")
     plain = specli("run", *args, "--no-spec")
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout

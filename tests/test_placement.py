@@ -155,6 +155,7 @@ def test_the_environment_covers_what_llama_cpp_binds():
     # flags spelled as llama.cpp's but meaning something else here: sweep and probe settings
     other_meaning = {("tune-draft", "-n"), ("tune-draft", "--draft"),
                      ("tune-draft", "--draft-p-min"), ("tune-draft", "--spec-type"),
+                     ("tune-draft", "--draft-n-seq"), ("tune-draft", "--draft-p-split"),
                      ("check-pair", "-n"), ("check-pair", "--draft")}
     missing = []
     for name in COMMANDS:

@@ -58,10 +58,9 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
-    if parallel is not None:
-        drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
-                  resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out)
+                  resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out,
+                  parallel=parallel)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -89,9 +88,13 @@ def run(
 def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: bool,
             n_predict: int, drafting: o.Drafting, no_spec: bool, sampling: SamplingParams,
             resources: o.Resources, gpu: o.GpuFlags, *, verbose: bool = False,
-            baseline: bool = False, quiet: bool = False) -> Request:
-    """`run`'s flags, checked and resolved (models downloaded for -hf), as one Request."""
+            baseline: bool = False, quiet: bool = False,
+            parallel: int | None = None) -> Request:
+    """`run`'s flags, checked and resolved (models downloaded for -hf), as one Request.
+    parallel: -np, the draft sequences (as --draft-n-seq)."""
     o.check_n_predict(n_predict)
+    if parallel is not None:
+        drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     text, chat = _prompt(prompt, file, chat)
     types = list(drafting.types)
     model, model_draft = models.resolve(quiet=quiet)
