@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import native  # noqa: E402
-from bench_run import fair_tps, machine  # noqa: E402
+from bench_run import fair_tps, machine, write_block  # noqa: E402
 
 from specli import config, defaults  # noqa: E402
 from specli.backend import Model  # noqa: E402
@@ -224,13 +224,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text()
-        if BEGIN not in doc:
-            doc += f"\n{BEGIN}\n{END}\n"
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        write_block(args.write, BEGIN, END, table)
 
 
 if __name__ == "__main__":

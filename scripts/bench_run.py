@@ -71,6 +71,18 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores" + (f", GPU: {gpu}" if gpu else "")
 
 
+def write_block(path: str, begin: str, end: str, table: str) -> None:
+    """Replace the text between the begin and end markers of a markdown file (appended at
+    its end the first time)."""
+    p = Path(path)
+    doc = p.read_text() if p.exists() else ""
+    if begin not in doc:
+        doc += f"\n{begin}\n{end}\n"
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    p.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
+
+
 def fair_tps(r: native.NativeRun, ours) -> float:
     """Native decode speed over the tokens it actually output.
 
@@ -218,11 +230,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        write_block(args.write, BEGIN, END, table)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_run import machine  # noqa: E402
+from bench_run import machine, write_block  # noqa: E402
 from bench_tree import made  # noqa: E402
 
 from specli import defaults  # noqa: E402
@@ -99,13 +99,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text()
-        if BEGIN not in doc:
-            doc += f"\n{BEGIN}\n{END}\n"
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        write_block(args.write, BEGIN, END, table)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import native  # noqa: E402
-from bench_run import fair_tps, machine  # noqa: E402
+from bench_run import fair_tps, machine, write_block  # noqa: E402
 
 from specli import defaults  # noqa: E402
 from specli.backend import Model, quantize  # noqa: E402
@@ -164,13 +164,7 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.write:
-        path = Path(args.write)
-        doc = path.read_text() if path.exists() else f"{BEGIN}\n{END}\n"
-        if BEGIN not in doc:
-            doc += f"\n{BEGIN}\n{END}\n"
-        head, rest = doc.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+        write_block(args.write, BEGIN, END, table)
 
 
 if __name__ == "__main__":
