@@ -475,18 +475,23 @@ class Model:
         """One llama_decode of tree nodes: token i at position pos[i], in every branch of
         seqs[i] (the branches that pass through it), a logits row each. Nodes come parents
         first; `tokens` (branch 0's) is unchanged until `keep`."""
-        n = len(tokens)
-        if not 0 < n <= self.n_batch:
-            raise BackendError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
-        if max(pos) >= self.n_ctx:
-            raise ContextOverflowError(f"context full: position {max(pos)} does not fit "
-                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        n = self._check_tree(tokens, pos)
         items = [(t, p, [self.seq + s for s in ss], True)
                  for t, p, ss in zip(tokens, pos, seqs, strict=True)]
         self.t_decode_s += self.decode_items(items)
         self.n_decode_calls += 1
         self.n_decode_tokens += n
         return self.rows(n)
+
+    def _check_tree(self, tokens: Sequence[int], pos: Sequence[int]) -> int:
+        """The number of nodes, after checking that one batch and the context take them."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise BackendError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
+        if max(pos) >= self.n_ctx:
+            raise ContextOverflowError(f"context full: position {max(pos)} does not fit "
+                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        return n
 
     def decode_items(self, items: Sequence[tuple[int, int, Sequence[int], bool]]) -> float:
         """One llama_decode of (token, position, sequences, wants logits) items. Returns the

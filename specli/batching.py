@@ -229,9 +229,7 @@ class SeqModel(Model):
 
     def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
                     seqs: Sequence[Sequence[int]]) -> np.ndarray:
-        n = len(tokens)
-        if not 0 < n <= self.n_batch or max(pos) >= self.n_ctx:
-            return super().decode_tree(tokens, pos, seqs)  # its checks raise
+        n = self._check_tree(tokens, pos)
         req = _Request(self.seq, list(tokens), pos[0], n,
                        nodes=(list(pos), [[self.seq + s for s in ss] for ss in seqs]))
         self._shared.decode(req)

@@ -33,7 +33,6 @@ class ModelDraft:
 
     def __init__(self, model: Model, *, n_vocab_target: int | None = None):
         self.model = model
-        self._branches: list = []  # the last tree's branches (drafts/tree.py)
         self.calib = Calibration()  # how often the target takes its top candidate
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)
         # ids the target does not have
@@ -84,11 +83,9 @@ class ModelDraft:
                      rng: np.random.Generator, policy: DraftPolicy) -> Tree:
         """A draft tree of up to k nodes over policy.n_seq branches (drafts/tree.py)."""
         k = min(k, self.model.n_ctx - len(context))
-        self._branches = []
         if k <= 0:
             return Tree(source=self.name)
-        tree, self._branches = draft_tree(self, context, k, sp, rng, policy, self.calib)
-        return tree
+        return draft_tree(self, context, k, sp, rng, policy, self.calib)
 
     def keep_path(self, tree: Tree | None, path: Sequence[int], context: Sequence[int],
                   token: int | None = None) -> None:
@@ -99,7 +96,7 @@ class ModelDraft:
         if tree is not None and token is not None:
             self.calib.record(tree, path, token)
         seq = min(tree.seqs[path[-1]]) if tree is not None and path else 0
-        n = min(len(path), self._branches[seq].decoded) if path else 0
+        n = min(len(path), tree.decoded.get(seq, 0)) if path else 0
         m.keep(seq, [*m.tokens[:len(context)], *(tree.tokens[i] for i in path[:n])])
 
     def _draft(self, logits: np.ndarray, out: Proposal, context: Sequence[int], k: int,

@@ -37,6 +37,7 @@ class Tree:
     q: dict[int, Dist] = field(default_factory=dict)  # the distribution node's children came from
     value: list[float] = field(default_factory=list)  # the path's estimated acceptance
     top: dict[int, tuple[float, int]] = field(default_factory=dict)  # node: (p1, top token)
+    decoded: dict[int, int] = field(default_factory=dict)  # branch: nodes in the draft's cache
     source: str = "draft"
 
     def __len__(self) -> int:
@@ -98,6 +99,7 @@ class Tree:
                     out.draws[index[parent]] = kept
         out.q = {index[p]: q for p, q in self.q.items() if p in index}
         out.top = {index[p]: t for p, t in self.top.items() if p in index}
+        out.decoded = dict(self.decoded)
         return out
 
 
@@ -150,7 +152,7 @@ class _Branch:
 
 def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams,
                rng: np.random.Generator, policy: DraftPolicy,
-               calib: Calibration | None = None) -> tuple[Tree, list[_Branch]]:
+               calib: Calibration | None = None) -> Tree:
     """Up to k nodes over at most policy.n_seq branches, a draft decode per depth for all the
     branches still drafting; a branch splits where its next candidates beyond the first are
     above p_split, and stops at p_min (its best candidate less likely) or at an
@@ -210,6 +212,7 @@ def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams
                 n_split += 1
                 branches.append(_Branch(len(branches), b.node, b.row, True, b.decoded))
                 m.fork(b.seq, branches[-1].seq)
+                tree.decoded[branches[-1].seq] = b.decoded  # its copy of b's cells
             grown, parent = [b, *branches[len(branches) - n_split:]], b.node
             if q is not None:
                 tree.q[parent] = q
@@ -241,13 +244,14 @@ def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams
                              [n_past + depth - 1] * len(grow), [[b.seq] for b in grow])
         for i, b in enumerate(grow):
             b.row, b.decoded = i, depth
+            tree.decoded[b.seq] = depth
         for b in new:
             if b not in grow:
                 b.drafting = False
     if len(tree) > k:  # greedy: the k most likely nodes (a parent is never less likely)
         order = sorted(range(len(tree)), key=lambda i: (-tree.value[i], tree.depth[i], i))
         tree = tree.select(set(order[:k]))
-    return tree, branches
+    return tree
 
 
 def _tag(tree: Tree, node: int, seq: int) -> None:
