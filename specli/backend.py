@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import llama_cpp as ll
 import numpy as np
 
+from specli import rpc
 from specli.config import ModelParams
 from specli.errors import BackendError, ContextOverflowError, ModelFileError, UsageError
 
@@ -130,7 +131,101 @@ def list_devices() -> list[Device]:
 
 
 def supports_gpu_offload() -> bool:
+    """llama.cpp's answer: true for a GPU build, and for any build with the RPC backend."""
     return bool(ll.llama_supports_gpu_offload())
+
+
+def _local_gpu() -> bool:
+    """A GPU in this machine (RPC devices are GPUs to llama.cpp, but not here)."""
+    return any(_dev_type(d) in (1, 2) and not _dev_name(d).startswith(b"RPC")
+               for d in _registry())
+
+
+# -- llama.cpp's RPC backend: remote devices (--rpc), and a worker (specli rpc-server) -------
+_reg_by_name = _c("ggml_backend_reg_by_name", _P, ctypes.c_char_p)
+_reg_proc = _c("ggml_backend_reg_get_proc_address", _P, _P, ctypes.c_char_p)
+_register = _c("ggml_backend_register", None, _P)
+_dev_by_name = _c("ggml_backend_dev_by_name", _P, ctypes.c_char_p)
+_ABORT_CB = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_set_abort = _c("ggml_set_abort_callback", _P, _ABORT_CB)
+_ADD_SERVER = ctypes.CFUNCTYPE(_P, ctypes.c_char_p)
+_START_SERVER = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
+                                 ctypes.c_size_t, ctypes.POINTER(_P))
+_rpc_devices: dict[str, tuple[str, ...]] = {}  # endpoint -> its devices' names (RPC0, ...)
+_rpc_lock = threading.Lock()
+
+
+@_ABORT_CB
+def _on_abort(message):  # ggml_abort's last words: an RPC worker lost ends here, not in abort()
+    text = message.decode("utf-8", "replace") if message else ""
+    if "ggml-rpc" in text:  # the file that aborted: ggml-rpc.cpp
+        rpc.lost(text)
+    sys.stderr.write(text + "\n")  # anything else: llama.cpp's own abort, as before
+
+
+def _rpc_proc(name: bytes, what: str) -> int:
+    _registry()
+    reg = _reg_by_name(b"RPC")
+    fn = _reg_proc(reg, name) if reg else None
+    if not fn:
+        raise rpc.RpcUnavailable(what)
+    return fn
+
+
+def rpc_available() -> bool:
+    """Whether this build of llama.cpp has the RPC backend (-DGGML_RPC=on)."""
+    try:
+        _rpc_proc(b"ggml_backend_rpc_add_server", "")
+    except rpc.RpcUnavailable:
+        return False
+    return True
+
+
+def connect_rpc(endpoints: Sequence[str]) -> list[str]:
+    """Add RPC servers' devices to this process (llama.cpp's --rpc), once per endpoint; they
+    join the offload devices (RPC0, RPC1, ...). Returns their names. A worker lost later ends
+    in rpc.lost() instead of llama.cpp's abort."""
+    if not endpoints:
+        return []
+    add = _ADD_SERVER(_rpc_proc(b"ggml_backend_rpc_add_server", "--rpc"))
+    names: list[str] = []
+    with _rpc_lock:
+        _set_abort(_on_abort)
+        for ep in endpoints:
+            if ep not in _rpc_devices:
+                rpc.check_reachable([ep])
+                rpc.added(ep)
+                reg = add(ep.encode())
+                if not reg:
+                    raise BackendError(f"the RPC server {ep} offers no device")
+                before = _dev_count()
+                _register(reg)
+                _rpc_devices[ep] = tuple(_dev_name(_dev_get(i)).decode()
+                                         for i in range(before, _dev_count()))
+            names += _rpc_devices[ep]
+    return names
+
+
+def start_rpc_server(endpoint: str, cache_dir: str | None, n_threads: int,
+                     devices: Sequence[str] = ()) -> None:
+    """llama.cpp's rpc-server in this process: serves one client at a time, forever. Returns
+    only if it could not start (llama.cpp said why on stderr). devices: names (default: the
+    accelerators, else the CPU, as rpc-server chooses)."""
+    start = _START_SERVER(_rpc_proc(b"ggml_backend_rpc_start_server", "rpc-server"))
+    if devices:
+        handles = []
+        for name in devices:
+            d = _dev_by_name(name.encode())
+            if not d:
+                raise UsageError(f"-d/--device: no device {name!r} in this build of llama.cpp",
+                                 hint="available: " + ", ".join(x.name for x in list_devices()))
+            handles.append(d)
+    else:
+        handles = [d for d in _registry() if _dev_type(d) not in (0, 3)]  # not CPU or ACCEL
+        handles = handles or [d for d in _registry() if _dev_type(d) == 0][:1]
+    arr = (_P * len(handles))(*handles)
+    start(endpoint.encode(), cache_dir.encode() if cache_dir else None, n_threads,
+          len(handles), arr)
 
 
 def _offload_devices(names: tuple[str, ...]) -> list[int]:
@@ -162,6 +257,7 @@ def _placement(mp, params: ModelParams) -> list:
     """Fill llama_model_params' device fields from ModelParams (llama.cpp's -dev, -sm, -ts,
     -mg, -ot/-cmoe/-ncmoe). Returns the ctypes arrays, to keep alive while the model loads."""
     keep: list = []
+    connect_rpc(params.rpc)  # the workers' devices first: -dev may name them
     mp.split_mode = SPLIT_MODES[params.split_mode]
     mp.main_gpu = params.main_gpu
     if params.devices is not None:
@@ -331,7 +427,7 @@ class Model:
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
         # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
-        self.offloaded = (supports_gpu_offload() and params.n_gpu_layers != 0
+        self.offloaded = (_local_gpu() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
 

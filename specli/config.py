@@ -177,6 +177,7 @@ class ModelParams:
     tensor_split: tuple[float, ...] = ()  # proportions per device; (): llama.cpp decides
     main_gpu: int = 0
     tensor_overrides: tuple[tuple[str, str], ...] = ()  # (tensor name regex, buffer type)
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers (HOST:PORT) whose devices join these
     # the chat template, replacing the file's (--chat-template): Jinja source, or the name of
     # one llama.cpp renders itself (llama3, command-r...); jinja=False (--no-jinja) renders
     # every template through llama.cpp's built-in renderers, as llama-server without --jinja

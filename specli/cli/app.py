@@ -14,6 +14,7 @@ from specli.cli import check_pair as check_pair_cmd
 from specli.cli import download as download_cmd
 from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
+from specli.cli import rpc_server as rpc_server_cmd
 from specli.cli import run as run_cmd
 from specli.cli import serve as serve_cmd
 from specli.cli import tune as tune_cmd
@@ -36,6 +37,7 @@ app.command("info")(info_cmd.info)
 app.command("download")(download_cmd.download)
 app.command("tune-draft")(tune_cmd.tune_draft)
 app.command("audit")(audit_cmd.audit)
+app.command("rpc-server")(rpc_server_cmd.rpc_server)
 app.add_typer(lookup_cmd.app, name="lookup")
 
 

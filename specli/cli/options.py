@@ -19,7 +19,8 @@ from typing import Annotated, Any
 
 import typer
 
-from specli import config
+from specli import config, rpc
+from specli.cli.console import err
 from specli.errors import UsageError
 
 MODELS = "Models"
@@ -413,6 +414,9 @@ class Resources:
                      ) -> tuple[config.ModelParams, config.ModelParams | None]:
         """The target's and the draft's ModelParams."""
         gpu = gpu or GpuFlags()
+        if gpu.rpc and self.ngl == 0:
+            err.print("warning: --rpc with -ngl 0 offloads no layer: the RPC servers hold "
+                      "nothing (-ngl 99 puts every layer there)", markup=False, soft_wrap=True)
         target = config.ModelParams(
             path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
             n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
@@ -628,13 +632,14 @@ class GpuFlags:
     main_gpu: int = 0
     overrides: tuple[tuple[str, str], ...] = ()
     overrides_draft: tuple[tuple[str, str], ...] = ()
+    rpc: tuple[str, ...] = ()  # llama.cpp RPC servers whose devices join the offload devices
 
     def apply(self, target: config.ModelParams,
               draft: config.ModelParams | None) -> tuple[config.ModelParams,
                                                          config.ModelParams | None]:
         target = replace(target, devices=self.devices, split_mode=self.split_mode,
                          tensor_split=self.tensor_split, main_gpu=self.main_gpu,
-                         tensor_overrides=self.overrides)
+                         tensor_overrides=self.overrides, rpc=self.rpc)
         if draft is None:
             return target, None
         devices = self.devices_draft if self.devices_draft is not None else self.devices
@@ -643,7 +648,7 @@ class GpuFlags:
             else self.split_mode
         return target, replace(draft, devices=devices, split_mode=split,
                                tensor_split=self.tensor_split, main_gpu=self.main_gpu,
-                               tensor_overrides=self.overrides_draft)
+                               tensor_overrides=self.overrides_draft, rpc=self.rpc)
 
 
 def _list_devices(value: bool) -> None:
@@ -671,6 +676,12 @@ def _gpu_flags(
     device_draft: Annotated[str | None, _gpu_opt(
         "-devd", "--device-draft", "--spec-draft-device", metavar="DEV1,DEV2",
         help="Devices for the draft model. Default: as -dev.")] = None,
+    rpc_servers: Annotated[str | None, _gpu_opt(
+        "--rpc", metavar="HOST:PORT,...", envvar="LLAMA_ARG_RPC",
+        help="RPC servers (specli rpc-server, or llama.cpp's) whose devices join the offload "
+        "devices as RPC0, RPC1, ...: -ngl layers are split across them (-ts), the rest stay "
+        "here. The draft follows unless -devd says otherwise (-devd none: keep it "
+        "local).")] = None,
     list_devices: Annotated[bool, _gpu_opt(
         "--list-devices", help="Print the devices this build of llama.cpp can use and exit.",
         callback=_list_devices, is_eager=True)] = False,
@@ -723,7 +734,8 @@ def _gpu_flags(
         split_mode=split_mode, tensor_split=_tensor_split(tensor_split), main_gpu=main_gpu,
         overrides=_overrides(override_tensor, cpu_moe, n_cpu_moe, "-ot/--override-tensor"),
         overrides_draft=_overrides(override_tensor_draft, cpu_moe_draft, n_cpu_moe_draft,
-                                   "-otd/--override-tensor-draft"))
+                                   "-otd/--override-tensor-draft"),
+        rpc=rpc.parse(rpc_servers))
 
 
 def _devices(value: str | None, flag: str) -> tuple[str, ...] | None:

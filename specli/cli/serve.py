@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -237,6 +238,19 @@ def _listen(host: str, port: int, v6only: bool = False) -> socket.socket:
                           hint="choose another --port or --host") from None
 
 
+def _inherited(n: int) -> list[socket.socket]:
+    """The listening sockets a server restarting in place handed itself (rpc.exec_self),
+    if it did: the same addresses, with the clients that queued while it restarted."""
+    from specli.rpc import INHERITED
+
+    fds = [int(x) for x in os.environ.pop(INHERITED, "").split(",") if x.isdigit()]
+    if len(fds) != n:
+        for fd in fds:
+            os.close(fd)
+        return []
+    return [socket.socket(fileno=fd) for fd in fds]
+
+
 def _stale(path: str) -> None:
     """A socket file left by a server that is gone may be replaced; a live server's, or a
     file that is no socket, may not."""
@@ -261,10 +275,10 @@ def _run(config, hosts: list[str], port: int) -> None:
 
     from specli.server import create_app
 
-    socks: list[socket.socket] = []
+    socks = _inherited(len(hosts))
     try:
         tcp = sum(not h.endswith(".sock") for h in hosts)
-        for host in hosts:
+        for host in hosts[len(socks):]:
             socks.append(_listen(host, port, v6only=tcp > 1))
     except SpecliError:
         for s in socks:
@@ -287,9 +301,15 @@ def _run(config, hosts: list[str], port: int) -> None:
                   f", {slots} slot{'s' * (slots != 1)})", markup=False)
 
     app = create_app(config, on_fatal=fatal, on_ready=ready)
+    app.state.specli.listening = [s.fileno() for s in socks]
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5))
     server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
+    down = app.state.specli.down
+    if down:  # stopped while an RPC server was lost: a decode is stuck in llama.cpp for good
+        err.print(f"error: stopped while {down}", markup=False, soft_wrap=True)
+        sys.stderr.flush()
+        os._exit(2)
     if failure:
         e = failure[0]
         if isinstance(e, SpecliError):

@@ -50,8 +50,8 @@ FINGERPRINT = f"b{__version__}-specli"  # OpenAI's system_fingerprint, as llama-
 
 async def _ready(st: AppState) -> SlotPool:
     """The slots, or 503 while they load (or after loading failed)."""
-    if st.pool is None:
-        raise APIError(503, st.error or "Loading model", "unavailable_error",
+    if st.pool is None or st.down:
+        raise APIError(503, st.down or st.error or "Loading model", "unavailable_error",
                        code="unavailable")
     return st.pool
 
@@ -82,8 +82,9 @@ llama = APIRouter(dependencies=[Depends(_auth)])
 @public.get("/health")
 @public.get("/v1/health", include_in_schema=False)
 async def health(st: AppState) -> JSONResponse:
-    if st.pool is None:
-        return envelope(503, st.error or "Loading model", "unavailable_error", code=503)
+    if st.pool is None or st.down:
+        return envelope(503, st.down or st.error or "Loading model", "unavailable_error",
+                        code=503)
     return JSONResponse({"status": "ok", "slots_idle": st.pool.idle,
                          "slots_processing": len(st.pool.slots) - st.pool.idle})
 

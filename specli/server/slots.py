@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from specli.config import SamplingParams, SpecRequest
 from specli.engine import Engine
+from specli.server.errors import APIError
 from specli.stats import Stats
 from specli.verify import TokenProbs
 
@@ -250,6 +251,7 @@ class SlotPool:
                                            thread_name_prefix="specli-slot")
         self.active: set[Generation] = set()
         self._free: asyncio.Queue | None = None
+        self.down: str | None = None  # why no generation can run any more
 
     def _queue(self) -> asyncio.Queue:
         if self._free is None:  # made on the event loop that uses it
@@ -313,7 +315,17 @@ class SlotPool:
     def start(self, slot: Slot, job: Job) -> Generation:
         return Generation(self, slot, job)
 
+    def fail(self, message: str) -> None:
+        """The model cannot decode any more (an RPC server was lost): every generation in
+        flight ends with a 503; their slot threads stay where llama.cpp stopped them."""
+        self.down = message
+        for g in list(self.active):
+            g._push(APIError(503, message, "unavailable_error", code="unavailable",
+                             headers={"Retry-After": "5"}))
+
     def close(self) -> None:
+        if self.down:  # a decode is stuck in llama.cpp for good: nothing can be freed
+            return
         for g in list(self.active):
             g.cancel()  # generations stop at their next token
         self.executor.shutdown(wait=True, cancel_futures=True)

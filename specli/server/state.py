@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from specli import rpc
 from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
@@ -52,6 +54,11 @@ class State:
         self.config = config
         self.pool: SlotPool | None = None
         self.error: str | None = None
+        self.down: str | None = None  # an RPC server was lost: every answer is 503
+        self.listening: list[int] = []  # the listening sockets' descriptors (kept on restart)
+        self._lost = threading.Lock()
+        if config.target.rpc:
+            rpc.on_lost(self.worker_lost)
         self.metrics = Metrics()
         self.created = int(time.time())
 
@@ -71,7 +78,47 @@ class State:
                              c.timeout, on_done=self.metrics.observe, contexts=shared,
                              similarity=c.slot_similarity)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
+        if c.target.rpc:
+            threading.Thread(target=self.watch_workers, daemon=True,
+                             name="specli-rpc-watch").start()
         template = self.engine.target.chat_template()
         if not c.target.jinja and template and not knows_template(template):
             sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
                              "chat template; without --jinja, chat requests use ChatML\n")
+
+    def worker_lost(self, error: rpc.WorkerLost, gone: tuple[str, ...]) -> None:
+        """An RPC server went away mid-decode (on llama.cpp's thread, which never returns):
+        the requests in flight get 503, so do new ones and /health, and once every lost
+        server accepts connections again the server starts over in place (same pid, same
+        command line): the model's layers there are gone and must be loaded again."""
+        with self._lost:
+            if self.down:  # noticed already (the watch, or another decode thread)
+                return
+            self.down = (f"{error.message}; this server restarts when "
+                         f"{'it answers' if len(gone) == 1 else 'they answer'} again")
+        sys.stderr.write(f"specli serve: error: {self.down}\n")
+        sys.stderr.flush()
+        if self.pool is not None:
+            self.pool.fail(self.down)
+        threading.Thread(target=self._restart_when_back, args=(gone, self.listening),
+                         daemon=True, name="specli-rpc-watch").start()
+
+    def watch_workers(self) -> None:
+        """Between decodes nothing talks to the RPC servers: notice one that went away from
+        its connection's state, so /health says so before a request finds out."""
+        eps = self.config.target.rpc
+        while not self.down:
+            gone = rpc.closed(eps)
+            if gone:
+                ep, why = next(iter(gone.items()))
+                self.worker_lost(rpc.WorkerLost(f"the RPC server {ep} is gone ({why})"),
+                                 tuple(gone))
+                return
+            time.sleep(0.5)
+
+    @staticmethod
+    def _restart_when_back(gone: tuple[str, ...], listening: list[int]) -> None:
+        while any(rpc.probe(ep, timeout=1.0) is not None for ep in gone):
+            time.sleep(1.0)
+        sys.stderr.write(f"specli serve: {', '.join(gone)} answers again: restarting\n")
+        rpc.exec_self(keep=listening)

@@ -1,0 +1,216 @@
+"""llama.cpp's RPC backend, the Python side: endpoints, reaching workers, and what happens
+when one is lost. The ctypes calls (add a server, start one) live in backend.py.
+
+llama.cpp aborts the process when an RPC worker stops answering mid-call (GGML_ABORT:
+"Remote RPC server crashed or returned malformed response"). backend.py turns that abort into
+a call to `lost()`, on whichever thread noticed; the handler decides what the process does:
+a command prints one line naming the worker and exits 2 (the default), a server fails its
+requests in flight and keeps answering 503 until the worker is back (server/state.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+
+from specli.errors import SpecliError, UsageError
+
+DEFAULT_PORT = 50052  # rpc-server's
+INSTALL = ('CMAKE_ARGS="-DGGML_RPC=on" pip install --force-reinstall --no-cache-dir '
+           'llama-cpp-python')
+# llama.cpp's rpc-server, word for word: its protocol has no authentication
+EXPOSED = """
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+WARNING: Host ('{host}') is != '127.0.0.1'
+         Never expose the RPC server to an open network!
+         This is an experimental feature and is not secure!
+!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!
+"""
+
+
+class RpcUnavailable(SpecliError):
+    """This llama-cpp-python was built without llama.cpp's RPC backend."""
+
+    def __init__(self, what: str):
+        super().__init__(f"{what} needs llama.cpp's RPC backend, and this llama-cpp-python "
+                         "was built without it", hint=f"reinstall it with RPC: {INSTALL}")
+
+
+class WorkerLost(SpecliError):
+    """An RPC worker stopped answering: llama.cpp cannot go on with the model it held."""
+
+
+def parse(value: str | None, flag: str = "--rpc") -> tuple[str, ...]:
+    """HOST:PORT[,HOST:PORT...] as llama.cpp's --rpc takes it; () for none."""
+    if value is None or not value.strip():
+        return ()
+    out = []
+    for item in (x.strip() for x in value.split(",")):
+        host, colon, port = item.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"{flag} takes HOST:PORT servers, comma-separated: {item!r}",
+                             hint=f"e.g. {flag} 192.168.1.10:{DEFAULT_PORT},"
+                                  f"192.168.1.11:{DEFAULT_PORT}")
+        if item not in out:
+            out.append(item)
+    if len(out) > 16:  # GGML_RPC_MAX_SERVERS
+        raise UsageError(f"{flag}: {len(out)} servers; llama.cpp takes at most 16")
+    return tuple(out)
+
+
+def split(endpoint: str) -> tuple[str, int]:
+    host, _, port = endpoint.rpartition(":")
+    return host, int(port)
+
+
+def probe(endpoint: str, timeout: float = 3.0) -> str | None:
+    """None if something accepts connections at the endpoint, else why not. (A worker
+    serves one client at a time; others wait in its backlog, which still accepts.)"""
+    host, port = split(endpoint)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except socket.gaierror as e:
+        return f"unknown host ({e.strerror})"
+    except OSError as e:
+        return (e.strerror or str(e)).lower()
+
+
+def check_reachable(endpoints: Sequence[str]) -> None:
+    """Refuse, in one line, a worker that cannot be reached: llama.cpp would abort."""
+    for ep in endpoints:
+        why = probe(ep)
+        if why is not None:
+            host, port = split(ep)
+            raise UsageError(f"--rpc: cannot reach the RPC server {ep}: {why}",
+                             hint=f"start one there: specli rpc-server -H {host} -p {port}")
+
+
+def check_bind_host(host: str) -> None:
+    """rpc-server binds one IPv4 address (llama.cpp's inet_addr)."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise UsageError(f"-H/--host must be an IPv4 address, got {host!r}",
+                         hint="127.0.0.1 (this machine only), a LAN address, or 0.0.0.0 "
+                              "(every interface)") from None
+
+
+def closed(endpoints: Sequence[str]) -> dict[str, str]:
+    """The workers whose connection from this process is no longer established (the worker
+    closed it, or its machine reset it), read from /proc without sending a byte: a worker
+    serves one client at a time, so a probe would queue behind this very connection.
+    Workers this process holds no connection to are not listed. Empty off Linux."""
+    try:
+        inodes = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                link = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open("/proc/self/net/tcp") as f:
+            rows = [line.split() for line in f.readlines()[1:]]
+    except OSError:
+        return {}
+    want = {}
+    for ep in endpoints:
+        host, port = split(ep)
+        try:
+            ip = socket.inet_aton(socket.gethostbyname(host))[::-1].hex().upper()
+        except OSError:
+            continue
+        want[f"{ip}:{port:04X}"] = ep
+    states: dict[str, list[str]] = {}
+    for cols in rows:  # sl local rem st ... uid timeout inode
+        if len(cols) > 9 and cols[9] in inodes and cols[2] in want:
+            states.setdefault(want[cols[2]], []).append(cols[3])
+    # 01: ESTABLISHED; 08: CLOSE_WAIT (the worker closed it); anything else: going away
+    return {ep: "its connection was closed" for ep, st in states.items() if "01" not in st}
+
+
+# -- a worker lost mid-call ---------------------------------------------------------------
+
+Handler = Callable[[WorkerLost, tuple[str, ...]], None]
+_handler: Handler | None = None
+_endpoints: list[str] = []  # every worker this process added
+_lock = threading.Lock()
+
+
+def added(endpoint: str) -> None:
+    with _lock:
+        if endpoint not in _endpoints:
+            _endpoints.append(endpoint)
+
+
+def on_lost(handler: Handler | None) -> None:
+    """Who decides what happens when a worker is lost (None: print one line, exit 2)."""
+    global _handler
+    _handler = handler
+
+
+def diagnose(message: str) -> tuple[WorkerLost, tuple[str, ...]]:
+    """The error for llama.cpp's abort message, naming the workers that no longer accept
+    connections (the abort itself does not say which)."""
+    with _lock:
+        eps = list(_endpoints)
+    gone = {ep: why for ep in eps if (why := probe(ep, timeout=2.0)) is not None}
+    text = message.rsplit(": ", 1)[-1].strip() if ": " in message else message.strip()
+    if gone:
+        if len(gone) == 1:
+            what = "the RPC server {} is gone ({})".format(*next(iter(gone.items())))
+        else:
+            what = "the RPC servers " + ", ".join(f"{ep} ({why})" for ep, why in gone.items()
+                                                  ) + " are gone"
+    else:
+        what = f"an RPC server ({', '.join(eps) or 'none added'}) failed: {text}"
+    return (WorkerLost(what, hint="the model's layers there are lost; start the server "
+                       "again and rerun"), tuple(gone or eps))
+
+
+def lost(message: str) -> None:
+    """Called by backend.py instead of llama.cpp's abort. Never returns: the thread that
+    noticed cannot go on (llama.cpp aborts the moment this returns)."""
+    error, gone = diagnose(message)
+    handler = _handler
+    if handler is not None:
+        try:
+            handler(error, gone)
+        finally:
+            threading.Event().wait()  # park this thread for good; the handler's threads go on
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+    os.write(2, f"error: {error.message} (hint: {error.hint})\n".encode())
+    os._exit(error.exit_code)
+
+
+INHERITED = "SPECLI_INHERITED_FDS"  # a server's listening sockets, kept across exec_self
+
+
+def exec_self(keep: Sequence[int] = ()) -> None:
+    """Start this process's command line again in place (same pid): the way back for a
+    server whose model lost its layers with a worker. Every descriptor but stdio and `keep`
+    (listening sockets: clients queue there meanwhile, and a --port 0 stays the same port,
+    named to the new image in SPECLI_INHERITED_FDS) is closed, so the workers see this client
+    go and free what it held."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    keep = sorted(set(keep))
+    start = 3
+    for fd in keep:
+        os.set_inheritable(fd, True)
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+    env = {**os.environ, INHERITED: ",".join(map(str, keep))}
+    os.execve(sys.executable, sys.orig_argv, env)
