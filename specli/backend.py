@@ -424,6 +424,8 @@ class Model:
         self._vocab = ll.llama_model_get_vocab(self._model)
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        self.n_layer = ll.llama_model_n_layer(self._model)
+        self.n_embd = ll.llama_model_n_embd(self._model)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
         # layers on a GPU: there each distinct batch shape costs a CUDA graph capture

@@ -102,38 +102,67 @@ def check_bind_host(host: str) -> None:
                               "(every interface)") from None
 
 
-def closed(endpoints: Sequence[str]) -> dict[str, str]:
-    """The workers whose connection from this process is no longer established (the worker
-    closed it, or its machine reset it), read from /proc without sending a byte: a worker
-    serves one client at a time, so a probe would queue behind this very connection.
-    Workers this process holds no connection to are not listed. Empty off Linux."""
-    try:
-        inodes = set()
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                link = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-        with open("/proc/self/net/tcp") as f:
-            rows = [line.split() for line in f.readlines()[1:]]
-    except OSError:
-        return {}
+_seen: dict[tuple[int, str], str] = {}  # (descriptor, socket inode) -> its endpoint
+
+
+def _connections(endpoints: Sequence[str]) -> list[tuple[str, int]]:
+    """(endpoint, descriptor) for this process's TCP connections to the endpoints (one
+    seen before still counts once reset, when it no longer has a peer to ask)."""
     want = {}
     for ep in endpoints:
         host, port = split(ep)
         try:
-            ip = socket.inet_aton(socket.gethostbyname(host))[::-1].hex().upper()
+            want[(socket.gethostbyname(host), port)] = ep
         except OSError:
             continue
-        want[f"{ip}:{port:04X}"] = ep
-    states: dict[str, list[str]] = {}
-    for cols in rows:  # sl local rem st ... uid timeout inode
-        if len(cols) > 9 and cols[9] in inodes and cols[2] in want:
-            states.setdefault(want[cols[2]], []).append(cols[3])
-    # 01: ESTABLISHED; 08: CLOSE_WAIT (the worker closed it); anything else: going away
-    return {ep: "its connection was closed" for ep, st in states.items() if "01" not in st}
+    out = []
+    for fd in map(int, os.listdir("/proc/self/fd")):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile (or the listing's own descriptor)
+            continue
+        if not link.startswith("socket:["):
+            continue
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                peer = s.getpeername() if s.family == socket.AF_INET else None
+        except OSError:
+            peer = None
+        ep = want.get(peer) or _seen.get((fd, link))
+        if ep is not None and ep in want.values():
+            _seen[(fd, link)] = ep
+            out.append((ep, fd))
+    return out
+
+
+def traffic(endpoints: Sequence[str]) -> tuple[int, int]:
+    """Bytes this process has sent to the endpoints (acknowledged) and received from them,
+    over its open connections (Linux's TCP_INFO: tcpi_bytes_acked, tcpi_bytes_received)."""
+    sent = received = 0
+    for _, fd in _connections(endpoints):
+        with socket.socket(fileno=os.dup(fd)) as s:
+            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        if len(info) >= 136:
+            sent += int.from_bytes(info[120:128], "little")
+            received += int.from_bytes(info[128:136], "little")
+    return sent, received
+
+
+def closed(endpoints: Sequence[str]) -> dict[str, str]:
+    """The workers whose connection from this process is no longer established (the worker
+    closed it, or its machine reset it), read from the socket's state without sending a
+    byte: a worker serves one client at a time, so a probe would queue behind this very
+    connection. Workers this process holds no connection to are not listed."""
+    states: dict[str, list[int]] = {}
+    for ep, fd in _connections(endpoints):
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                state = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+        except OSError:
+            continue
+        states.setdefault(ep, []).append(state)
+    # tcpi_state 1: ESTABLISHED; 8: CLOSE_WAIT (the worker closed it); else: going away
+    return {ep: "its connection was closed" for ep, st in states.items() if 1 not in st}
 
 
 # -- a worker lost mid-call ---------------------------------------------------------------
