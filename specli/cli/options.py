@@ -651,10 +651,33 @@ class GpuFlags:
                                tensor_overrides=self.overrides_draft, rpc=self.rpc)
 
 
-def _list_devices(value: bool) -> None:
+def placement_args(resources: Resources, gpu: GpuFlags) -> list[str]:
+    """The flags that put the layers where they are (-ngl, --rpc, -dev, -ts...), to repeat
+    in a command line that should run the same way (tune-draft's best command)."""
+    def names(devs: tuple[str, ...]) -> str:
+        return ",".join(devs) or "none"
+
+    args = [*(["-ngl", str(resources.ngl)] if resources.ngl else []),
+            *(["-ngld", str(resources.ngld)] if resources.ngld else []),
+            *(["--rpc", ",".join(gpu.rpc)] if gpu.rpc else []),
+            *(["-dev", names(gpu.devices)] if gpu.devices is not None else []),
+            *(["-devd", names(gpu.devices_draft)] if gpu.devices_draft is not None else []),
+            *(["-sm", gpu.split_mode] if gpu.split_mode != "layer" else []),
+            *(["-ts", ",".join(f"{x:g}" for x in gpu.tensor_split)] if gpu.tensor_split
+              else []),
+            *(["-mg", str(gpu.main_gpu)] if gpu.main_gpu else [])]
+    for flag, overrides in (("-ot", gpu.overrides), ("-otd", gpu.overrides_draft)):
+        if overrides:
+            args += [flag, ",".join(f"{p}={b}" for p, b in overrides)]
+    return args
+
+
+def _list_devices(ctx: typer.Context, value: bool) -> None:
     if not value:
         return
-    from specli.backend import list_devices
+    from specli.backend import connect_rpc, list_devices
+
+    connect_rpc(rpc.parse(ctx.params.get("rpc_servers")))  # --rpc given before: listed too
 
     print("Available devices:")
     for d in list_devices():
@@ -681,7 +704,7 @@ def _gpu_flags(
         help="RPC servers (specli rpc-server, or llama.cpp's) whose devices join the offload "
         "devices as RPC0, RPC1, ...: -ngl layers are split across them (-ts), the rest stay "
         "here. The draft follows unless -devd says otherwise (-devd none: keep it "
-        "local).")] = None,
+        "local).", is_eager=True)] = None,
     list_devices: Annotated[bool, _gpu_opt(
         "--list-devices", help="Print the devices this build of llama.cpp can use and exit.",
         callback=_list_devices, is_eager=True)] = False,

@@ -8,6 +8,7 @@ import io
 import json
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -124,7 +125,7 @@ def tune_draft(
     elif csv_out:
         sys.stdout.write(_csv(result))
     else:
-        _print(result, model, model_draft)
+        _print(result, model, model_draft, o.placement_args(resources, gpu))
     if plot is not None:
         _plot(result, plot)
 
@@ -226,7 +227,7 @@ class _progress:
             self.bar.stop()
 
 
-def _print(result, model: str, model_draft: str | None) -> None:
+def _print(result, model: str, model_draft: str | None, placement: Sequence[str] = ()) -> None:
     base = result.baseline
     table = Table(show_edge=False, pad_edge=False)
     for name in ("setting", "t/s", "range", "accept", "len", "speedup", "predicted"):
@@ -277,7 +278,7 @@ def _print(result, model: str, model_draft: str | None) -> None:
     ngram = [t for t in s.types if t != "draft-simple"]
     if ngram:
         args += ["--spec-type", ",".join(s.types)]
-    args += ["--draft", str(s.k)]
+    args += ["--draft", str(s.k), *placement]
     if s.p_min:
         args += ["--draft-p-min", f"{s.p_min:g}"]
     if s.n_seq > 1:
