@@ -8,7 +8,8 @@ Configurations: everything local; the target's layers all on one worker, half on
 stays local (-devd none) in every one. Bytes are what this process's connections to the
 workers carried (TCP_INFO), divided by the tokens generated and by the target's forward
 passes (one per token plain; one per verification when speculating). Greedy; each
-configuration runs --repeat times over the prompts, interleaved; medians of decode t/s.
+configuration runs --repeat rounds over the prompts (plain and speculative alternating on
+each prompt), one configuration after another; medians of decode t/s.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main() -> None:
         f"draft (always local), {n_layer} layers; workers: `specli rpc-server -t "
         f"{args.threads}` on loopback ports of the same machine, client -t {args.threads}; "
         f"greedy, k = {args.k}, -n {args.n}, prompts: {', '.join(PROMPTS)} (chat template), "
-        f"median of {args.repeat} interleaved rounds. Bytes: both directions over the "
+        f"median of {args.repeat} rounds (plain and speculative alternate). Bytes: both directions over the "
         "client's connections to the workers while decoding (after the prompt), per target "
         "forward pass and per generated token.",
         "",

@@ -159,7 +159,7 @@ _rpc_lock = threading.Lock()
 def _on_abort(message):  # ggml_abort's last words: an RPC worker lost ends here, not in abort()
     text = message.decode("utf-8", "replace") if message else ""
     if "ggml-rpc" in text:  # the file that aborted: ggml-rpc.cpp
-        rpc.lost(text)
+        rpc.lost(text, getattr(_log_last, "error", None))  # this thread's last error line
     sys.stderr.write(text + "\n")  # anything else: llama.cpp's own abort, as before
 
 
@@ -432,6 +432,8 @@ class Model:
         self.offloaded = (_local_gpu() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
+        if params.rpc:  # its connections to the workers are open now: notice a vanished one
+            rpc.keepalive(params.rpc)
 
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from specli.errors import SpecliError, UsageError
@@ -41,7 +42,13 @@ class RpcUnavailable(SpecliError):
 
 
 class WorkerLost(SpecliError):
-    """An RPC worker stopped answering: llama.cpp cannot go on with the model it held."""
+    """An RPC worker stopped answering: llama.cpp cannot go on with the model it held.
+    unreachable: the workers named no longer accept connections (they may come back), as
+    opposed to a worker that answers but failed (protocol mismatch, a malformed reply)."""
+
+    def __init__(self, message: str, hint: str | None = None, unreachable: bool = True):
+        super().__init__(message, hint)
+        self.unreachable = unreachable
 
 
 def parse(value: str | None, flag: str = "--rpc") -> tuple[str, ...]:
@@ -103,18 +110,23 @@ def check_bind_host(host: str) -> None:
 
 
 _seen: dict[tuple[int, str], str] = {}  # (descriptor, socket inode) -> its endpoint
+_addresses: dict[str, tuple[str, int]] = {}  # endpoint -> (IPv4 address, port), resolved once
+
+
+def _address(endpoint: str) -> tuple[str, int] | None:
+    if endpoint not in _addresses:
+        host, port = split(endpoint)
+        try:
+            _addresses[endpoint] = (socket.gethostbyname(host), port)
+        except OSError:
+            return None
+    return _addresses[endpoint]
 
 
 def _connections(endpoints: Sequence[str]) -> list[tuple[str, int]]:
     """(endpoint, descriptor) for this process's TCP connections to the endpoints (one
     seen before still counts once reset, when it no longer has a peer to ask)."""
-    want = {}
-    for ep in endpoints:
-        host, port = split(ep)
-        try:
-            want[(socket.gethostbyname(host), port)] = ep
-        except OSError:
-            continue
+    want = {a: ep for ep in endpoints if (a := _address(ep)) is not None}
     out = []
     for fd in map(int, os.listdir("/proc/self/fd")):
         try:
@@ -140,12 +152,36 @@ def traffic(endpoints: Sequence[str]) -> tuple[int, int]:
     over its open connections (Linux's TCP_INFO: tcpi_bytes_acked, tcpi_bytes_received)."""
     sent = received = 0
     for _, fd in _connections(endpoints):
-        with socket.socket(fileno=os.dup(fd)) as s:
-            info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        except OSError:  # closed meanwhile
+            continue
         if len(info) >= 136:
             sent += int.from_bytes(info[120:128], "little")
             received += int.from_bytes(info[128:136], "little")
     return sent, received
+
+
+def keepalive(endpoints: Sequence[str], idle: int = 5, interval: int = 2, count: int = 3,
+              user_timeout_ms: int = 20_000) -> int:
+    """TCP keepalive and a user timeout on this process's connections to the workers
+    (llama.cpp sets neither): a worker whose machine vanishes without closing them (power,
+    cable) is then noticed in about idle + interval * count seconds, or when data sent to it
+    stays unacknowledged for user_timeout_ms, instead of never. Returns how many were set."""
+    n = 0
+    for _, fd in _connections(endpoints):
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:  # the options are the socket's own
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
+            n += 1
+        except (OSError, AttributeError):  # closed meanwhile, or not Linux
+            continue
+    return n
 
 
 def closed(endpoints: Sequence[str]) -> dict[str, str]:
@@ -185,29 +221,37 @@ def on_lost(handler: Handler | None) -> None:
     _handler = handler
 
 
-def diagnose(message: str) -> tuple[WorkerLost, tuple[str, ...]]:
+def diagnose(message: str, logged: str | None = None) -> tuple[WorkerLost, tuple[str, ...]]:
     """The error for llama.cpp's abort message, naming the workers that no longer accept
-    connections (the abort itself does not say which)."""
+    connections (the abort itself does not say which); logged: llama.cpp's last error line
+    before it (a version mismatch says so there)."""
     with _lock:
         eps = list(_endpoints)
-    gone = {ep: why for ep in eps if (why := probe(ep, timeout=2.0)) is not None}
+    for _ in range(4):  # a worker being killed may close our connection before its listener
+        gone = {ep: why for ep in eps if (why := probe(ep, timeout=2.0)) is not None}
+        if gone:
+            break
+        time.sleep(0.25)
     text = message.rsplit(": ", 1)[-1].strip() if ": " in message else message.strip()
+    if logged:
+        text = f"{logged.rstrip('.')}; {text}"
     if gone:
         if len(gone) == 1:
             what = "the RPC server {} is gone ({})".format(*next(iter(gone.items())))
         else:
             what = "the RPC servers " + ", ".join(f"{ep} ({why})" for ep, why in gone.items()
                                                   ) + " are gone"
-    else:
-        what = f"an RPC server ({', '.join(eps) or 'none added'}) failed: {text}"
-    return (WorkerLost(what, hint="the model's layers there are lost; start the server "
-                       "again and rerun"), tuple(gone or eps))
+        return (WorkerLost(what, hint="the model's layers there are lost; start the server "
+                           "again and rerun"), tuple(gone))
+    what = f"an RPC server ({', '.join(eps) or 'none added'}) failed: {text}"
+    return (WorkerLost(what, hint="client and servers must run the same llama.cpp; rerun with "
+                       "-v, and see the servers' output", unreachable=False), tuple(eps))
 
 
-def lost(message: str) -> None:
+def lost(message: str, logged: str | None = None) -> None:
     """Called by backend.py instead of llama.cpp's abort. Never returns: the thread that
     noticed cannot go on (llama.cpp aborts the moment this returns)."""
-    error, gone = diagnose(message)
+    error, gone = diagnose(message, logged)
     handler = _handler
     if handler is not None:
         try:
@@ -229,17 +273,22 @@ INHERITED = "SPECLI_INHERITED_FDS"  # a server's listening sockets, kept across 
 def exec_self(keep: Sequence[int] = ()) -> None:
     """Start this process's command line again in place (same pid): the way back for a
     server whose model lost its layers with a worker. Every descriptor but stdio and `keep`
-    (listening sockets: clients queue there meanwhile, and a --port 0 stays the same port,
-    named to the new image in SPECLI_INHERITED_FDS) is closed, so the workers see this client
-    go and free what it held."""
+    (listening sockets: a --port 0 stays the same port, and connecting clients are not
+    refused; named to the new image in SPECLI_INHERITED_FDS) is marked close-on-exec, so the
+    workers see this client go and free what it held. Nothing is closed before the exec:
+    other threads still run until it."""
     for stream in (sys.stdout, sys.stderr):
-        stream.flush()
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed pipe must not stop the restart
+            pass
     keep = sorted(set(keep))
-    start = 3
-    for fd in keep:
-        os.set_inheritable(fd, True)
-        os.closerange(start, fd)
-        start = fd + 1
-    os.closerange(start, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 1024)
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd > 2:
+            try:
+                os.set_inheritable(fd, fd in keep)
+            except OSError:  # the listing's own descriptor, or closed meanwhile
+                pass
     env = {**os.environ, INHERITED: ",".join(map(str, keep))}
     os.execve(sys.executable, sys.orig_argv, env)

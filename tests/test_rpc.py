@@ -136,11 +136,23 @@ def _native_lib_dir() -> Path | None:
     return d if (d / "libllama.so").is_file() else None
 
 
+def test_without_the_rpc_registry_rpc_is_refused_with_the_install_line(monkeypatch):
+    """The registry lookup answering nothing, as in a build without RPC (the test below runs
+    a real one where .ci/run built it)."""
+    from specli import backend
+
+    monkeypatch.setattr(backend, "_reg_by_name", lambda name: None)
+    assert not backend.rpc_available()
+    with pytest.raises(rpc.RpcUnavailable) as e:
+        backend.connect_rpc(["127.0.0.1:50052"])
+    assert e.value.exit_code == 2 and e.value.hint == f"reinstall it with RPC: {rpc.INSTALL}"
+
+
 def test_a_build_without_rpc_names_the_install_line(f32):
     """The same llama-cpp-python on native llama.cpp libraries built without RPC (.ci/run
     builds them so): --rpc and rpc-server are one line each, exit 2."""
     lib = _native_lib_dir()
-    if lib is None or (lib / "libggml-rpc.so").exists():
+    if lib is None or "GGML_RPC:BOOL=OFF" not in (lib.parent / "CMakeCache.txt").read_text():
         pytest.skip("no native llama.cpp libraries built without RPC (scripts/build_native.sh)")
     env = {"LLAMA_CPP_LIB_PATH": str(lib)}
     for args in (("run", "-m", f32, "-p", "hi", "--rpc", "127.0.0.1:50052", "-ngl", "99"),
@@ -166,29 +178,81 @@ def test_the_worker_refuses_what_it_cannot_bind(tmp_path, workers):
     assert r.returncode == 2 and "must be an IPv4 address" in r.stderr
 
 
+WARNING_LINES = ("WARNING: Host ('0.0.0.0') is != '127.0.0.1'",
+                 "Never expose the RPC server to an open network!",
+                 "This is an experimental feature and is not secure!")
+
+
 @needs_rpc
-def test_a_worker_bound_to_every_interface_warns(tmp_path):
-    """llama.cpp's warning, word for word; inside a fresh network namespace, so the
-    unauthenticated server is never reachable from outside this test."""
+def test_a_worker_bound_to_every_interface_warns(tmp_path, workers):
+    """llama.cpp's warning, word for word, before it binds: here on a port a worker holds, so
+    nothing ever listens on every interface (then, where namespaces are allowed, a real one
+    inside a fresh network namespace that nothing outside this test can reach)."""
+    r = specli("rpc-server", "-H", "0.0.0.0", "-p", str(workers[0].port), timeout=60)
+    assert r.returncode == 2 and "Address already in use" in r.stderr
+    assert all(line in r.stderr for line in WARNING_LINES)
+    assert r.stderr.index(WARNING_LINES[0]) < r.stderr.index("error:")
+    assert "WARNING" not in "".join(workers[0].err)  # 127.0.0.1: quiet
     if shutil.which("unshare") is None or subprocess.run(
             ["unshare", "--net", "true"], capture_output=True).returncode != 0:
-        pytest.skip("no network namespace here (unshare --net)")
+        return
     w = Worker(tmp_path, "-H", "0.0.0.0", wrap=("unshare", "--net"))
     try:
-        text = "".join(w.err)
-        assert "WARNING: Host ('0.0.0.0') is != '127.0.0.1'" in text
-        assert "Never expose the RPC server to an open network!" in text
-        assert "This is an experimental feature and is not secure!" in text
+        assert all(line in "".join(w.err) for line in WARNING_LINES)
     finally:
         w.kill()
-    quiet = Worker(tmp_path)
-    try:
-        assert "WARNING" not in "".join(quiet.err)
-    finally:
-        quiet.kill()
 
 
 @needs_rpc
+def test_something_that_is_no_rpc_server_is_one_line_exit_2(f32):
+    """A listener that accepts and hangs up (another service, or another llama.cpp's
+    protocol): llama.cpp aborts in its handshake; specli says which server failed."""
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(8)
+        port = srv.getsockname()[1]
+        stop = threading.Event()
+
+        def hang_up() -> None:
+            srv.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    srv.accept()[0].close()
+                except OSError:
+                    pass
+
+        t = threading.Thread(target=hang_up, daemon=True)
+        t.start()
+        try:
+            r = specli("run", "-m", f32, "-p", "hi", "-n", "2", "--rpc", f"127.0.0.1:{port}",
+                       "-ngl", "99", timeout=60)
+        finally:
+            stop.set()
+            t.join(5)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"error: an RPC server (127.0.0.1:{port}) failed: ")
+    assert "same llama.cpp" in lines[0]
+
+
+def test_a_server_whose_worker_answers_but_failed_does_not_restart_forever():
+    """Restarting cannot mend a worker that answers and fails (a protocol mismatch): the
+    server says it needs a restart instead of reloading in a loop."""
+    from specli.config import ModelParams
+    from specli.server.state import ServerConfig, State
+
+    st = State(ServerConfig(target=ModelParams("x.gguf", rpc=("127.0.0.1:9",))))
+    try:
+        before = {t.name for t in threading.enumerate()}
+        st.worker_lost(rpc.WorkerLost("an RPC server (127.0.0.1:9) failed: x", hint="h",
+                                      unreachable=False), ("127.0.0.1:9",))
+        assert st.down.endswith("this server needs a restart")
+        assert "specli-rpc-watch" not in {t.name for t in threading.enumerate()} - before
+    finally:
+        rpc.on_lost(None)
+
+
 def test_closed_sees_a_connection_its_worker_closed():
     with socket.socket() as srv:
         srv.bind(("127.0.0.1", 0))
@@ -208,8 +272,9 @@ def test_closed_sees_a_connection_its_worker_closed():
 
 @needs_rpc
 def test_run_split_over_local_and_two_workers_is_the_local_text(workers, f32, q4_1):
-    """The F32 target's layers over this process (10) and both workers (10 each), the draft
-    kept local: the same greedy text as everything local."""
+    """The F32 target's 30 layers over this process (blocks 0-10) and both workers (blocks
+    11-29 and the output layer), the draft kept local: the same greedy text as everything
+    local."""
     base = ("run", "-m", f32, "-md", q4_1, "-p", PROMPT, "-n", "48", "--temp", "0",
             "-t", "1", "-c", "512")
     local = specli(*base)
@@ -322,7 +387,7 @@ def test_serve_a_lost_worker_is_503_then_back_when_it_is(tmp_path, workers, f16)
         time.sleep(1)
         doomed.proc.send_signal(signal.SIGKILL)
         t.join(30)
-        assert answer["status"] == 503, answer
+        assert answer.get("status") == 503, answer
         assert doomed.endpoint in answer["body"]["error"]["message"]
         health = h.get("/health")
         assert health.status_code == 503
@@ -358,3 +423,29 @@ def test_tune_drafts_best_command_keeps_the_placement():
     assert args == ["-ngl", "99", "--rpc", "10.0.0.1:50052,10.0.0.2:50052", "-devd", "none",
                     "-ts", "3,1", "-ot", "a=CPU"]
     assert o.placement_args(o.Resources(), o._gpu_flags()) == []
+
+
+@needs_rpc
+def test_the_workers_connections_get_keepalive(workers, f32):
+    """llama.cpp sets no keepalive: a worker whose machine vanishes would never be noticed.
+    In a child process (RPC devices, once added, stay for the process's life)."""
+    code = f"""
+import socket, os
+from specli import rpc
+from specli.backend import Model
+from specli.config import ModelParams
+m = Model(ModelParams({f32!r}, n_ctx=64, n_threads=1, rpc=({workers[0].endpoint!r},),
+                      n_gpu_layers=99))
+conns = rpc._connections([{workers[0].endpoint!r}])
+assert conns
+for _, fd in conns:
+    with socket.socket(fileno=os.dup(fd)) as s:
+        print(s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+              s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+              s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+m.close()
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[0] == "1 5 20000"

@@ -93,13 +93,13 @@ def _audit(**kw) -> None:
     if sys.argv[1:2] != ["audit"]:
         raise netguard.AuditError("specli audit re-executes its command line, and this process "
                                   "was not started as `specli audit ...`")
+    refused = netguard.isolation_refused() if isolate else None
     gpu = kw.get("gpu")
-    if isolate and gpu is not None and gpu.rpc:
+    if isolate and not refused and gpu is not None and gpu.rpc:
         raise netguard.AuditError(
             "--rpc reaches its RPC servers over the network, which an isolated run does not "
             "have", hint="--no-isolate audits it with the network up: connections to the "
             "servers are listed, and counted unless they are on loopback (or with --strict)")
-    refused = netguard.isolation_refused() if isolate else None
     if refused and not allow:
         raise netguard.AuditError(
             f"network isolation is not permitted here ({refused}): a clean verdict could only "

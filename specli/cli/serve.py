@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -248,7 +247,10 @@ def _inherited(n: int) -> list[socket.socket]:
         for fd in fds:
             os.close(fd)
         return []
-    return [socket.socket(fileno=fd) for fd in fds]
+    socks = [socket.socket(fileno=fd) for fd in fds]
+    for s in socks:
+        s.set_inheritable(False)
+    return socks
 
 
 def _stale(path: str) -> None:
@@ -305,11 +307,6 @@ def _run(config, hosts: list[str], port: int) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
                                            timeout_graceful_shutdown=5))
     server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
-    down = app.state.specli.down
-    if down:  # stopped while an RPC server was lost: a decode is stuck in llama.cpp for good
-        err.print(f"error: stopped while {down}", markup=False, soft_wrap=True)
-        sys.stderr.flush()
-        os._exit(2)
     if failure:
         e = failure[0]
         if isinstance(e, SpecliError):

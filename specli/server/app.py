@@ -8,7 +8,9 @@ answers every error in OpenAI's envelope; formats.py writes usage, timings and s
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import sys
 from collections.abc import Callable
 from contextlib import asynccontextmanager, suppress
 
@@ -46,6 +48,10 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
                     on_ready(len(st.pool.slots))
             task = asyncio.create_task(load())
         yield
+        if st.down:  # a decode (or the load) is stuck in llama.cpp for good: nothing to wait for
+            sys.stderr.write(f"specli serve: error: stopped while {st.down}\n")
+            sys.stderr.flush()
+            os._exit(2)
         if task is not None:
             with suppress(BaseException):
                 await task

@@ -653,6 +653,9 @@ async def _start(pool: SlotPool, job: Job) -> Generation:
     except Busy as e:
         raise APIError(503, f"server busy: {e}", "unavailable_error", code="server_busy",
                        headers={"Retry-After": "1"}) from None
+    if pool.down:  # an RPC server was lost while this request waited for the slot
+        pool.release(slot)
+        raise pool.unavailable()
     return pool.start(slot, job)
 
 

@@ -143,6 +143,7 @@ class Generation:
 
     def __init__(self, pool: SlotPool, slot: Slot, job: Job):
         self.slot, self.job = slot, job
+        self._pool = pool
         self._on_done = pool.on_done
         self._cancel = threading.Event()
         self._loop = asyncio.get_running_loop()
@@ -176,6 +177,9 @@ class Generation:
 
     def _work(self) -> None:
         engine, job = self.slot.engine, self.job
+        if self._pool.down:  # started after the pool failed: fail() did not see it
+            self._push(self._pool.unavailable())
+            return
         gate = getattr(engine.target, "gate", None)
         if gate is not None:
             gate.enter()  # batched decodes wait for this slot while it runs
@@ -318,10 +322,13 @@ class SlotPool:
     def fail(self, message: str) -> None:
         """The model cannot decode any more (an RPC server was lost): every generation in
         flight ends with a 503; their slot threads stay where llama.cpp stopped them."""
-        self.down = message
+        self.down = message  # first: a generation starting from now on sees it
         for g in list(self.active):
-            g._push(APIError(503, message, "unavailable_error", code="unavailable",
-                             headers={"Retry-After": "5"}))
+            g._push(self.unavailable())
+
+    def unavailable(self) -> APIError:
+        return APIError(503, self.down or "unavailable", "unavailable_error",
+                        code="unavailable", headers={"Retry-After": "5"})
 
     def close(self) -> None:
         if self.down:  # a decode is stuck in llama.cpp for good: nothing can be freed

@@ -94,12 +94,17 @@ class State:
         with self._lost:
             if self.down:  # noticed already (the watch, or another decode thread)
                 return
-            self.down = (f"{error.message}; this server restarts when "
-                         f"{'it answers' if len(gone) == 1 else 'they answer'} again")
+            if error.unreachable:
+                self.down = (f"{error.message}; this server restarts when "
+                             f"{'it answers' if len(gone) == 1 else 'they answer'} again")
+            else:  # it answers, and failed: restarting would fail the same way, forever
+                self.down = (f"{error.message} ({error.hint}); this server needs a restart")
         sys.stderr.write(f"specli serve: error: {self.down}\n")
         sys.stderr.flush()
         if self.pool is not None:
             self.pool.fail(self.down)
+        if not error.unreachable:
+            return
         threading.Thread(target=self._restart_when_back, args=(gone, self.listening),
                          daemon=True, name="specli-rpc-watch").start()
 
