@@ -97,12 +97,15 @@ def test_endpoints_parse_as_llama_cpp_spells_them():
         rpc.parse(",".join(f"10.0.0.1:{p}" for p in range(1000, 1017)))
 
 
-@pytest.mark.parametrize("command", [("run",), ("serve",), ("tune-draft",), ("audit",),
-                                     ("check-pair",)])
+@pytest.mark.parametrize("command", ["run", "serve", "tune-draft", "audit", "check-pair"])
 def test_every_command_that_loads_models_takes_rpc(command):
-    r = specli(*command, "--help", env={"COLUMNS": "200"})
-    assert r.returncode == 0
-    assert re.search(r"--rpc HOST:PORT", r.stdout)
+    from typer.testing import CliRunner
+
+    from specli.cli.app import app
+
+    r = CliRunner().invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    assert re.search(r"--rpc HOST:PORT", r.output)
 
 
 @needs_rpc

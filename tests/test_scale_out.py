@@ -60,7 +60,7 @@ def test_the_documented_haproxy_config_balances_and_routes_around_a_dead_replica
         def long_request() -> None:
             try:
                 r = httpx.post(f"{url}/v1/completions", timeout=120, json={
-                    "prompt": "Tell me a story", "max_tokens": 150, "ignore_eos": True})
+                    "prompt": "Tell me a story", "max_tokens": 100, "ignore_eos": True})
                 done.append(r.status_code)
             except httpx.TransportError:
                 done.append(0)
