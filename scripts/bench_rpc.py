@@ -85,9 +85,9 @@ def main() -> None:
         f"draft (always local), {n_layer} layers; workers: `specli rpc-server -t "
         f"{args.threads}` on loopback ports of the same machine, client -t {args.threads}; "
         f"greedy, k = {args.k}, -n {args.n}, prompts: {', '.join(PROMPTS)} (chat template), "
-        f"median of {args.repeat} rounds (plain and speculative alternate). Bytes: both directions over the "
-        "client's connections to the workers while decoding (after the prompt), per target "
-        "forward pass and per generated token.",
+        f"median of {args.repeat} rounds (plain and speculative alternate). Bytes: both "
+        "directions over the client's connections to the workers while decoding (after the "
+        "prompt), per target forward pass and per generated token.",
         "",
         "| where the target's layers are | decoding | t/s | vs local plain | vs local, same "
         "decoding | tokens per target pass | B/pass | B/token |",
