@@ -25,6 +25,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_run import machine, write_block  # noqa: E402
+from bench_tree import PROMPTS  # noqa: E402 - the same three prompts
 
 from specli import defaults, rpc  # noqa: E402
 from specli.backend import Model  # noqa: E402
@@ -34,11 +35,6 @@ from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
 from specli.stats import Stats  # noqa: E402
 
-PROMPTS = {
-    "code": "Write a binary search in Python",
-    "prose": "Explain how a hash map works.",
-    "structured": "Write a SQL query that finds the top 3 customers by total order value.",
-}
 BEGIN, END = "<!-- bench_rpc:begin -->", "<!-- bench_rpc:end -->"
 
 
