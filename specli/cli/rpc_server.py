@@ -26,9 +26,9 @@ def rpc_server(
     port: Annotated[int, typer.Option("-p", "--port", help="The port to bind to.")]
         = rpc.DEFAULT_PORT,
     cache: Annotated[bool, typer.Option(
-        "-c", "--cache", help="Keep the tensors clients send in a local file cache "
-        "($LLAMA_CACHE/rpc, else ~/.cache/llama.cpp/rpc), so a model loads from disk the "
-        "next time.")] = False,
+        "-c", "--cache", help="Keep the tensors over 10 MiB that clients send in a local "
+        "file cache ($LLAMA_CACHE/rpc, else $XDG_CACHE_HOME or ~/.cache, /llama.cpp/rpc): "
+        "the next load sends only their hashes.")] = False,
     threads: Annotated[int, typer.Option(
         "-t", "--threads", help="Threads for the CPU device. Default: half the CPUs.",
         show_default=False)] = max(1, (os.cpu_count() or 2) // 2),
