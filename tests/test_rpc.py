@@ -4,6 +4,7 @@ worker killed mid-generation."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -369,31 +370,41 @@ def test_a_worker_killed_mid_run_is_exit_2_naming_it_within_10_s(tmp_path, worke
 
 @needs_rpc
 def test_serve_a_lost_worker_is_503_then_back_when_it_is(tmp_path, workers, f16):
-    """The request in flight gets 503, so does /health (naming the worker); once the worker
-    is back the server starts over in place and answers again."""
+    """The requests in flight get 503 (a stream: its error event), so does /health (naming
+    the worker); once the worker is back the server starts over in place and answers
+    again."""
     doomed = Worker(tmp_path)
     s = Server("-m", f16, "--rpc", f"{workers[1].endpoint},{doomed.endpoint}", "-ngl", "99",
-               "-ts", "1,1", "-c", "2200", "-t", "1", "--temp", "0")
+               "-ts", "1,1", "-c", "4400", "-np", "2", "-t", "1", "--temp", "0")
     try:
         h = s.http(key=None)
         answer: dict = {}
+        body = {"prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True}
 
         def long_request() -> None:
-            r = h.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 2000,
-                                                 "ignore_eos": True})
+            r = h.post("/v1/completions", json=body)
             answer.update(status=r.status_code, body=r.json())
 
-        t = threading.Thread(target=long_request)
-        t.start()
+        def long_stream() -> None:
+            with h.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+                answer["stream"] = [line for line in r.iter_lines() if line]
+
+        threads = [threading.Thread(target=long_request), threading.Thread(target=long_stream)]
+        for t in threads:
+            t.start()
         deadline = time.monotonic() + 60
-        while h.get("/health").json().get("slots_processing") != 1:
+        while h.get("/health").json().get("slots_processing") != 2:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(1)
         doomed.proc.send_signal(signal.SIGKILL)
-        t.join(30)
+        for t in threads:
+            t.join(30)
         assert answer.get("status") == 503, answer
         assert doomed.endpoint in answer["body"]["error"]["message"]
+        last = json.loads(answer["stream"][-1].removeprefix("data: "))
+        assert last["error"]["type"] == "unavailable_error", answer["stream"][-3:]
+        assert doomed.endpoint in last["error"]["message"]
         health = h.get("/health")
         assert health.status_code == 503
         assert f"the RPC server {doomed.endpoint} is gone" in health.json()["error"]["message"]

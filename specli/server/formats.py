@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from fastapi.responses import Response, StreamingResponse
 
 from specli.errors import BackendError, SpecliError
+from specli.server.errors import APIError
 from specli.server.slots import Done, Generation, Piece, Progress
 from specli.stats import Stats
 from specli.verify import TokenProbs
@@ -146,8 +147,11 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) -
         except Exception as e:  # noqa: BLE001 - the status line is sent: say it in the stream
             kind = "invalid_request_error" if isinstance(e, SpecliError) and not isinstance(
                 e, BackendError) else "server_error"
+            code = None
+            if isinstance(e, APIError):  # the server's own answer (an RPC server lost: 503)
+                kind, code = e.type, e.code
             yield data({"error": {"message": getattr(e, "message", None) or str(e),
-                                  "type": kind, "param": None, "code": None}})
+                                  "type": kind, "param": None, "code": code}})
         finally:
             gen.cancel()  # a client that went away frees its slot at the next token
 
