@@ -24,7 +24,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import native  # noqa: E402
-from bench_run import fair_tps, machine, write_block  # noqa: E402
+from bench_run import fair_tps, machine, publish  # noqa: E402
 
 from specli import config, defaults  # noqa: E402
 from specli.backend import Model  # noqa: E402
@@ -221,10 +221,7 @@ def main() -> None:
         lines += ["", "Output differed from plain decoding (a near-tie between the top two "
                   "logits, flipped by batched decoding; see docs/performance.md): "
                   + "; ".join(sorted(drift)) + "."]
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        write_block(args.write, BEGIN, END, table)
+    publish(lines, args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_run import machine, write_block  # noqa: E402
+from bench_run import machine, publish  # noqa: E402
 from bench_tree import PROMPTS  # noqa: E402 - the same three prompts
 
 from specli import defaults, rpc  # noqa: E402
@@ -98,10 +98,7 @@ def main() -> None:
             f"{tps / base[dec]:.2f}x | {per:.2f} | " +
             (f"{r['bytes'] / max(r['passes'], 1):,.0f} | {r['bytes'] / max(r['tokens'], 1):,.0f} |"
              if r["bytes"] else "- | - |"))
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        write_block(args.write, BEGIN, END, table)
+    publish(lines, args.write, BEGIN, END)
 
 
 def run(args, target_path: str, draft_path: str, eps: list[str]) -> dict:

@@ -71,6 +71,14 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores" + (f", GPU: {gpu}" if gpu else "")
 
 
+def publish(lines: list[str], path: str | None, begin: str, end: str) -> None:
+    """A benchmark's markdown on stdout, and between its markers in `path` if given."""
+    table = "\n".join(lines)
+    print(table)
+    if path:
+        write_block(path, begin, end, table)
+
+
 def write_block(path: str, begin: str, end: str, table: str) -> None:
     """Replace the text between the begin and end markers of a markdown file (appended at
     its end the first time)."""
@@ -227,10 +235,7 @@ def main() -> None:
             if ratios[k]:
                 lines.append(f"| all (median) | {k} | | | | | "
                              f"{statistics.median(ratios[k]):.2f}x |")
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        write_block(args.write, BEGIN, END, table)
+    publish(lines, args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

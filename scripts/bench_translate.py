@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_run import machine, write_block  # noqa: E402
+from bench_run import machine, publish  # noqa: E402
 from bench_tree import made  # noqa: E402
 
 from specli import defaults  # noqa: E402
@@ -96,10 +96,7 @@ def main() -> None:
         lines.append(f"| {label} | {med:.1f} | {med / base:.2f}x "
                      f"| {100 * accepted / max(drafted, 1):.1f}% "
                      f"| {1 + accepted / max(steps, 1):.2f} | {'yes' if same else 'no'} |")
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        write_block(args.write, BEGIN, END, table)
+    publish(lines, args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import native  # noqa: E402
-from bench_run import fair_tps, machine, write_block  # noqa: E402
+from bench_run import fair_tps, machine, publish  # noqa: E402
 
 from specli import defaults  # noqa: E402
 from specli.backend import Model, quantize  # noqa: E402
@@ -161,10 +161,7 @@ def main() -> None:
                 f"| {100 * a / max(d, 1):.1f}% | {1 + a / max(st, 1):.2f} | {br / max(st, 1):.2f} "
                 f"| {nat:.1f} | " + (f"{ours / nat:.2f}x |" if nat else "- |"))
         print("\n".join(lines[-len(seqs) - 1:]), file=sys.stderr)
-    table = "\n".join(lines)
-    print(table)
-    if args.write:
-        write_block(args.write, BEGIN, END, table)
+    publish(lines, args.write, BEGIN, END)
 
 
 if __name__ == "__main__":

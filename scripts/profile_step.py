@@ -76,7 +76,7 @@ def main() -> None:
               f"{(d.eval_runs / steps) if d else 0:.2f} | "
               f"{(d.eval_ms / max(d.eval_runs, 1)) if d else 0:.3f} | "
               f"{1e3 * s.overhead_s / steps:.3f} | {100 * s.accept_rate:.1f}% |", flush=True)
-        dft.model.offloaded = backend.supports_gpu_offload() and args.ngld != 0
+        dft.model.offloaded = backend.local_gpu() and args.ngld != 0
     if args.raw:
         for label, m in (("target", tgt), ("draft", dft.model)):
             print(f"raw one-token decode loop, {label}: {raw_floor(m, prompt, args.n):.1f} t/s")

@@ -135,8 +135,9 @@ def supports_gpu_offload() -> bool:
     return bool(ll.llama_supports_gpu_offload())
 
 
-def _local_gpu() -> bool:
-    """A GPU in this machine (RPC devices are GPUs to llama.cpp, but not here)."""
+def local_gpu() -> bool:
+    """A GPU in this machine (RPC devices are GPUs to llama.cpp, but not here): where each
+    distinct batch shape costs a CUDA graph capture."""
     return any(_dev_type(d) in (1, 2) and not _dev_name(d).startswith(b"RPC")
                for d in _registry())
 
@@ -159,7 +160,8 @@ _rpc_lock = threading.Lock()
 def _on_abort(message):  # ggml_abort's last words: an RPC worker lost ends here, not in abort()
     text = message.decode("utf-8", "replace") if message else ""
     if "ggml-rpc" in text:  # the file that aborted: ggml-rpc.cpp
-        rpc.lost(text, getattr(_log_last, "error", None))  # this thread's last error line
+        # the workers added, and this thread's last error line (a version mismatch says so)
+        rpc.lost(text, tuple(_rpc_devices), getattr(_log_last, "error", None))
     sys.stderr.write(text + "\n")  # anything else: llama.cpp's own abort, as before
 
 
@@ -194,9 +196,10 @@ def connect_rpc(endpoints: Sequence[str]) -> list[str]:
         for ep in endpoints:
             if ep not in _rpc_devices:
                 rpc.check_reachable([ep])
-                rpc.added(ep)
+                _rpc_devices[ep] = ()  # named already, should llama.cpp abort while adding it
                 reg = add(ep.encode())
                 if not reg:
+                    del _rpc_devices[ep]
                     raise BackendError(f"the RPC server {ep} offers no device")
                 before = _dev_count()
                 _register(reg)
@@ -425,11 +428,10 @@ class Model:
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_layer = ll.llama_model_n_layer(self._model)
-        self.n_embd = ll.llama_model_n_embd(self._model)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
         # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
-        self.offloaded = (_local_gpu() and params.n_gpu_layers != 0
+        self.offloaded = (local_gpu() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
         if params.rpc:  # its connections to the workers are open now: notice a vanished one

@@ -147,20 +147,26 @@ def _connections(endpoints: Sequence[str]) -> list[tuple[str, int]]:
     return out
 
 
+def _each(endpoints: Sequence[str], fn: Callable[[socket.socket], object]) -> list:
+    """(endpoint, fn(socket)) for each connection to the endpoints, through a duplicate of
+    its descriptor (the options and counters are the socket's own); closed ones skipped."""
+    out = []
+    for ep, fd in _connections(endpoints):
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                out.append((ep, fn(s)))
+        except OSError:  # closed meanwhile
+            continue
+    return out
+
+
 def traffic(endpoints: Sequence[str]) -> tuple[int, int]:
     """Bytes this process has sent to the endpoints (acknowledged) and received from them,
     over its open connections (Linux's TCP_INFO: tcpi_bytes_acked, tcpi_bytes_received)."""
-    sent = received = 0
-    for _, fd in _connections(endpoints):
-        try:
-            with socket.socket(fileno=os.dup(fd)) as s:
-                info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
-        except OSError:  # closed meanwhile
-            continue
-        if len(info) >= 136:
-            sent += int.from_bytes(info[120:128], "little")
-            received += int.from_bytes(info[128:136], "little")
-    return sent, received
+    infos = [i for _, i in _each(endpoints, lambda s: s.getsockopt(socket.IPPROTO_TCP,
+                                                                   socket.TCP_INFO, 256))]
+    return (sum(int.from_bytes(i[120:128], "little") for i in infos if len(i) >= 136),
+            sum(int.from_bytes(i[128:136], "little") for i in infos if len(i) >= 136))
 
 
 def keepalive(endpoints: Sequence[str], idle: int = 5, interval: int = 2, count: int = 3,
@@ -169,19 +175,18 @@ def keepalive(endpoints: Sequence[str], idle: int = 5, interval: int = 2, count:
     (llama.cpp sets neither): a worker whose machine vanishes without closing them (power,
     cable) is then noticed in about idle + interval * count seconds, or when data sent to it
     stays unacknowledged for user_timeout_ms, instead of never. Returns how many were set."""
-    n = 0
-    for _, fd in _connections(endpoints):
-        try:
-            with socket.socket(fileno=os.dup(fd)) as s:  # the options are the socket's own
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)
-            n += 1
-        except (OSError, AttributeError):  # closed meanwhile, or not Linux
-            continue
-    return n
+    def set_options(s: socket.socket) -> None:
+        for level, opt, value in (
+                (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+                (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle),
+                (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval),
+                (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count),
+                (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, user_timeout_ms)):
+            s.setsockopt(level, opt, value)
+
+    if not hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux's options
+        return 0
+    return len(_each(endpoints, set_options))
 
 
 def closed(endpoints: Sequence[str]) -> dict[str, str]:
@@ -190,12 +195,8 @@ def closed(endpoints: Sequence[str]) -> dict[str, str]:
     byte: a worker serves one client at a time, so a probe would queue behind this very
     connection. Workers this process holds no connection to are not listed."""
     states: dict[str, list[int]] = {}
-    for ep, fd in _connections(endpoints):
-        try:
-            with socket.socket(fileno=os.dup(fd)) as s:
-                state = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
-        except OSError:
-            continue
+    for ep, state in _each(endpoints, lambda s: s.getsockopt(socket.IPPROTO_TCP,
+                                                             socket.TCP_INFO, 8)[0]):
         states.setdefault(ep, []).append(state)
     # tcpi_state 1: ESTABLISHED; 8: CLOSE_WAIT (the worker closed it); else: going away
     return {ep: "its connection was closed" for ep, st in states.items() if 1 not in st}
@@ -205,14 +206,6 @@ def closed(endpoints: Sequence[str]) -> dict[str, str]:
 
 Handler = Callable[[WorkerLost, tuple[str, ...]], None]
 _handler: Handler | None = None
-_endpoints: list[str] = []  # every worker this process added
-_lock = threading.Lock()
-
-
-def added(endpoint: str) -> None:
-    with _lock:
-        if endpoint not in _endpoints:
-            _endpoints.append(endpoint)
 
 
 def on_lost(handler: Handler | None) -> None:
@@ -221,12 +214,11 @@ def on_lost(handler: Handler | None) -> None:
     _handler = handler
 
 
-def diagnose(message: str, logged: str | None = None) -> tuple[WorkerLost, tuple[str, ...]]:
-    """The error for llama.cpp's abort message, naming the workers that no longer accept
-    connections (the abort itself does not say which); logged: llama.cpp's last error line
-    before it (a version mismatch says so there)."""
-    with _lock:
-        eps = list(_endpoints)
+def diagnose(message: str, eps: Sequence[str],
+             logged: str | None = None) -> tuple[WorkerLost, tuple[str, ...]]:
+    """The error for llama.cpp's abort message, naming those of the workers `eps` that no
+    longer accept connections (the abort itself does not say which); logged: llama.cpp's
+    last error line before it (a version mismatch says so there)."""
     for _ in range(4):  # a worker being killed may close our connection before its listener
         gone = {ep: why for ep in eps if (why := probe(ep, timeout=2.0)) is not None}
         if gone:
@@ -248,10 +240,11 @@ def diagnose(message: str, logged: str | None = None) -> tuple[WorkerLost, tuple
                        "-v, and see the servers' output", unreachable=False), tuple(eps))
 
 
-def lost(message: str, logged: str | None = None) -> None:
-    """Called by backend.py instead of llama.cpp's abort. Never returns: the thread that
-    noticed cannot go on (llama.cpp aborts the moment this returns)."""
-    error, gone = diagnose(message, logged)
+def lost(message: str, eps: Sequence[str], logged: str | None = None) -> None:
+    """Called by backend.py instead of llama.cpp's abort, with the workers added. Never
+    returns: the thread that noticed cannot go on (llama.cpp aborts the moment this
+    returns)."""
+    error, gone = diagnose(message, eps, logged)
     handler = _handler
     if handler is not None:
         try:

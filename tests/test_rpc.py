@@ -293,7 +293,6 @@ def test_run_split_over_local_and_two_workers_is_the_local_text(workers, f32, q4
     assert re.search(r"layer +10 assigned to device CPU", r.stderr)
     assert re.search(r"layer +11 assigned to device RPC0", r.stderr)
     assert re.search(r"layer +29 assigned to device RPC1", r.stderr)
-    assert [w.clients() for w in workers] > before  # each worker served this run
     assert all(a > b for a, b in zip((w.clients() for w in workers), before, strict=True))
 
 
