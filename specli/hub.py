@@ -98,8 +98,8 @@ def list_files(repo: str, revision: str | None = None, token: str | None = None,
     try:
         tree = HfApi(endpoint=_endpoint(), token=token).list_repo_tree(
             repo, recursive=True, revision=revision)
-        return [RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None)
-                for f in tree if isinstance(f, RepoFile)]
+        files = [RemoteFile(f.path, f.size, f.lfs.sha256 if f.lfs else None)
+                 for f in tree if isinstance(f, RepoFile)]
     except HfHubHTTPError as e:  # the hub answered: no
         raise _hub_error(e, repo) from None
     except Exception as e:  # noqa: BLE001 - unreachable: the cache, as llama.cpp falls back
@@ -107,6 +107,27 @@ def list_files(repo: str, revision: str | None = None, token: str | None = None,
             return _cached_files(repo, revision, cache_dir)
         except HubError:
             raise _hub_error(e, repo) from None
+    for f in files:
+        safe_name(f.path, repo)
+    return files
+
+
+def safe_name(path: str, repo: str) -> str:
+    """A file name from the hub's listing, refused unless it stays inside the folder it is
+    written to: a hostile or broken mirror (HF_ENDPOINT) chooses these names, and neither
+    --local-dir nor the sha256 it also supplies would stop `../../x` or `/etc/x`."""
+    parts = path.split("/")
+    if (not path or "\\" in path or "\0" in path or len(path) > 1024
+            or any(p in ("", ".", "..") for p in parts)):
+        shown = path[:80].encode("unicode_escape").decode() + ("..." if len(path) > 80 else "")
+        raise HubError(f"the hub listed an unsafe file name in {repo}: '{shown}' would be "
+                       "written outside the download folder; nothing was written",
+                       hint="check HF_ENDPOINT: a mirror that lists such names is broken or "
+                       "hostile")
+    return path
+
+
+_ETAG = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
 
 
 def _unreachable(timeout: float = 3.0) -> str | None:
@@ -239,6 +260,8 @@ def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None
     (enable_progress_bars if progress else disable_progress_bars)()
     paths = []
     for f in files:
+        safe_name(f.path, repo)
+    for f in files:
         if on_file:
             on_file(f.path)
         try:
@@ -275,6 +298,10 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
     url = hf_hub_url(repo, f.path, revision=revision, endpoint=_endpoint())
     meta = get_hf_file_metadata(url, token=token, endpoint=_endpoint())
     etag = meta.etag or hashlib.sha256(url.encode()).hexdigest()
+    if not _ETAG.match(etag):  # it names the blob (and the partial) on disk
+        raise HubError(f"the hub answered {repo}/{f.path} with an ETag that is no hash "
+                       f"({etag[:40].encode('unicode_escape').decode()!r}): nothing was written",
+                       hint="check HF_ENDPOINT: a mirror that answers so is broken or hostile")
     if local_dir is None:
         storage = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(
             repo_id=repo, repo_type="model")

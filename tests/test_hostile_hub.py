@@ -79,3 +79,46 @@ def test_an_ambiguous_tag_offline_says_ambiguous(fake, tmp_path):  # noqa: F811
     assert "not in the local cache" not in r.stderr
     assert "a-Q4_K_M.gguf" in r.stderr and "b-Q4_K_M.gguf" in r.stderr
     assert Path(tmp_path / "cache").is_dir()
+
+
+# -- a hostile mirror names the files (issue 31, item 2) --------------------------------------
+
+@pytest.mark.parametrize("name", ["../../../../../x.gguf", "ABS/x_abs.gguf",
+                                  "sub/../../../../x.gguf", "sub/./x.gguf", "a\\..\\x.gguf"])
+def test_a_mirror_cannot_name_a_file_outside_local_dir(fake, tmp_path, name):  # noqa: F811
+    """The mirror supplies the name, the bytes and their sha256: only the name can be
+    checked, and a name that leaves --local-dir is refused before anything is written."""
+    name = name.replace("ABS", str(tmp_path))
+    where = tmp_path / "a" / "b" / "c" / "d" / "models"
+    where.mkdir(parents=True)
+    victims = [tmp_path / "x.gguf", tmp_path / "a" / "x.gguf", tmp_path / "x_abs.gguf"]
+    existing = tmp_path / "a" / "x.gguf"
+    existing.write_bytes(b"precious")
+    fake.add("evil/mirror-GGUF", {name: b"GGUF-evil", "README.md": b"hi"})
+    r = run(fake, tmp_path, "download", "evil/mirror-GGUF", "--local-dir", str(where))
+    one_line(r, "unsafe file name")
+    assert existing.read_bytes() == b"precious"
+    assert not any(v.exists() for v in victims if v != existing)
+    assert [p for p in tmp_path.rglob("*") if p.is_file() and "cache" not in p.parts] == \
+        [existing]
+    # by its file name too, and without --local-dir
+    r = run(fake, tmp_path, "download", "evil/mirror-GGUF", "--file", name)
+    one_line(r, "unsafe file name")
+
+
+def test_a_mirror_cannot_name_the_blob_by_its_etag(fake, tmp_path, monkeypatch):  # noqa: F811
+    """The cache names a blob by the ETag the mirror sends."""
+    import fakehub
+
+    real = fakehub.FakeHub._resolve
+
+    def hostile(self, h, name, file, body):
+        send = h.send_header
+        h.send_header = lambda k, v: send(k, '"../../../../etag-x"' if "tag" in k.lower()
+                                          else v)
+        return real(self, h, name, file, body)
+
+    monkeypatch.setattr(fakehub.FakeHub, "_resolve", hostile)
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q4_K_M")
+    assert r.returncode == 2 and "ETag that is no hash" in r.stderr.splitlines()[-1], r.stderr
+    assert not list(tmp_path.rglob("etag-x*"))
