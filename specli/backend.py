@@ -317,6 +317,61 @@ def _check_gguf(path: str) -> None:
         if f.read(4) != b"GGUF":
             raise ModelFileError(f"not a GGUF file: {path}",
                                  hint="specli reads llama.cpp GGUF models")
+        st = os.fstat(f.fileno())
+    _MAPPED[os.path.abspath(path)] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    _catch_sigbus()
+
+
+# -- a model file cut while in use --------------------------------------------------------------
+# llama.cpp reads the weights through mmap: a file truncated under it turns the next read of a
+# page past the new end into SIGBUS, which kills the process without a word. The handler says
+# which file changed, in one line, and exits 2. It runs on the faulting thread (a ggml worker,
+# or ours inside llama_decode, the GIL released), which can never resume.
+
+_MAPPED: dict[str, tuple[int, int, int]] = {}  # path -> (inode, size, mtime) when loaded
+_SIGBUS_HANDLER = None
+
+
+def _changed() -> list[str]:
+    out = []
+    for path, seen in list(_MAPPED.items()):
+        try:
+            st = os.stat(path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != seen:
+                out.append(path)
+        except OSError:
+            out.append(path)
+    return out
+
+
+def _on_sigbus(signum: int) -> None:
+    changed = _changed()
+    what = (f"{', '.join(changed)} changed while in use (truncated or rewritten)" if changed
+            else "a memory-mapped file was cut short while in use (SIGBUS)")
+    os.write(2, f"error: {what}: the weights cannot be read any more (hint: do not rewrite a "
+                f"model file that a running specli reads; copy, then rename over it)\n"
+             .encode("utf-8", "replace"))
+    os._exit(2)
+
+
+def _catch_sigbus() -> None:
+    """Install _on_sigbus as SIGBUS's handler, once (Linux: glibc's struct sigaction)."""
+    global _SIGBUS_HANDLER
+    if _SIGBUS_HANDLER is not None or not sys.platform.startswith("linux"):
+        return
+    import signal
+
+    handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(_on_sigbus)
+
+    class SigAction(ctypes.Structure):
+        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                    ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+    act = SigAction()
+    act.handler = ctypes.cast(handler, ctypes.c_void_p)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.sigaction(int(signal.SIGBUS), ctypes.byref(act), None) == 0:
+        _SIGBUS_HANDLER = handler  # kept alive: C holds its address
 
 
 def _tokenize(vocab, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
@@ -457,8 +512,14 @@ class Model:
         """llama.cpp's DRY sampler with the request's settings, over this vocabulary."""
         return Dry(self, sp)
 
+    # where this model's grammars live: None here, in this process; a server gives each
+    # slot a process of its own (grammar_host.GrammarHost.open), bounded in time and memory
+    grammar_source = None
+
     def grammar(self, gbnf: str) -> Grammar:
         """A GBNF grammar's parse state over this vocabulary; UsageError if it is invalid."""
+        if self.grammar_source is not None:
+            return self.grammar_source(gbnf)
         return Grammar(self, gbnf)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:

@@ -20,11 +20,12 @@ PROMPT = "Write a Python function that adds two numbers."
 
 
 class Server:
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, preexec_fn=None):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "specli", "serve", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            preexec_fn=preexec_fn)
         line = self._ready_line(timeout=120)
         self.port = int(re.search(r"http://127\.0\.0\.1:(\d+)", line).group(1))
         self.url = f"http://127.0.0.1:{self.port}"

@@ -304,8 +304,16 @@ def _run(config, hosts: list[str], port: int) -> None:
 
     app = create_app(config, on_fatal=fatal, on_ready=ready)
     app.state.specli.listening = [s.fileno() for s in socks]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=30,
-                                           timeout_graceful_shutdown=5))
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT: streams end now
+            app.state.specli.stopping()
+            super().handle_exit(sig, frame)
+
+    from specli.server import conn
+
+    conn.Guarded.max_open = conn.limit(conn.raise_fd_limit())
+    server = Server(uvicorn.Config(app, http=conn.Guarded, log_level="warning",
+                                   timeout_keep_alive=30, timeout_graceful_shutdown=5))
     server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
     if failure:
         e = failure[0]

@@ -40,10 +40,22 @@ class _Ascii(JSONResponse):
         return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
 
 
+MAX_MESSAGE, MAX_PARAM = 1000, 120  # an error quotes at most this much of a client's input
+
+
+def clip(text: str, limit: int = 80) -> str:
+    """A client's own string as an error quotes it: at most `limit` characters and a count of
+    the rest, so that an error is never larger than a short note (a 5 MB key is a name)."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more " \
+        "characters)"
+
+
 def envelope(status: int, message: str, type: str = "invalid_request_error",
              param: str | None = None, code: str | int | None = None,
              headers: dict[str, str] | None = None, extra: dict | None = None) -> JSONResponse:
-    return _Ascii({"error": {"message": message, "type": type, "param": param,
+    return _Ascii({"error": {"message": clip(message, MAX_MESSAGE), "type": type,
+                             "param": None if param is None else clip(param, MAX_PARAM),
                              "code": code, **(extra or {})}}, status_code=status,
                   headers=headers)
 
@@ -128,10 +140,17 @@ def describe(errors: list[dict]) -> tuple[str, str | None, str]:
     if kind == "extra_forbidden":  # the last place is the client's own key, as written
         loc = tuple(first.get("loc", ()))
         parent = _where(loc[:-1])
-        key = f"{parent}.{loc[-1]}" if parent else str(loc[-1]) if loc else ""
+        key = clip(f"{parent}.{loc[-1]}" if parent else str(loc[-1]) if loc else "")
         return f"unknown parameter '{key}'", key, "unknown_parameter"
     if kind == "missing":
         return f"'{where}' is required", where, "missing"
+    here = [e for e in errors if _where(e.get("loc", ())) == where]
+    long = next((e for e in here if e.get("type") == "too_long"), None)
+    if long is not None:  # a list of the right type, too long: say the limit, not the type
+        most = (long.get("ctx") or {}).get("max_length")
+        got = (long.get("ctx") or {}).get("actual_length")
+        return (f"{where} has too many items: at most {most}"
+                + (f", got {got}" if got is not None else ""), where, "too_long")
     deeper = [e for e in errors if _where(e.get("loc", ())).startswith((f"{where}[", f"{where}."))]
     if deeper:  # a union matched by type deeper down: the part inside that failed says more
         return describe(deeper)
@@ -141,9 +160,6 @@ def describe(errors: list[dict]) -> tuple[str, str | None, str]:
     if wants and kind in _EXPECT:
         return f"{where or 'the body'} must be {' or '.join(wants)}", where or None, \
             "invalid_type"
-    if kind == "too_long":
-        most = (first.get("ctx") or {}).get("max_length")
-        return f"{where} has too many items (at most {most})", where, "too_long"
     msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
     return (f"{where}: {msg[:1].lower()}{msg[1:]}" if where else msg), where or None, \
         "invalid_value"

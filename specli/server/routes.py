@@ -17,7 +17,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from specli import __version__
-from specli.backend import Grammar, schema_grammar
 from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
 from specli.engine import spec_key
 from specli.errors import UsageError
@@ -236,8 +235,10 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
                                   _messages(body), _prefill(body))
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    job = _job(st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
-               "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
+    # off the event loop: a grammar is checked, a logit bias text tokenized
+    job = await asyncio.to_thread(
+        _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
+        "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "system_fingerprint": FINGERPRINT}
     first = [{"index": i, "delta": {"role": "assistant", "content": None},
@@ -276,8 +277,8 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
     _refuse_completion(body)
     ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
                             isinstance(body.prompt[0], str) else body.prompt)
-    job = _job(st, body, ids, _first(body.max_tokens, body.n_predict), "max_tokens",
-               n_probs=body.logprobs)
+    job = await asyncio.to_thread(_job, st, body, ids, _first(body.max_tokens, body.n_predict),
+                                  "max_tokens", n_probs=body.logprobs)
     job.cache_prompt = body.cache_prompt is not False
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "object": "text_completion",
@@ -348,8 +349,9 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
-    job = _job(st, sampling, ids, body.n_predict, "n_predict",
-               n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
+    job = await asyncio.to_thread(_job, st, sampling, ids, body.n_predict, "n_predict",
+                                  n_probs=body.n_probs or None,
+                                  post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
     job.prompt_text = _text(st, ids)
@@ -575,12 +577,8 @@ def _grammar(st: State, body: Sampling) -> str | None:
         schema = fmt.json_schema.schema_ if fmt.json_schema is not None else {}
     if schema is not None and not schema:
         schema = {"type": "object"}  # llama-server: an empty schema means any object
-    gbnf = body.grammar
-    try:
-        if schema is not None:
-            gbnf = schema_grammar(schema)
-        if gbnf:
-            Grammar(st.engine.target, gbnf).close()
+    try:  # in a process of its own, within a deadline and a memory limit (grammar_host)
+        gbnf = st.grammars.check(body.grammar if schema is None else None, schema)
     except UsageError as e:
         param = "grammar" if body.grammar is not None else "response_format" \
             if fmt is not None and fmt.type != "text" else "json_schema"
@@ -592,7 +590,11 @@ def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
     """llama-server's logit_bias forms as (token, bias) pairs: a key that is a number is a
     token id, any other the tokens of its text; false bans. An id outside the vocabulary
     is refused (llama-server drops it silently)."""
-    target, out = st.engine.target, []
+    target, out = st.engine.target, {}
+
+    def add(token: int, bias: float) -> None:  # a token named twice: its biases add up, as
+        out[token] = out.get(token, 0.0) + bias  # llama.cpp applies each (one entry each)
+
     for key, value in raw.items() if isinstance(raw, dict) else raw:
         if isinstance(key, bool | float) or isinstance(value, str) or value is True:
             raise APIError(400, "logit_bias: each pair is [token id or text, number or false]",
@@ -603,11 +605,11 @@ def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
             if not 0 <= token < target.n_vocab:
                 raise APIError(400, f"logit_bias: token id {token} is outside the vocabulary "
                                f"(0..{target.n_vocab - 1})", param="logit_bias")
-            out.append((token, bias))
+            add(token, bias)
         else:
-            out.extend((t, bias) for t in target.tokenize(key, add_special=False,
-                                                           parse_special=False))
-    return tuple(out)
+            for t in target.tokenize(key, add_special=False, parse_special=False):
+                add(t, bias)
+    return tuple(out.items())
 
 
 def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest | None]:

@@ -244,6 +244,7 @@ class SlotPool:
     wait_s: float = 600.0
     on_done: Callable[[Stats], None] | None = None  # each generation's stats (metrics)
     contexts: list = field(default_factory=list)  # the SharedContexts the slots decode in
+    on_close: Callable[[], None] | None = None  # after the slots are closed (grammar hosts)
     # llama-server's --slot-prompt-similarity: the idle slot whose cache holds the longest
     # prefix of the prompt, if more than this fraction of it; else the least recently used
     similarity: float = 0.1
@@ -340,6 +341,8 @@ class SlotPool:
             s.engine.close()
         for c in self.contexts:
             c.close()
+        if self.on_close:
+            self.on_close()
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

@@ -13,6 +13,7 @@ from specli import rpc
 from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
+from specli.grammar_host import GrammarHost
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
 
@@ -61,6 +62,10 @@ class State:
             rpc.on_lost(self.worker_lost)
         self.metrics = Metrics()
         self.created = int(time.time())
+        # a client's grammars and JSON schemas run in processes of their own: one checks
+        # each before it takes a slot, one per slot holds those being generated with
+        self.grammars = GrammarHost(config.target.path)
+        self.slot_grammars: list[GrammarHost] = []
 
     @property
     def engine(self) -> Engine:
@@ -74,9 +79,12 @@ class State:
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
         engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
                                             c.spec_types, c.ngram)
+        for e in engines:
+            self.slot_grammars.append(GrammarHost(c.target.path))
+            e.target.grammar_source = self.slot_grammars[-1].open
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
                              c.timeout, on_done=self.metrics.observe, contexts=shared,
-                             similarity=c.slot_similarity)
+                             similarity=c.slot_similarity, on_close=self.close_grammars)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
         if c.target.rpc:
             threading.Thread(target=self.watch_workers, daemon=True,
@@ -85,6 +93,19 @@ class State:
         if not c.target.jinja and template and not knows_template(template):
             sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
                              "chat template; without --jinja, chat requests use ChatML\n")
+
+    def stopping(self) -> None:
+        """The server was told to stop (SIGTERM, Ctrl-C): generations end at their next token,
+        and one inside a grammar's test at once (its process is killed)."""
+        if self.pool is not None:
+            for g in list(self.pool.active):
+                g.cancel()
+        for host in (self.grammars, *self.slot_grammars):
+            host.kill()
+
+    def close_grammars(self) -> None:
+        for host in (self.grammars, *self.slot_grammars):
+            host.close()
 
     def worker_lost(self, error: rpc.WorkerLost, gone: tuple[str, ...]) -> None:
         """An RPC server went away mid-decode (on llama.cpp's thread, which never returns):
