@@ -11,6 +11,7 @@ import typer
 from specli import __version__
 from specli.cli import audit as audit_cmd
 from specli.cli import check_pair as check_pair_cmd
+from specli.cli import console
 from specli.cli import download as download_cmd
 from specli.cli import info as info_cmd
 from specli.cli import lookup as lookup_cmd
@@ -56,8 +57,26 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def main() -> None:
     """Console entry point: every error, Click's usage errors included, is one line on stderr
     and its exit code (2 for a usage error)."""
+    if sys.stdout is None:  # started with stdout closed (>&-): writing to it says so
+        sys.stdout = console.ClosedOutput()
     try:
-        rc = app(prog_name="specli", standalone_mode=False)
+        try:
+            rc = app(prog_name="specli", standalone_mode=False)
+        except SystemExit as e:  # Click turns EPIPE into a silent exit 1 even so
+            if isinstance(e.__context__, BrokenPipeError):
+                raise e.__context__ from None
+            raise
+        sys.stdout.flush()  # here, not at exit: a full disk is one line too
+    except OSError as e:
+        if isinstance(e, BrokenPipeError):  # specli ... | head: end quietly, as SIGPIPE would
+            console.discard_output()
+            sys.exit(141)
+        if e.filename is not None or e.errno not in console.WRITE_ERRORS:
+            raise
+        console.discard_output()
+        err.print(f"error: cannot write the output: {e.strerror}", markup=False,
+                  soft_wrap=True)
+        sys.exit(2)
     except SpecliError as e:
         if os.environ.get("SPECLI_DEBUG") == "1":
             raise

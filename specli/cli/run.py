@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Annotated
 import typer
 
 from specli import config
+from specli.cli import console
 from specli.cli import options as o
 from specli.cli.console import err, spinner
 from specli.config import SamplingParams
@@ -58,6 +58,7 @@ def run(
     The text streams to stdout; llama.cpp-style statistics go to stderr (or, with --json, one
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
+    console.check_output()  # before the models load: a closed stdout could take nothing
     req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
                   resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out,
                   parallel=parallel)
@@ -77,9 +78,7 @@ def run(
                        phase=lambda name: spinner(name, json_out), interrupt=interrupt)
         signal.signal(signal.SIGINT, previous)
         _report(gen, json_out, req)
-    except BrokenPipeError:
-        raise _reader_gone() from None
-    finally:
+    finally:  # (a reader gone, a full disk: the error boundary, app.main)
         signal.signal(signal.SIGINT, previous)
     if gen.interrupted:  # Ctrl-C: what was generated and its statistics are out; as a shell
         raise typer.Exit(130)
@@ -107,12 +106,6 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
                    drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline)
-
-
-def _reader_gone() -> typer.Exit:
-    """The reader of stdout went away (specli run | head): end quietly, as SIGPIPE would."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return typer.Exit(141)
 
 
 def _report(gen: Generation, json_out: bool, req: Request) -> None:
