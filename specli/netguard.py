@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import ipaddress
 import json
@@ -384,14 +385,22 @@ def sockaddr(raw: bytes, connect: bool = True) -> tuple[str, str, str] | None:
 
 class Supervisor:
     """The auditor's end of the seccomp filter the audited process loaded (boot.py): every
-    connect, addressed sendto, sendmsg and sendmmsg of the whole tree waits here until its
-    destination is read from the caller's memory and recorded; then it continues unchanged
-    (isolation, not this, is what stops it). Runs in the auditor, out of the tree's reach."""
+    connect, bind, addressed sendto, sendmsg, sendmmsg and program start of the whole tree
+    waits here until it is read from the caller's memory and recorded. Runs in the auditor,
+    out of the tree's reach.
 
-    def __init__(self, fd: int, t0: float):
+    Unisolated (an observation), a call then continues unchanged. Isolated (`emulate`), no
+    network call continues: the auditor makes it itself, on its own copy of what it read, on
+    the caller's socket (pidfd_getfd), and answers with the result. A destination rewritten
+    by another thread after it was read (the known limit of seccomp user notification) is
+    then never used, and what a network namespace does not scope is refused: unix sockets
+    with a path (a daemon outside, docker.sock, a proxy), and families other than inet,
+    inet6, netlink, packet and abstract unix (vsock reaches the host)."""
+
+    def __init__(self, fd: int, t0: float, emulate: bool = False):
         from specli._audit_site import boot
 
-        self.fd, self.t0 = fd, t0
+        self.fd, self.t0, self.emulate = fd, t0, emulate
         self.events: list[NetEvent] = []
         self.calls = 0
         self.failed: BaseException | None = None
@@ -409,6 +418,7 @@ class Supervisor:
             os.close(fd)
             raise AuditError("seccomp_notify_alloc failed: the seccomp listener cannot run")
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, name="specli-audit-seccomp",
                                         daemon=True)
 
@@ -454,6 +464,12 @@ class Supervisor:
                 n = req.contents
                 nid, tid, nr, arch = n.id, n.pid, n.data.nr, n.data.arch
                 args = list(n.data.args)
+                name = self._name(nr, arch)
+                if self.emulate and name in _EMULATED:  # answered by _emulate, on a thread
+                    self.calls += 1      # of its own: a blocking call blocks only itself
+                    threading.Thread(target=self._emulate, args=(nid, tid, name, args),
+                                     daemon=True, name="specli-audit-call").start()
+                    continue
                 try:
                     found = self._describe(tid, nr, arch, args)
                     valid = lib.seccomp_notify_id_valid(self.fd, nid) == 0
@@ -467,9 +483,34 @@ class Supervisor:
                     lib.seccomp_notify_respond(self.fd, resp)  # ENOENT: the caller is gone
                 self.calls += 1
                 if valid:
-                    self.events += found
+                    with self._lock:
+                        self.events += found
         except BaseException as e:  # noqa: BLE001 - the auditor stops the run: no verdict
             self.failed = e
+
+    def _respond(self, nid: int, val: int = 0, error: int = 0) -> None:
+        resp = _NotifResp(nid, val, -error if error else 0, 0)
+        self._lib.seccomp_notify_respond(self.fd, ctypes.byref(resp))  # ENOENT: caller gone
+
+    def _emulate(self, nid: int, tid: int, name: str, a: list[int]) -> None:
+        """Make the caller's call here, on what was read once; answer with its result."""
+        pid, t = _tgid(tid), time.time() - self.t0
+        where = f"{_cmdline(pid)} (thread {tid})"
+        events: list[NetEvent] = []
+        val, err = -1, errno.EPERM
+        try:
+            val, err = _Call(self, pid, tid, name, a, events, where, t).run()
+        except Exception as e:  # noqa: BLE001 - refused, and counted
+            events.append(NetEvent(name, EXTERNAL, pid, t, f"undecodable ({e!r})"[:200], "",
+                                   where, "refused", "seccomp"))
+            val, err = -1, errno.EPERM
+        finally:
+            try:
+                self._respond(nid, val if err == 0 else 0, err)
+            except Exception:  # noqa: BLE001 - the caller is gone
+                pass
+            with self._lock:
+                self.events += events
 
     def _name(self, nr: int, arch: int) -> str:
         if (nr, arch) not in _SYSCALLS:
@@ -482,6 +523,11 @@ class Supervisor:
         t = time.time() - self.t0
         pid = _tgid(tid)
         addrs: list[bytes] = []
+        if name in ("execve", "execveat"):  # a program starts: recorded, then it goes on
+            return [NetEvent(name, PROCESS, pid, t, _exec_line(tid, a, name == "execveat"),
+                             "", f"{_cmdline(pid)} (thread {tid})", None, "seccomp")]
+        if name == "bind":  # unisolated, a listener is seen by the /proc poll
+            return []
         try:
             if name == "connect":
                 addrs.append(_read_mem(tid, a[1], min(a[2], 128)))
@@ -507,6 +553,370 @@ class Supervisor:
             out.append(NetEvent(name, scope, pid, t, address, proto,
                                 f"{_cmdline(pid)} (thread {tid})", None, "seccomp"))
         return out
+
+
+# -- the isolated audit's network calls, made by the auditor ------------------------------------
+
+_EMULATED = ("connect", "bind", "sendto", "sendmsg", "sendmmsg")
+_MAX_SEND = 1 << 20  # bytes one emulated send may carry (more: EMSGSIZE)
+_AF_PACKET = 17
+_SCOPED = {_AF_INET, _AF_INET6, _AF_NETLINK, _AF_PACKET, _AF_UNSPEC}  # by the namespace
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32),
+                ("iov", ctypes.c_void_p), ("iovlen", ctypes.c_size_t),
+                ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+_MMSG = ctypes.sizeof(_MsgHdr) + 8  # struct mmsghdr: the msghdr, msg_len, padding
+_libc_net = ctypes.CDLL(None, use_errno=True)
+for _f in ("connect", "bind", "sendto", "sendmsg"):
+    getattr(_libc_net, _f).restype = ctypes.c_ssize_t if _f.startswith("send") else ctypes.c_int
+_libc_net.connect.argtypes = _libc_net.bind.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                                         ctypes.c_uint32]
+_libc_net.sendto.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int,
+                             ctypes.c_char_p, ctypes.c_uint32]
+_libc_net.sendmsg.argtypes = [ctypes.c_int, ctypes.POINTER(_MsgHdr), ctypes.c_int]
+
+
+class _Refused(Exception):
+    def __init__(self, err: int):
+        self.err = err
+
+
+class _Call:
+    """One network call of the isolated tree, made by the auditor: the destination read once
+    (what a namespace does not scope refused), then the call made on a copy of the caller's
+    socket with that copy of the destination."""
+
+    def __init__(self, sup: Supervisor, pid: int, tid: int, name: str, a: list[int],
+                 events: list[NetEvent], where: str, t: float):
+        self.sup, self.pid, self.tid, self.name, self.a = sup, pid, tid, name, a
+        self.events, self.where, self.t = events, where, t
+
+    def run(self) -> tuple[int, int]:
+        """(return value, errno): the call's result, as the caller gets it."""
+        try:
+            return getattr(self, "_" + self.name)()
+        except _Refused as e:
+            return -1, e.err
+
+    # -- reading the caller ---------------------------------------------------------------------
+    def _read(self, ptr: int, n: int) -> bytes:
+        if n == 0:
+            return b""
+        try:
+            got = _read_mem(self.tid, ptr, n)
+        except OSError:
+            raise _Refused(errno.EFAULT) from None
+        if len(got) != n:
+            raise _Refused(errno.EFAULT)
+        return got
+
+    def _address(self, ptr: int, n: int) -> bytes:
+        if n > 128:  # sizeof(struct sockaddr_storage): the kernel says the same
+            raise _Refused(errno.EINVAL)
+        return self._read(ptr, n)
+
+    def _judge(self, raw: bytes, bind: bool = False) -> tuple[str, str, str] | None:
+        """Refuse (_Refused, recorded) a destination the namespace does not scope; else its
+        (scope, address, proto) for the record (None: nothing to record)."""
+        family = int.from_bytes(raw[:2], sys.byteorder) if len(raw) >= 2 else -1
+        if family == _AF_UNIX and len(raw) > 2 and raw[2:3] != b"\0":
+            path = raw[2:].split(b"\0")[0].decode("utf-8", "replace")
+            self._note(LOCAL, path, "unix", "refused: a unix socket path reaches processes "
+                       "outside the namespace")
+            raise _Refused(errno.EACCES)
+        if family != _AF_UNIX and family not in _SCOPED:
+            self._note(EXTERNAL, f"address family {family}", f"family {family}",
+                       "refused: a family the namespace does not scope")
+            raise _Refused(errno.EAFNOSUPPORT)
+        if bind:
+            return None
+        return sockaddr(raw, connect=self.name == "connect")
+
+    def _note(self, scope: str, address: str, proto: str, outcome: str | None) -> None:
+        self.events.append(NetEvent(self.name, scope, self.pid, self.t, address, proto,
+                                    self.where, outcome, "seccomp"))
+
+    def _socket(self, fd: int) -> int:
+        try:
+            return _pidfd_getfd(self.pid, fd)
+        except OSError as e:
+            raise _Refused(e.errno or errno.EBADF) from None
+
+    def _made(self, found, rc: int) -> tuple[int, int]:
+        e = ctypes.get_errno() if rc < 0 else 0
+        if found is not None:
+            self._note(*found, "ok" if rc >= 0 else errno.errorcode.get(e, str(e)))
+        return (rc, 0) if rc >= 0 else (-1, e)
+
+    # -- the calls ------------------------------------------------------------------------------
+    def _connect(self) -> tuple[int, int]:
+        fd, ptr, n = self.a[0], self.a[1], self.a[2]
+        raw = self._address(ptr, n)
+        found = self._judge(raw)
+        dup = self._socket(fd)
+        try:
+            return self._made(found, _libc_net.connect(dup, raw, n))
+        finally:
+            os.close(dup)
+
+    def _bind(self) -> tuple[int, int]:
+        fd, ptr, n = self.a[0], self.a[1], self.a[2]
+        raw = self._address(ptr, n)
+        self._judge(raw, bind=True)
+        dup = self._socket(fd)
+        try:
+            return self._made(None, _libc_net.bind(dup, raw, n))
+        finally:
+            os.close(dup)
+
+    def _sendto(self) -> tuple[int, int]:
+        fd, buf, length, flags, ptr, n = self.a[:6]
+        raw = self._address(ptr, n)
+        found = self._judge(raw)
+        if length > _MAX_SEND:
+            raise _Refused(errno.EMSGSIZE)
+        data = self._read(buf, length)
+        dup = self._socket(fd)
+        try:
+            return self._made(found, _libc_net.sendto(dup, data, length, flags, raw, n))
+        finally:
+            os.close(dup)
+
+    def _message(self, dup: int, at: int, flags: int) -> tuple[int, int]:
+        """One struct msghdr of the caller's, at `at`, sent on `dup`."""
+        hdr = _MsgHdr.from_buffer_copy(self._read(at, ctypes.sizeof(_MsgHdr)))
+        found, raw = None, b""
+        if hdr.name and hdr.namelen:
+            raw = self._address(hdr.name, hdr.namelen)
+            found = self._judge(raw)
+        if hdr.controllen:  # descriptors or credentials: no run of specli passes any
+            self._note(LOCAL, "ancillary data (descriptors, credentials)", "", "refused")
+            raise _Refused(errno.EPERM)
+        if hdr.iovlen > 1024:  # UIO_MAXIOV
+            raise _Refused(errno.EMSGSIZE)
+        vecs = self._read(hdr.iov, hdr.iovlen * ctypes.sizeof(_IoVec)) if hdr.iovlen else b""
+        parts = []
+        for i in range(hdr.iovlen):
+            v = _IoVec.from_buffer_copy(vecs, i * ctypes.sizeof(_IoVec))
+            if sum(map(len, parts)) + v.len > _MAX_SEND:
+                raise _Refused(errno.EMSGSIZE)
+            parts.append(self._read(v.base, v.len))
+        data = b"".join(parts)
+        name_buf = ctypes.create_string_buffer(raw, len(raw)) if raw else None
+        data_buf = ctypes.create_string_buffer(data, len(data))
+        vec = _IoVec(ctypes.cast(data_buf, ctypes.c_void_p), len(data))
+        mine = _MsgHdr(ctypes.cast(name_buf, ctypes.c_void_p) if raw else None, len(raw),
+                       ctypes.cast(ctypes.pointer(vec), ctypes.c_void_p), 1, None, 0, 0)
+        return self._made(found, _libc_net.sendmsg(dup, ctypes.byref(mine), flags))
+
+    def _sendmsg(self) -> tuple[int, int]:
+        fd, at, flags = self.a[0], self.a[1], self.a[2]
+        dup = self._socket(fd)
+        try:
+            return self._message(dup, at, flags)
+        finally:
+            os.close(dup)
+
+    def _sendmmsg(self) -> tuple[int, int]:
+        fd, at, count, flags = self.a[0], self.a[1], min(self.a[2], 1024), self.a[3]
+        dup = self._socket(fd)
+        sent = 0
+        try:
+            for i in range(count):
+                try:
+                    n, e = self._message(dup, at + i * _MMSG, flags)
+                except _Refused as r:
+                    n, e = -1, r.err
+                if n < 0:
+                    return (sent, 0) if sent else (-1, e)
+                _write_mem(self.tid, at + i * _MMSG + ctypes.sizeof(_MsgHdr),
+                           n.to_bytes(4, sys.byteorder))
+                sent += 1
+            return sent, 0
+        finally:
+            os.close(dup)
+
+
+def _write_mem(tid: int, addr: int, data: bytes) -> None:
+    fd = os.open(f"/proc/{tid}/mem", os.O_WRONLY)
+    try:
+        os.pwrite(fd, data, addr)
+    finally:
+        os.close(fd)
+
+
+def _string(tid: int, addr: int, limit: int = 4096) -> str:
+    """A NUL-terminated string of the caller's, read a page at a time."""
+    out = b""
+    while addr and len(out) < limit:
+        n = min(4096 - addr % 4096, limit - len(out))
+        chunk = _read_mem(tid, addr, n)
+        if b"\0" in chunk or not chunk:
+            out += chunk.split(b"\0")[0]
+            break
+        out, addr = out + chunk, addr + n
+    return out.decode("utf-8", "replace")
+
+
+def _exec_line(tid: int, a: list[int], at: bool) -> str:
+    """The program an execve (or execveat) starts, with its arguments."""
+    path_ptr, argv_ptr = (a[1], a[2]) if at else (a[0], a[1])
+    try:
+        path = _string(tid, path_ptr)
+        argv = []
+        for i in range(64):
+            p = int.from_bytes(_read_mem(tid, argv_ptr + 8 * i, 8), sys.byteorder) \
+                if argv_ptr else 0
+            if not p:
+                break
+            argv.append(_string(tid, p, 512))
+    except OSError as e:
+        return f"(unreadable: {e.strerror})"
+    return shlex.join([path, *argv[1:]])
+
+
+# -- what a proof rests on: no code of the environment, no socket handed in -------------------
+
+def environment_code(environ: dict[str, str] | None = None) -> list[str]:
+    """The environment's code that ran in this interpreter before specli did: sitecustomize
+    and usercustomize (not the interpreter's own), `.pth` files with import lines that no
+    installed distribution owns, and modules imported from PYTHONPATH (specli's own aside)."""
+    import glob
+    import site
+
+    env = os.environ if environ is None else environ
+    own = [os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, "/etc")]
+
+    def under(path: str, roots) -> bool:
+        real = os.path.realpath(path)
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+    found = []
+    for name in ("sitecustomize", "usercustomize"):
+        f = getattr(sys.modules.get(name), "__file__", None)
+        if f and not under(f, own):
+            found.append(f"{name} ({f})")
+    extra = {os.path.realpath(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p}
+    for name, m in list(sys.modules.items()):
+        f = getattr(m, "__file__", None)
+        if not f or "." in name or name in ("specli", "sitecustomize", "usercustomize"):
+            continue
+        # the folder a top-level module was found in: a package's parent, a module's own
+        home = Path(f).parent.parent if Path(f).name.startswith("__init__.") else Path(f).parent
+        if extra and os.path.realpath(home) in extra:
+            found.append(f"module {name} from PYTHONPATH ({f})")
+    dirs = list(site.getsitepackages()) + ([site.getusersitepackages()]
+                                          if site.ENABLE_USER_SITE else [])
+    owned = None
+    for d in dirs:
+        for pth in sorted(glob.glob(os.path.join(d, "*.pth"))):
+            try:
+                lines = Path(pth).read_text(errors="replace").splitlines()
+            except OSError:
+                continue
+            if not any(line.startswith(("import ", "import\t")) for line in lines):
+                continue
+            if owned is None:
+                owned = _owned_pth()
+            if os.path.realpath(pth) not in owned:
+                found.append(f".pth file that runs code, owned by no installed package ({pth})")
+    return found
+
+
+def _owned_pth() -> set[str]:
+    from importlib import metadata
+
+    out = set()
+    for dist in metadata.distributions():
+        for f in dist.files or ():
+            if str(f).endswith(".pth"):
+                out.add(os.path.realpath(str(dist.locate_file(f))))
+    return out
+
+
+def reexec(argv: list[str]) -> None:
+    """Replace this process with `python -I -S auditor.py ARGV` (never returns): the
+    environment's code that ran at start-up stops here, threads and all, and never runs
+    again; what it was goes along, for the report."""
+    import site
+
+    from specli._audit_site import auditor
+
+    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p}
+    home = str(Path(__file__).resolve().parents[1])  # where `specli` imports from
+    path = [home] + [p for p in sys.path if p and os.path.realpath(p) not in extra
+                     and os.path.realpath(p) != home]
+    cfg = {"path": path, "argv": argv, "env_code": environment_code(),
+           "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
+    env = {**os.environ, auditor.AUDITOR_ENV: json.dumps(cfg)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-I", "-S", auditor.__file__], env)
+
+
+def stray_children(t0: float) -> list[NetEvent]:
+    """Processes this one started before it watched anything (the environment's code, before
+    the re-exec): killed, and reported as such."""
+    out = []
+    me = os.getpid()
+    for pid in descendants(me)[1:]:
+        out.append(NetEvent("started before the audit", OUTLIVED, pid, time.time() - t0,
+                            _cmdline(pid), "", "the environment's code, before specli audit "
+                            "re-executed itself", "killed", "auditor"))
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for _ in out:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
+    return out
+
+
+def standard_streams() -> list[NetEvent]:
+    """Stdin, stdout and stderr that are sockets: the run writes (or reads) through them, to
+    whoever is at the other end. An event each, scoped by that peer."""
+    import socket
+    import stat
+
+    out = []
+    for fd, name in ((0, "stdin"), (1, "stdout"), (2, "stderr")):
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with s:
+            try:
+                peer = s.getpeername()
+            except OSError:
+                peer = None
+            family = s.family
+        if family in (socket.AF_INET, socket.AF_INET6):
+            proto = ("tcp" if s.type == socket.SOCK_STREAM else "udp") + \
+                ("6" if family == socket.AF_INET6 else "")
+            where = _join(str(peer[0]), peer[1]) if peer else "(no peer)"
+            scope = host_scope(str(peer[0])) if peer else EXTERNAL
+        elif family == socket.AF_UNIX:
+            proto, scope = "unix", LOCAL
+            where = (peer.decode("utf-8", "replace") if isinstance(peer, bytes) else peer) or \
+                "(unnamed peer)"
+        else:
+            proto, scope, where = f"family {int(family)}", EXTERNAL, "(unknown peer)"
+        out.append(NetEvent("inherited descriptor", scope, os.getpid(), 0.0,
+                            f"{name}: {proto} socket to {where}", proto,
+                            "handed to the run by whoever started specli audit", None,
+                            "auditor"))
+    return out
 
 
 def isolation_refused() -> str | None:
@@ -558,8 +968,12 @@ class Auditor:
     of the tree, then kills what outlives the run and reports it."""
 
     def __init__(self, argv: list[str], isolate: bool, interval: float = 0.02,
-                 grace: float = 2.0):
+                 grace: float = 2.0, run_path: list[str] | None = None,
+                 user_site: bool | None = None):
+        """run_path, user_site: the audited run's sys.path and user site (the user's own
+        environment, PYTHONPATH included), where they differ from this process's."""
         self.argv, self.isolate, self.interval, self.grace = argv, isolate, interval, grace
+        self.run_path, self.user_site = run_path, user_site
 
     def run(self) -> Audit:
         import site
@@ -591,8 +1005,9 @@ class Auditor:
             go_r, go_w = os.pipe()
             fds += [status_r, status_w, go_r, go_w]
             cfg = {"status_fd": status_w, "go_fd": go_r, "isolate": self.isolate,
-                   "auditor": me, "path": list(sys.path),
-                   "user_site": bool(site.ENABLE_USER_SITE), "argv": self.argv}
+                   "auditor": me, "path": list(self.run_path or sys.path),
+                   "user_site": bool(site.ENABLE_USER_SITE if self.user_site is None
+                                     else self.user_site), "argv": self.argv}
             env = {**os.environ, recorder.LOG_ENV: log, RESULT_ENV: result,
                    boot.BOOT_ENV: json.dumps(cfg),
                    "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR,
@@ -618,7 +1033,8 @@ class Auditor:
                     os.write(go_w, b"n")
                 if state.get("seccomp_fd") is not None:
                     try:
-                        supervisor = Supervisor(_pidfd_getfd(proc.pid, state["seccomp_fd"]), t0)
+                        supervisor = Supervisor(
+                            _pidfd_getfd(proc.pid, state["seccomp_fd"]), t0, self.isolate)
                     except OSError as e:  # it was possible a moment ago: no verdict
                         raise AuditError(f"cannot take the seccomp listener: {e}") from None
                 elif not seccomp:
@@ -816,6 +1232,8 @@ def _merge(hooked: list[NetEvent], syscalls: list[NetEvent]) -> list[NetEvent]:
             e.source = "hook+seccomp"
             if s.scope == EXTERNAL:
                 e.scope = EXTERNAL
+            if (s.outcome or "").startswith("refused"):  # the auditor's answer, isolated
+                e.outcome = s.outcome
         else:
             out.append(s)
     return out
@@ -876,7 +1294,8 @@ def network_environment(environ: dict[str, str] | None = None) -> dict[str, str]
     env = os.environ if environ is None else environ
     out = {}
     for k in sorted(env):
-        if not _ENV.search(k) or k in (recorder.LOG_ENV, RESULT_ENV, "SPECLI_AUDIT_ROLE"):
+        if not _ENV.search(k) or k in (recorder.LOG_ENV, RESULT_ENV, "SPECLI_AUDIT_ROLE",
+                                       "SPECLI_AUDIT_AUDITOR"):
             continue
         v = env[k]
         if _SECRET.search(k) and v:

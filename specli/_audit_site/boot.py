@@ -6,9 +6,10 @@ With `-I -S` nothing of the environment runs before this file: no `site`, no `.p
 
 1. installs the audit hook (the recorder, loaded by path from this folder),
 2. moves into a new network namespace (when isolating),
-3. loads a seccomp filter that hands every connect, addressed sendto, sendmsg and sendmmsg of
-   this process and all its descendants to the auditor (a user-notification listener, whose
-   descriptor the auditor takes with pidfd_getfd), and refuses io_uring (which bypasses it),
+3. loads a seccomp filter that hands every connect, bind, addressed sendto, sendmsg, sendmmsg
+   and program start (execve) of this process and all its descendants to the auditor (a
+   user-notification listener, whose descriptor the auditor takes with pidfd_getfd), and
+   refuses io_uring (which bypasses it),
 4. restores the auditor's sys.path and runs site's processing (`.pth` files, sitecustomize,
    usercustomize: all of it now watched),
 5. runs specli (as `python -m specli` would) with the auditor's command line, in the audited
@@ -32,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ALLOW, NOTIFY = 0x7FFF0000, 0x7FC00000
 SCMP_CMP_NE = 1
 ENOSYS, EPERM = 38, 1
-NOTIFIED = ("connect", "sendto", "sendmsg", "sendmmsg")
+NOTIFIED = ("connect", "bind", "sendto", "sendmsg", "sendmmsg", "execve", "execveat")
 CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
 
 
@@ -88,9 +89,12 @@ def load_filter() -> int:
                 raise OSError(-rc, f"seccomp rule for {name}: {os.strerror(-rc)}")
 
         rule(NOTIFY, "connect")
+        rule(NOTIFY, "bind")  # a unix socket path is reachable from outside the namespace
         rule(NOTIFY, "sendto", _arg_cmp(4, SCMP_CMP_NE, 0))  # only with a destination
         rule(NOTIFY, "sendmsg")
         rule(NOTIFY, "sendmmsg")
+        rule(NOTIFY, "execve")  # every program started, whatever the recorder's log says
+        rule(NOTIFY, "execveat")
         for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
             rule(0x00050000 | ENOSYS, name)  # SCMP_ACT_ERRNO: io_uring bypasses seccomp
         # no way back into another network namespace, and no reaching into the auditor (root

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from specli import netguard
-from specli._audit_site import boot
+from specli._audit_site import auditor, boot
 from specli.cli import options as o
 from specli.cli import run as run_cmd
 from specli.cli.console import err, safe
@@ -28,10 +28,12 @@ def _audit_flags(
         "no way out (the default: the verdict is then a proof). --no-isolate keeps the real "
         "network up, for runs that need it: the verdict is then an observation.",
         rich_help_panel=AUDIT)] = True,
-    allow_unisolated: Annotated[bool, typer.Option(
-        "--allow-unisolated", help="Where this system refuses a network namespace, audit "
-        "unisolated (an observation, said so in the verdict) instead of exiting 2.",
-        rich_help_panel=AUDIT)] = False,
+    allow_unproven: Annotated[bool, typer.Option(
+        "--allow-unproven", "--allow-unisolated", help="Where a proof is not possible (this "
+        "system refuses a network namespace; code from the environment, such as a "
+        "sitecustomize, ran in specli audit before it could watch; stdin, stdout or stderr "
+        "is a socket), audit anyway: the verdict is then an observation, said so, instead of "
+        "exit 2.", rich_help_panel=AUDIT)] = False,
     strict: Annotated[bool, typer.Option(
         "--strict", help="Fail on loopback and local sockets and on process starts too.",
         rich_help_panel=AUDIT)] = False,
@@ -50,18 +52,19 @@ def _audit_flags(
 
 
 BLIND_ISOLATED = [
-    "a daemon outside the run's namespace reached over a unix socket with a path (docker, "
-    "nscd, a proxy), which could connect on the run's behalf: listed, counted only with "
-    "--strict",
-    "what a process does with a descriptor passed in from outside its tree (it inherits only "
-    "stdin, stdout and stderr)",
+    "what the run writes to stdout and stderr goes where you sent them (a pipe into nc is "
+    "your connection, not the run's; a socket there is refused)",
+    "data the run leaves in files, which another program could send later",
+    "code from the environment that ran before specli audit re-executed itself (listed when "
+    "found: sitecustomize, .pth files no package owns, PYTHONPATH modules), and a process it "
+    "left outside the audited tree",
 ]
 BLIND_UNISOLATED = [
     "nothing is stopped: what is reported has happened",
     "a destination rewritten by another thread between the report and the call (seccomp "
     "user notification reads it first)",
-    "network use by another process on the run's behalf, reached over loopback (listed, "
-    "counted only with --strict)",
+    "network use by another process on the run's behalf, reached over loopback or a unix "
+    "socket with a path (docker, nscd, a proxy): listed, counted only with --strict",
     *BLIND_ISOLATED,
 ]
 BLIND_NO_SECCOMP = [
@@ -76,15 +79,16 @@ def _audit(**kw) -> None:
     The generation runs in a child process, watched from its first instruction to the exit of
     the last process it started. By default it runs in a new network namespace with no way
     out, so a clean verdict is a proof; every attempt is still recorded (a seccomp listener
-    for every connect and send with an address, C code included; an audit hook for Python;
-    /proc for the sockets held). Reports the models loaded (path, size, sha256), the
+    for every connect, bind, send with an address and program start, C code included, which
+    isolated makes each network call itself and refuses unix socket paths; an audit hook for
+    Python; /proc for the sockets held). Reports the models loaded (path, size, sha256), the
     environment variables that could turn on network use, and the run's acceptance figures.
     Exit 0: no network use beyond loopback; 1: an attempt was seen (listed), or a process
-    outlived the run; 2: the audit could not run, or isolation was refused (see
-    --allow-unisolated).
+    outlived the run; 2: the audit could not run, or a proof is not possible here (see
+    --allow-unproven).
     """
     isolate, allow, strict, grace, poll_ms, json_out = (
-        kw.pop(k) for k in ("isolate", "allow_unisolated", "strict", "grace", "poll_ms",
+        kw.pop(k) for k in ("isolate", "allow_unproven", "strict", "grace", "poll_ms",
                             "json_out"))
     if os.environ.get(boot.ROLE_ENV) == "audited":
         return _audited(kw)
@@ -93,6 +97,21 @@ def _audit(**kw) -> None:
     if sys.argv[1:2] != ["audit"]:
         raise netguard.AuditError("specli audit re-executes its command line, and this process "
                                   "was not started as `specli audit ...`")
+    if not (sys.flags.isolated and sys.flags.no_site):  # first: the environment's code ends
+        netguard.reexec(["specli", *sys.argv[1:]])     # here (exec), then never runs again
+    import time
+
+    t0 = time.time()
+    cfg = json.loads(os.environ.pop(auditor.AUDITOR_ENV, "{}") or "{}")
+    before = netguard.stray_children(t0)  # started by that code, before the exec: killed
+    env_code = list(cfg.get("env_code") or [])
+    streams = netguard.standard_streams()
+    unproven = []
+    if env_code or before:
+        unproven.append("code from the environment ran in specli audit before it could watch "
+                        "it (" + "; ".join(env_code or [e.address for e in before]) + ")")
+    unproven += [f"{e.address.split(':', 1)[0]} is a socket ({e.address.split(': ', 1)[1]}): "
+                 "what the run writes there leaves the audit's reach" for e in streams]
     refused = netguard.isolation_refused() if isolate else None
     gpu = kw.get("gpu")
     if isolate and not refused and gpu is not None and gpu.rpc:
@@ -103,11 +122,19 @@ def _audit(**kw) -> None:
     if refused and not allow:
         raise netguard.AuditError(
             f"network isolation is not permitted here ({refused}): a clean verdict could only "
-            "be an observation", hint="--allow-unisolated accepts that; --no-isolate never "
+            "be an observation", hint="--allow-unproven accepts that; --no-isolate never "
             "isolates; root or unprivileged user namespaces make it a proof")
+    if isolate and not refused and unproven and not allow:
+        raise netguard.AuditError(
+            f"{unproven[0]}: a clean verdict could only be an observation",
+            hint="--allow-unproven accepts that" + (
+                "; start specli audit without that code (PYTHONPATH, sitecustomize, .pth) "
+                "for a proof" if env_code or before else
+                "; send stdin, stdout and stderr to a terminal, a file or a pipe for a proof"))
     try:
         audit = netguard.Auditor(["specli", *sys.argv[1:]], isolate and not refused,
-                                 poll_ms / 1000, grace).run()
+                                 poll_ms / 1000, grace, run_path=cfg.get("run_path"),
+                                 user_site=cfg.get("user_site")).run()
     except KeyboardInterrupt:
         raise netguard.AuditError("interrupted: no verdict") from None
     if audit.exit_code != 0 or audit.result is None:
@@ -116,7 +143,8 @@ def _audit(**kw) -> None:
                       "no verdict", markup=False, highlight=False)
         raise typer.Exit(2)
     models = [_model(role, path) for role, path in audit.result["models"]]
-    code, counted = netguard.verdict(audit.events, strict)
+    events = sorted(before + streams + audit.events, key=lambda e: e.t)
+    code, counted = netguard.verdict(events, strict)
     if audit.isolated:
         mode, blind = "isolated", list(BLIND_ISOLATED)
     else:
@@ -125,10 +153,11 @@ def _audit(**kw) -> None:
     if audit.seccomp:
         blind += BLIND_NO_SECCOMP
     report = {
-        "schema_version": 2,
+        "schema_version": 3,
         "verdict": "network use seen" if code else "clean",
         "exit_code": code,
-        "proof": bool(audit.isolated),
+        "proof": bool(audit.isolated) and not unproven,
+        "unproven": unproven,
         "mode": mode,
         "strict": strict,
         "isolated": audit.isolated is not None,
@@ -143,13 +172,13 @@ def _audit(**kw) -> None:
         "models": models,
         "environment": netguard.network_environment(),
         "counted": [netguard.to_dict(e) for e in counted],
-        "events": [netguard.to_dict(e) for e in audit.events],
+        "events": [netguard.to_dict(e) for e in events],
         "run": _run_figures(audit.result["stats"]),
     }
     if json_out:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
-        _print(report, audit.events, counted)
+        _print(report, events, counted)
     raise typer.Exit(code)
 
 
@@ -247,10 +276,12 @@ def _print(report: dict, events: list[netguard.NetEvent],
         w("  no tokens drafted\n")
     w(f"  tokens per second: {r['decode_tps']:.1f} t/s ({r['n_predict']} tokens)\n\n")
     title = "what this audit cannot see" if report["proof"] else \
-        "blind spots of an unisolated audit"
-    w(f"[ {title} ]\n" + "".join(f"  - {b}\n" for b in report["blind_spots"]) + "\n")
+        "blind spots of an unisolated audit" if not report["namespace"] else \
+        "why this is no proof, and what the audit cannot see"
+    w(f"[ {title} ]\n" + "".join(f"  - {b}\n" for b in [*report["unproven"],
+                                                        *report["blind_spots"]]) + "\n")
     if counted:
-        how = ("none could leave this machine (isolated)" if report["proof"]
+        how = ("none could leave this machine (isolated)" if report["namespace"]
                else "observed, not isolated")
         w(f"verdict: NETWORK USE SEEN: {len(counted)} event(s) counted"
           f"{' (--strict)' if report['strict'] else ''}: {how}\n")
@@ -260,7 +291,8 @@ def _print(report: dict, events: list[netguard.NetEvent],
           "loopback"
           f"{' (none at all: --strict)' if report['strict'] else ''}\n")
     else:
-        w("verdict: clean, observed (not a proof: not isolated; blind spots above): both "
+        why = "not isolated" if not report["namespace"] else "see above"
+        w(f"verdict: clean, observed (not a proof: {why}; blind spots above): both "
           "models local, no network use beyond loopback seen"
           f"{' (none at all: --strict)' if report['strict'] else ''}\n")
 

@@ -3,7 +3,8 @@ arrive there (a sitecustomize on PYTHONPATH).
 
 SPECLI_TEST_PLANT=KIND puts this folder's sitecustomize on PYTHONPATH. It acts only in the
 audited process (where the auditor set SPECLI_AUDIT_LOG), once per tree: `early` at interpreter
-start, before specli is imported; every other kind in the engine's first step. The attempt's
+start, before specli is imported; every other kind in the engine's first step; except the
+`auditor-*` kinds, which act in specli audit's own interpreter, at its start. The attempt's
 outcome goes to stderr as `plant: KIND pid N: ...`. Every attempt aims at 203.0.113.7
 (TEST-NET-3, never routed); the tests run it inside a fresh network namespace where that
 address is a local listener (tests/standin.py), so nothing can leave the machine.
@@ -182,12 +183,100 @@ def child_unhooked():
         peer.close()
 
 
+def unix_path():
+    """A daemon outside the run (docker.sock, a proxy) over a unix socket with a path: the
+    network namespace does not scope those ($SPECLI_TEST_UNIX, the test's listener)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.connect(os.environ["SPECLI_TEST_UNIX"])
+        s.sendall(b"secret")
+
+
+def unix_dgram():
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b"secret", os.environ["SPECLI_TEST_UNIX"] + ".dgram")
+
+
+def unix_bind():
+    """A listener on a path: a process outside could connect in and take what it sends."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(os.environ["SPECLI_TEST_UNIX"] + ".in")
+        s.listen()
+
+
+def unix_race():
+    """A thread rewrites the destination while connect runs: an abstract address (scoped by
+    the namespace) when the auditor reads it, the daemon's path when the kernel does. The
+    known limit of seccomp user notification, if the auditor let the call continue."""
+    import threading
+
+    def sun(name: bytes) -> bytes:
+        return struct.pack("=H", socket.AF_UNIX) + name.ljust(108, b"\0")
+
+    good, bad = sun(b"\0specli-race"), sun(os.environ["SPECLI_TEST_UNIX"].encode())
+    buf = ctypes.create_string_buffer(good, len(good))
+    stop = threading.Event()
+
+    def flip():
+        while not stop.is_set():
+            ctypes.memmove(buf, bad, len(bad))
+            ctypes.memmove(buf, good, len(good))
+
+    t = threading.Thread(target=flip)
+    t.start()
+    got, deadline = 0, time.time() + 1.5
+    try:
+        while time.time() < deadline:
+            fd = libc.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0)
+            if libc.connect(fd, buf, len(good)) == 0:
+                libc.send(fd, b"raced", 5, 0)
+                got += 1
+            libc.close(fd)
+    finally:
+        stop.set()
+        t.join()
+    if not got:
+        raise OSError("no connect got through")
+
+
+def hidden_start():
+    """Start a program, then erase the recorder's log (which the audited process can
+    write): the start is still recorded, by the auditor."""
+    pid = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
+    os.waitpid(pid, 0)
+    log = os.environ.get("SPECLI_AUDIT_LOG")
+    if log:
+        open(log, "w").close()
+
+
+def _later(delay: float) -> None:
+    time.sleep(delay)
+    _quiet(lambda: socket.create_connection(NOWHERE, timeout=2).sendall(b"secret"))
+
+
+def auditor_thread():
+    """In specli audit's own interpreter (not the audited run): wait for the run, then
+    connect from there, where nothing watches."""
+    import threading
+
+    threading.Thread(target=_later, args=(1.5,)).start()
+
+
+def auditor_fork():
+    if os.fork() == 0:
+        _later(3.0)
+        os._exit(0)
+
+
 PLANTS = {"connect": connect, "sendto": sendto, "getaddrinfo": getaddrinfo, "c-tcp": c_tcp,
           "c-udp": c_udp, "c-udp-burst": c_udp_burst, "c-dns": c_dns,
           "posix-spawn": posix_spawn, "system": system, "python-I": python_isolated_child,
           "daemon": daemon, "atexit": at_exit, "tamper": tamper, "early": connect,
           "setns": setns_escape,
-          "loopback": loopback, "child-unhooked": child_unhooked}
+          "loopback": loopback, "child-unhooked": child_unhooked,
+          "unix": unix_path, "unix-dgram": unix_dgram, "unix-bind": unix_bind,
+          "unix-race": unix_race, "hidden-start": hidden_start,
+          "auditor-thread": auditor_thread, "auditor-fork": auditor_fork}
+AUDITOR = ("auditor-thread", "auditor-fork")  # they act in specli audit's interpreter
 
 
 def _quiet(fn):
@@ -225,5 +314,9 @@ def _arm(kind: str) -> None:
 
 
 _kind = os.environ.get("SPECLI_TEST_PLANT")
-if _kind and os.environ.get("SPECLI_AUDIT_LOG") and not os.environ.get("SPECLI_TEST_PLANT_DONE"):
+if _kind in AUDITOR:
+    if not os.environ.get("SPECLI_AUDIT_LOG") and "audit" in sys.argv[1:2]:
+        _run(_kind)
+elif _kind and os.environ.get("SPECLI_AUDIT_LOG") and \
+        not os.environ.get("SPECLI_TEST_PLANT_DONE"):
     _arm(_kind)
