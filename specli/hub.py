@@ -117,11 +117,14 @@ def safe_name(path: str, repo: str) -> str:
     written to: a hostile or broken mirror (HF_ENDPOINT) chooses these names, and neither
     --local-dir nor the sha256 it also supplies would stop `../../x` or `/etc/x`."""
     parts = path.split("/")
-    if (not path or "\\" in path or "\0" in path or len(path) > 1024
-            or any(p in ("", ".", "..") for p in parts)):
+    if (not path or "\\" in path or len(path) > 1024 or any(p in ("", ".", "..") for p in parts)
+            or any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in path)):  # NUL, ESC...
         shown = path[:80].encode("unicode_escape").decode() + ("..." if len(path) > 80 else "")
-        raise HubError(f"the hub listed an unsafe file name in {repo}: '{shown}' would be "
-                       "written outside the download folder; nothing was written",
+        why = "holds control characters" if path and not any(
+            p in ("", ".", "..") for p in parts) and "\\" not in path and len(path) <= 1024 \
+            else "would be written outside the download folder"
+        raise HubError(f"the hub listed an unsafe file name in {repo}: '{shown}' {why}; "
+                       "nothing was written",
                        hint="check HF_ENDPOINT: a mirror that lists such names is broken or "
                        "hostile")
     return path

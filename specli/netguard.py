@@ -419,6 +419,7 @@ class Supervisor:
             raise AuditError("seccomp_notify_alloc failed: the seccomp listener cannot run")
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._slots = threading.BoundedSemaphore(32)
         self._thread = threading.Thread(target=self._serve, name="specli-audit-seccomp",
                                         daemon=True)
 
@@ -467,6 +468,7 @@ class Supervisor:
                 name = self._name(nr, arch)
                 if self.emulate and name in _EMULATED:  # answered by _emulate, on a thread
                     self.calls += 1      # of its own: a blocking call blocks only itself
+                    self._slots.acquire()  # (at most 32 at once: a flood waits in the kernel)
                     threading.Thread(target=self._emulate, args=(nid, tid, name, args),
                                      daemon=True, name="specli-audit-call").start()
                     continue
@@ -511,6 +513,7 @@ class Supervisor:
                 pass
             with self._lock:
                 self.events += events
+            self._slots.release()
 
     def _name(self, nr: int, arch: int) -> str:
         if (nr, arch) not in _SYSCALLS:
@@ -853,15 +856,26 @@ def reexec(argv: list[str]) -> None:
 
     extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
              if p}
-    home = str(Path(__file__).resolve().parents[1])  # where `specli` imports from
-    path = [home] + [p for p in sys.path if p and os.path.realpath(p) not in extra
-                     and os.path.realpath(p) != home]
+    home = str(Path(__file__).resolve().parents[1])  # where `specli` imports from: last,
+    path = [p for p in sys.path if p and os.path.realpath(p) not in extra  # shadowing none
+            and os.path.realpath(p) != home] + [home]
     cfg = {"path": path, "argv": argv, "env_code": environment_code(),
            "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
     env = {**os.environ, auditor.AUDITOR_ENV: json.dumps(cfg)}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-I", "-S", auditor.__file__], env)
+
+
+def isolate_self() -> None:
+    """Move this process (the auditor, single-threaded yet) into a network namespace of its
+    own, as the audited one will be: it needs no network for an isolated audit, so nothing
+    that runs in it can reach one. AuditError if the kernel refuses."""
+    from specli._audit_site import boot
+
+    how, why = boot.isolate()
+    if not how:
+        raise AuditError(f"the auditor could not isolate itself: {why}")
 
 
 def stray_children(t0: float) -> list[NetEvent]:

@@ -285,3 +285,76 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(q4_1):
                        capture_output=True, text=True, timeout=120)
     assert p.stderr == "", p.stderr
     assert p.stdout.endswith(" rc=141\n"), p.stdout
+
+
+@pytest.fixture
+def quick_guard(monkeypatch):
+    """uvicorn with specli's connection layer in this process, its deadlines shortened."""
+    import asyncio
+    import threading
+
+    import uvicorn
+
+    from specli.server import conn
+
+    monkeypatch.setattr(conn, "HEAD_S", 1.0)
+    monkeypatch.setattr(conn, "BODY_S", 1.5)
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    sock = socket.create_server(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, http=conn.Guarded, log_level="warning",
+                                           lifespan="off"))
+    t = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])),
+                         daemon=True)
+    t.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    t.join(5)
+
+
+def test_a_trickled_body_is_timed_out(quick_guard):
+    s = socket.create_connection(("127.0.0.1", quick_guard))
+    with s:
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+        t0 = time.monotonic()
+        s.settimeout(0.3)
+        got = b""
+        while not got and time.monotonic() - t0 < 5:
+            try:
+                s.sendall(b" ")  # a byte every 0.3 s: progress, never the whole body
+                got = s.recv(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+        assert got.startswith(b"HTTP/1.1 408") and b"body" in got, got
+        assert 1.4 < time.monotonic() - t0 < 3
+
+
+def test_keep_alive_requests_each_get_their_own_head_time(quick_guard):
+    """A whole request answers; the next one on the same connection, trickled, times out."""
+    s = socket.create_connection(("127.0.0.1", quick_guard))
+    with s:
+        for _ in range(3):  # several quick requests in a row: none is cut
+            s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = b""
+            while not got.endswith(b"ok"):
+                got += s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200")
+            time.sleep(0.5)
+        s.sendall(b"GET / HTTP/1.1\r\n")
+        t0 = time.monotonic()
+        s.settimeout(4)
+        got = s.recv(4096)
+        assert got.startswith(b"HTTP/1.1 408") and b"head" in got, got
+        assert 0.9 < time.monotonic() - t0 < 2.5

@@ -84,7 +84,8 @@ def test_an_ambiguous_tag_offline_says_ambiguous(fake, tmp_path):  # noqa: F811
 # -- a hostile mirror names the files (issue 31, item 2) --------------------------------------
 
 @pytest.mark.parametrize("name", ["../../../../../x.gguf", "ABS/x_abs.gguf",
-                                  "sub/../../../../x.gguf", "sub/./x.gguf", "a\\..\\x.gguf"])
+                                  "sub/../../../../x.gguf", "sub/./x.gguf", "a\\..\\x.gguf",
+                                  "x\x1b]0;pwned\x07-Q4_K_M.gguf"])
 def test_a_mirror_cannot_name_a_file_outside_local_dir(fake, tmp_path, name):  # noqa: F811
     """The mirror supplies the name, the bytes and their sha256: only the name can be
     checked, and a name that leaves --local-dir is refused before anything is written."""

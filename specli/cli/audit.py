@@ -131,6 +131,8 @@ def _audit(**kw) -> None:
                 "; start specli audit without that code (PYTHONPATH, sitecustomize, .pth) "
                 "for a proof" if env_code or before else
                 "; send stdin, stdout and stderr to a terminal, a file or a pipe for a proof"))
+    if isolate and not refused:  # the auditor needs no network either: whatever code runs
+        netguard.isolate_self()   # in it (a dependency's) has none from here on
     try:
         audit = netguard.Auditor(["specli", *sys.argv[1:]], isolate and not refused,
                                  poll_ms / 1000, grace, run_path=cfg.get("run_path"),

@@ -5,9 +5,9 @@ or a head at one byte a second, is held for good (its keep-alive timer is disarm
 received), and 20,000 of them use up the process's descriptors. So each connection here has
 HEAD_S seconds for each request's head (nginx's client_header_timeout, Apache's
 RequestReadTimeout), from the connection's start or from the first byte after the previous
-answer; over it, a 408 and the socket closed. And at most `limit()` connections are open at
-once: one more is answered 503 and closed at once, so that descriptors never run out and
-/health answers (or is refused) instead of hanging.
+answer, and BODY_S for its body; over either, a 408 and the socket closed. And at most
+`limit()` connections are open at once: one more is answered 503 and closed at once, so
+that descriptors never run out and /health answers (or is refused) instead of hanging.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEAD_S = 10.0  # seconds for a request's head
+BODY_S = 60.0  # seconds for its body, from the end of its head (8 MiB at 140 KB/s)
 RESERVED_FDS = 256  # descriptors kept for the models, the grammar processes, logs
 
 
@@ -104,36 +105,46 @@ class Guarded(asyncio.Protocol):
         if self.counted:
             self.inner.resume_writing()
 
-    # -- the head deadline --------------------------------------------------------------------
-    def _reading_head(self) -> bool:
-        """Whether the client is between requests with part of the next head sent (or, on
-        a new connection, with its first head still to come)."""
+    # -- the deadlines -----------------------------------------------------------------------
+    def _phase(self) -> str | None:
+        """"head" while the client is between requests with part of the next head sent (or,
+        on a new connection, with its first head still to come), "body" while it sends a
+        body, else None (the server's turn, or an idle keep-alive: uvicorn's timer)."""
         conn = self.inner.conn
+        if conn.their_state is h11.SEND_BODY:
+            self.started = True
+            return "body"
         if conn.their_state is not h11.IDLE:
             self.started = True
-            return False
-        return not self.started or bool(conn.trailing_data[0])
+            return None
+        return "head" if not self.started or conn.trailing_data[0] else None
 
     def _watch(self) -> None:
-        if self._reading_head():
-            if self.timer is None:
-                self._arm()
-        else:
+        phase = self._phase()
+        if phase is None:
             self._disarm()
+        elif phase != self.armed:
+            self._arm(phase)
 
-    def _arm(self) -> None:
+    armed: str | None = None
+
+    def _arm(self, phase: str = "head") -> None:
         self._disarm()
-        self.timer = asyncio.get_running_loop().call_later(HEAD_S, self._expired)
+        self.armed = phase
+        self.timer = asyncio.get_running_loop().call_later(
+            HEAD_S if phase == "head" else BODY_S, self._expired)
 
     def _disarm(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self.armed = None
 
     def _expired(self) -> None:
-        self.timer = None
-        if self.transport is None or self.transport.is_closing() or not self._reading_head():
+        phase, self.timer, self.armed = self.armed, None, None
+        if self.transport is None or self.transport.is_closing() or self._phase() != phase:
             return
-        self.transport.write(_answer(408, "Request Timeout", f"the request's head did not "
-                                     f"arrive within {HEAD_S:g} s", "request_timeout"))
+        what, limit = ("head", HEAD_S) if phase == "head" else ("body", BODY_S)
+        self.transport.write(_answer(408, "Request Timeout", f"the request's {what} did not "
+                                     f"arrive within {limit:g} s", "request_timeout"))
         self.transport.close()
