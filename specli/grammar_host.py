@@ -31,7 +31,11 @@ import numpy as np
 
 from specli.errors import BackendError, UsageError
 
-STEP_S = 3.0  # one test, accept or fork during a generation
+STEP_S = 2.0  # one test, accept or fork during a generation
+# a generation's grammar time, all its tests together: BASE_S, and PER_TOKEN_S more for each
+# token accepted (a grammar that costs seconds a token, each test under STEP_S, is stopped too)
+BASE_S, PER_TOKEN_S = 5.0, 0.5
+WAIT_S = 10.0  # for a free checker, before a 503
 CHECK_S = 5.0  # a request's conversion, parse and first steps, before it takes a slot
 MEMORY = 1 << 30  # bytes a child may take beyond what it holds once the vocabulary is in
 MAX_GBNF = 1 << 20  # characters of grammar, given or converted from a schema
@@ -50,7 +54,7 @@ class GrammarHost:
 
     def __init__(self, model_path: str, step_s: float = STEP_S, memory: int = MEMORY):
         self.path, self.step_s, self.memory = model_path, step_s, memory
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # check() holds it across its calls
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self.epoch = 0  # bumped when a child is killed: its grammars are gone with it
@@ -60,12 +64,22 @@ class GrammarHost:
     # -- the child ---------------------------------------------------------------------------
     def _start(self) -> None:
         mine, theirs = socket.socketpair()
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        # no device: a vocabulary needs none, and each child would otherwise open a GPU
+        # context; -P: nothing from the working directory is imported
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "",
+               "GGML_VK_VISIBLE_DEVICES": "", "ONEAPI_DEVICE_SELECTOR": "opencl:cpu"}
         try:
+            # stderr to /dev/null: llama.cpp prints a refused grammar there whole, and a pipe
+            # nobody reads would fill and stop the child
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "specli.grammar_host", str(theirs.fileno()), self.path,
-                 str(self.memory)], pass_fds=(theirs.fileno(),), env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                [sys.executable, "-P", "-m", "specli.grammar_host", str(theirs.fileno()),
+                 self.path, str(self.memory)], pass_fds=(theirs.fileno(),), env=env,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL)
+        except OSError as e:
+            mine.close()
+            raise BackendError(f"the grammar process could not start: {e}") from None
         finally:
             theirs.close()
         self._conn = Connection(mine.detach())
@@ -78,7 +92,7 @@ class GrammarHost:
             raise BackendError(f"the grammar process did not start: {err or 'no answer'}")
 
     def _stop(self, kill: bool = False) -> str:
-        """End the child (killed: over its deadline); what it said on stderr, if it died."""
+        """End the child (killed: over its deadline); how it ended, if it died."""
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
         if conn is not None:
             conn.close()  # a live child reads EOF and exits
@@ -87,15 +101,16 @@ class GrammarHost:
         if kill:
             proc.kill()
         try:
-            proc.wait(5)
+            code = proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
-        tail = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:] \
-            if proc.stderr else []
-        if proc.stderr:
-            proc.stderr.close()
-        return tail[0][:300] if tail else ""
+            code = proc.wait()
+        if code is not None and code < 0:
+            try:
+                return f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit {code}" if code else ""
 
     def close(self) -> None:
         with self._lock:
@@ -158,7 +173,14 @@ class GrammarHost:
     def check(self, grammar: str | None = None, schema: dict | None = None,
               budget: float = CHECK_S) -> str:
         """The request's GBNF (its grammar, or its schema converted), once parsed and walked
-        PROBE_STEPS tokens into within `budget` seconds; GrammarError otherwise."""
+        PROBE_STEPS tokens into within `budget` seconds (counted from when this host is
+        free: a check queued behind another keeps its whole budget); GrammarError otherwise."""
+        with self._lock:
+            return self._check(grammar, schema, budget)
+
+    def _check(self, grammar: str | None, schema: dict | None, budget: float) -> str:
+        if self._proc is None:
+            self._start()  # a start is not the grammar's time
         deadline = time.monotonic() + budget
 
         def left() -> float:
@@ -186,21 +208,97 @@ class GrammarHost:
         return grammar
 
     def open(self, gbnf: str) -> RemoteGrammar:
-        h = int.from_bytes(self._call(b"O", 0, gbnf.encode(), self.step_s, what="parse"),
-                           "little")
-        return RemoteGrammar(self, h, self.epoch)
+        with self._lock:
+            if self._proc is None:
+                self._start()
+            budget = Budget()
+            h = int.from_bytes(budget.call(self, b"O", 0, gbnf.encode(), None, "parse"),
+                               "little")
+            return RemoteGrammar(self, h, self.epoch, budget)
+
+
+class Budget:
+    """The grammar time of one generation (a grammar and its forks): BASE_S, and PER_TOKEN_S
+    more for each token accepted; every call's deadline is STEP_S or what is left, if less."""
+
+    def __init__(self):
+        self.spent, self.tokens = 0.0, 0
+
+    def left(self) -> float:
+        return BASE_S + PER_TOKEN_S * self.tokens - self.spent
+
+    def call(self, host: GrammarHost, op: bytes, handle: int, payload: bytes,
+             epoch: int | None, what: str) -> bytes:
+        left = self.left()
+        if left <= 0:
+            raise GrammarError(f"the grammar used {self.spent:.1f} s of the server's time for "
+                               f"{self.tokens} tokens and was stopped: it is too slow to run",
+                               hint="simplify the grammar or the JSON schema")
+        t0 = time.monotonic()
+        try:
+            return host._call(op, handle, payload, min(host.step_s, max(left, 0.05)), epoch,
+                              what)
+        finally:
+            self.spent += time.monotonic() - t0
+            if op == b"C":
+                self.tokens += 1
+
+
+class Busy(GrammarError):
+    """Every checker is busy (with grammars that run to their deadline): a 503."""
+
+
+class Checkers:
+    """A few GrammarHosts for the checks requests pass before they take a slot: a check that
+    runs to its deadline holds one, not every request's grammar behind it; a request that
+    finds none free within WAIT_S is answered 503."""
+
+    def __init__(self, model_path: str, n: int = 2):
+        self.hosts = [GrammarHost(model_path) for _ in range(n)]
+        self._free: list[GrammarHost] = list(self.hosts)
+        self._cond = threading.Condition()
+
+    def start(self) -> None:
+        """Start every checker now (a server's load), so a first request does not wait."""
+        for h in self.hosts:
+            with h._lock:
+                if h._proc is None:
+                    h._start()
+
+    def check(self, grammar: str | None = None, schema: dict | None = None) -> str:
+        if not grammar and schema is None:
+            return grammar or ""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free, WAIT_S):
+                raise Busy(f"every grammar checker stayed busy for {WAIT_S:g} s",
+                           hint="try again")
+            host = self._free.pop()
+        try:
+            return host.check(grammar, schema)
+        finally:
+            with self._cond:
+                self._free.append(host)
+                self._cond.notify()
+
+    def kill(self) -> None:
+        for h in self.hosts:
+            h.kill()
+
+    def close(self) -> None:
+        for h in self.hosts:
+            h.close()
 
 
 class RemoteGrammar:
     """backend.Grammar's interface, in a GrammarHost's child: each call within its deadline."""
 
-    def __init__(self, host: GrammarHost, handle: int, epoch: int):
-        self._host, self._h, self._epoch = host, handle, epoch
+    def __init__(self, host: GrammarHost, handle: int, epoch: int, budget: Budget):
+        self._host, self._h, self._epoch, self._budget = host, handle, epoch, budget
 
     def _call(self, op: bytes, payload: bytes, what: str) -> bytes:
         if self._h is None:
             raise GrammarError("the grammar is closed")
-        return self._host._call(op, self._h, payload, self._host.step_s, self._epoch, what)
+        return self._budget.call(self._host, op, self._h, payload, self._epoch, what)
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         raw = self._call(b"A", np.ascontiguousarray(ids, dtype=np.int32).tobytes(),
@@ -212,7 +310,7 @@ class RemoteGrammar:
 
     def fork(self) -> RemoteGrammar:
         h = int.from_bytes(self._call(b"F", b"", "copy its state"), "little")
-        return RemoteGrammar(self._host, h, self._epoch)
+        return RemoteGrammar(self._host, h, self._epoch, self._budget)
 
     def close(self) -> None:
         h, self._h = self._h, None
@@ -238,10 +336,18 @@ def _limit_memory(extra: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
 
 
-def _serve(fd: int, path: str, memory: int) -> None:
-    import ctypes
+def _orphaned(parent: int) -> None:
+    """End this child once its server is gone, even in the middle of a test in C (the GIL is
+    released there). Not PR_SET_PDEATHSIG: it fires when the parent's *thread* that started
+    this child ends, and a server starts children from threads that come and go."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: never outlive us
+
+def _serve(fd: int, path: str, memory: int) -> None:
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
     from specli import backend
 
     conn = Connection(fd)

@@ -131,6 +131,7 @@ def safe_name(path: str, repo: str) -> str:
 
 
 _ETAG = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _unreachable(timeout: float = 3.0) -> str | None:
@@ -261,6 +262,9 @@ def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
 
     (enable_progress_bars if progress else disable_progress_bars)()
+    if revision is not None and (revision.startswith("/") or "\\" in revision
+                                 or any(p in ("", ".", "..") for p in revision.split("/"))):
+        raise UsageError(f"not a revision: {revision!r}", hint="a branch, tag or commit")
     paths = []
     for f in files:
         safe_name(f.path, repo)
@@ -269,12 +273,13 @@ def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None
             on_file(f.path)
         try:
             if local_dir is not None and not offline():
-                p = _fetch_blob(repo, f, revision, token, cache_dir, local_dir)
-            else:
-                if not offline():
-                    _fetch_blob(repo, f, revision, token, cache_dir)
-                # with the blob in place, this only links it into the snapshot (offline, it
-                # finds the cached file)
+                p, _ = _fetch_blob(repo, f, revision, token, cache_dir, local_dir)
+            elif not offline():
+                # linked into the snapshot here, not by hf_hub_download: it would ask the
+                # mirror again and trust its second answer (an ETag, a commit) as a path
+                blob, commit = _fetch_blob(repo, f, revision, token, cache_dir)
+                p = _link(blob, commit, f.path, revision)
+            else:  # offline: the cache's own file
                 p = Path(hf_hub_download(repo, f.path, revision=revision, local_dir=local_dir,
                                          token=token, cache_dir=cache_dir,
                                          endpoint=_endpoint()))
@@ -286,8 +291,32 @@ def download(repo: str, files: Sequence[RemoteFile], revision: str | None = None
     return paths
 
 
+def _link(blob: Path, commit: str, name: str, revision: str | None) -> Path:
+    """The blob as the cache's snapshots/COMMIT/NAME (a relative symlink, as huggingface_hub
+    makes it; a copy where links are refused), and refs/REVISION naming the commit."""
+    storage = blob.parent.parent
+    pointer = storage / "snapshots" / commit / name
+    if not pointer.exists():
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        tmp = pointer.with_name(f".{pointer.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.symlink(os.path.relpath(blob, pointer.parent), tmp)
+        except OSError:
+            import shutil
+
+            shutil.copyfile(blob, tmp)
+        os.replace(tmp, pointer)
+    rev = revision or "main"
+    if rev != commit:
+        ref = storage / "refs" / rev
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        ref.write_text(commit)
+    return pointer
+
+
 def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | None,
-                cache_dir: str | None, local_dir: str | None = None) -> Path:
+                cache_dir: str | None, local_dir: str | None = None) -> tuple[Path, str]:
     """Download one file into the cache's blob store (or, with local_dir, to its place
     there), resumably: the bytes go to a `.incomplete` file, kept when the transfer fails or
     is interrupted, and the next call asks for the rest with a Range request
@@ -301,10 +330,14 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
     url = hf_hub_url(repo, f.path, revision=revision, endpoint=_endpoint())
     meta = get_hf_file_metadata(url, token=token, endpoint=_endpoint())
     etag = meta.etag or hashlib.sha256(url.encode()).hexdigest()
-    if not _ETAG.match(etag):  # it names the blob (and the partial) on disk
-        raise HubError(f"the hub answered {repo}/{f.path} with an ETag that is no hash "
-                       f"({etag[:40].encode('unicode_escape').decode()!r}): nothing was written",
-                       hint="check HF_ENDPOINT: a mirror that answers so is broken or hostile")
+    commit = meta.commit_hash or ""
+    for what, value, ok in (("an ETag", etag, _ETAG.match(etag)),
+                            ("a commit", commit, local_dir is not None or _COMMIT.match(commit))):
+        if not ok:  # each names a file or a folder on disk
+            raise HubError(f"the hub answered {repo}/{f.path} with {what} that is no hash "
+                           f"({value[:40].encode('unicode_escape').decode()!r}): nothing was "
+                           "written", hint="check HF_ENDPOINT: a mirror that answers so is "
+                           "broken or hostile")
     if local_dir is None:
         storage = Path(cache_dir or constants.HF_HUB_CACHE) / repo_folder_name(
             repo_id=repo, repo_type="model")
@@ -320,7 +353,7 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
                                   or blob.stat().st_size == meta.size)
 
     if done():
-        return blob
+        return blob, commit
     partial.parent.mkdir(parents=True, exist_ok=True)
     target = meta.location or url
     # the hub's own token never goes to the storage host a download redirects to
@@ -328,7 +361,7 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
     headers = build_hf_headers(token=token) if same_host else {}
     with WeakFileLock(partial.with_name(partial.name + ".lock")):  # one writer per partial
         if done():
-            return blob
+            return blob, commit
         if meta.size is not None and partial.exists() and partial.stat().st_size > meta.size:
             partial.unlink()  # longer than the file: not a prefix of it, start over
         with open(partial, "ab") as fh:
@@ -344,7 +377,7 @@ def _fetch_blob(repo: str, f: RemoteFile, revision: str | None, token: str | Non
                            "partial was deleted", hint="download it again")
         blob.parent.mkdir(parents=True, exist_ok=True)
         os.replace(partial, blob)
-    return blob
+    return blob, commit
 
 
 def _verify(path: Path, sha256: str, repo: str, name: str) -> None:

@@ -322,9 +322,18 @@ class _NotifResp(ctypes.Structure):
                 ("flags", ctypes.c_uint32)]
 
 
-def _pidfd_getfd(pid: int, fd: int) -> int:
-    """A copy of another process's descriptor (pidfd_getfd(2), Linux 5.6+; a parent may)."""
-    pidfd = os.pidfd_open(pid)
+def _pidfd_getfd(pid: int, fd: int, thread: bool = False) -> int:
+    """A copy of another process's descriptor (pidfd_getfd(2), Linux 5.6+; a parent may);
+    `thread`: pid is a thread's id, whose own table is read (PIDFD_THREAD, Linux 6.9+; the
+    process's where the kernel is older)."""
+    pidfd = None
+    if thread:
+        try:
+            pidfd = os.pidfd_open(pid, os.O_EXCL)  # PIDFD_THREAD
+        except OSError:
+            pid = _tgid(pid)
+    if pidfd is None:
+        pidfd = os.pidfd_open(pid)
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.syscall.restype = ctypes.c_long
@@ -420,6 +429,7 @@ class Supervisor:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(32)
+        self._calls: set[threading.Thread] = set()
         self._thread = threading.Thread(target=self._serve, name="specli-audit-seccomp",
                                         daemon=True)
 
@@ -430,9 +440,12 @@ class Supervisor:
         self._stop.set()
         if self._thread.is_alive() or self._thread.ident is not None:
             self._thread.join()
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        for t in list(self._calls):  # their events are part of what was seen
+            t.join(2.0)
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
         self._lib.seccomp_notify_free(self._req, self._resp)
         self._req = self._resp = None
 
@@ -468,9 +481,14 @@ class Supervisor:
                 name = self._name(nr, arch)
                 if self.emulate and name in _EMULATED:  # answered by _emulate, on a thread
                     self.calls += 1      # of its own: a blocking call blocks only itself
-                    self._slots.acquire()  # (at most 32 at once: a flood waits in the kernel)
-                    threading.Thread(target=self._emulate, args=(nid, tid, name, args),
-                                     daemon=True, name="specli-audit-call").start()
+                    # (at most 32 at once; a flood waits in the kernel, then gets EAGAIN)
+                    if not self._slots.acquire(timeout=5.0):
+                        self._respond(nid, 0, errno.EAGAIN)
+                        continue
+                    t = threading.Thread(target=self._emulate, args=(nid, tid, name, args),
+                                         daemon=True, name="specli-audit-call")
+                    self._calls.add(t)
+                    t.start()
                     continue
                 try:
                     found = self._describe(tid, nr, arch, args)
@@ -492,7 +510,16 @@ class Supervisor:
 
     def _respond(self, nid: int, val: int = 0, error: int = 0) -> None:
         resp = _NotifResp(nid, val, -error if error else 0, 0)
-        self._lib.seccomp_notify_respond(self.fd, ctypes.byref(resp))  # ENOENT: caller gone
+        with self._lock:  # never on a descriptor stop() closed (its number may be reused)
+            if self.fd >= 0:
+                self._lib.seccomp_notify_respond(self.fd, ctypes.byref(resp))  # ENOENT: gone
+
+    def valid(self, nid: int) -> bool:
+        """Whether the call `nid` still waits (its thread alive, not interrupted): checked
+        after its memory and descriptors were read, which a recycled thread id would make
+        another process's."""
+        with self._lock:
+            return self.fd >= 0 and self._lib.seccomp_notify_id_valid(self.fd, nid) == 0
 
     def _emulate(self, nid: int, tid: int, name: str, a: list[int]) -> None:
         """Make the caller's call here, on what was read once; answer with its result."""
@@ -501,7 +528,9 @@ class Supervisor:
         events: list[NetEvent] = []
         val, err = -1, errno.EPERM
         try:
-            val, err = _Call(self, pid, tid, name, a, events, where, t).run()
+            val, err = _Call(self, nid, pid, tid, name, a, events, where, t).run()
+        except _Gone:
+            events.clear()  # the caller went away before its call was made: nothing done
         except Exception as e:  # noqa: BLE001 - refused, and counted
             events.append(NetEvent(name, EXTERNAL, pid, t, f"undecodable ({e!r})"[:200], "",
                                    where, "refused", "seccomp"))
@@ -513,6 +542,7 @@ class Supervisor:
                 pass
             with self._lock:
                 self.events += events
+            self._calls.discard(threading.current_thread())
             self._slots.release()
 
     def _name(self, nr: int, arch: int) -> str:
@@ -593,14 +623,21 @@ class _Refused(Exception):
         self.err = err
 
 
+class _Gone(Exception):
+    """The caller is no longer waiting: its call is not made."""
+
+
+_MSG_DONTWAIT = 0x40
+
+
 class _Call:
     """One network call of the isolated tree, made by the auditor: the destination read once
     (what a namespace does not scope refused), then the call made on a copy of the caller's
     socket with that copy of the destination."""
 
-    def __init__(self, sup: Supervisor, pid: int, tid: int, name: str, a: list[int],
-                 events: list[NetEvent], where: str, t: float):
-        self.sup, self.pid, self.tid, self.name, self.a = sup, pid, tid, name, a
+    def __init__(self, sup: Supervisor, nid: int, pid: int, tid: int, name: str,
+                 a: list[int], events: list[NetEvent], where: str, t: float):
+        self.sup, self.nid, self.pid, self.tid, self.name, self.a = sup, nid, pid, tid, name, a
         self.events, self.where, self.t = events, where, t
 
     def run(self) -> tuple[int, int]:
@@ -623,8 +660,8 @@ class _Call:
         return got
 
     def _address(self, ptr: int, n: int) -> bytes:
-        if n > 128:  # sizeof(struct sockaddr_storage): the kernel says the same
-            raise _Refused(errno.EINVAL)
+        if n > 128 or n < 2:  # sizeof(struct sockaddr_storage), or no family: the kernel
+            raise _Refused(errno.EINVAL)  # says the same
         return self._read(ptr, n)
 
     def _judge(self, raw: bytes, bind: bool = False) -> tuple[str, str, str] | None:
@@ -649,10 +686,31 @@ class _Call:
                                     self.where, outcome, "seccomp"))
 
     def _socket(self, fd: int) -> int:
+        """A copy of the caller's descriptor (its thread's table: a thread may have its own),
+        taken once the call is known to still wait."""
         try:
-            return _pidfd_getfd(self.pid, fd)
+            got = _pidfd_getfd(self.tid, fd, thread=True)
         except OSError as e:
             raise _Refused(e.errno or errno.EBADF) from None
+        if not self.sup.valid(self.nid):
+            os.close(got)
+            raise _Gone
+        return got
+
+    @staticmethod
+    def _stream(dup: int) -> bool:
+        import socket
+
+        s = socket.socket(fileno=dup)
+        try:
+            return s.type == socket.SOCK_STREAM
+        finally:
+            s.detach()
+
+    def _still(self) -> None:
+        """Everything read from the caller: is it the same call still (not a recycled id)?"""
+        if not self.sup.valid(self.nid):
+            raise _Gone
 
     def _made(self, found, rc: int) -> tuple[int, int]:
         e = ctypes.get_errno() if rc < 0 else 0
@@ -667,6 +725,7 @@ class _Call:
         found = self._judge(raw)
         dup = self._socket(fd)
         try:
+            self._still()
             return self._made(found, _libc_net.connect(dup, raw, n))
         finally:
             os.close(dup)
@@ -677,6 +736,7 @@ class _Call:
         self._judge(raw, bind=True)
         dup = self._socket(fd)
         try:
+            self._still()
             return self._made(None, _libc_net.bind(dup, raw, n))
         finally:
             os.close(dup)
@@ -685,12 +745,17 @@ class _Call:
         fd, buf, length, flags, ptr, n = self.a[:6]
         raw = self._address(ptr, n)
         found = self._judge(raw)
-        if length > _MAX_SEND:
-            raise _Refused(errno.EMSGSIZE)
-        data = self._read(buf, length)
         dup = self._socket(fd)
         try:
-            return self._made(found, _libc_net.sendto(dup, data, length, flags, raw, n))
+            if length > _MAX_SEND:  # a stream takes part of it, as the kernel would
+                if not self._stream(dup):
+                    raise _Refused(errno.EMSGSIZE)
+                length = _MAX_SEND
+            data = self._read(buf, length)
+            self._still()
+            # never blocking here: a full buffer is EAGAIN, not an auditor thread held
+            return self._made(found, _libc_net.sendto(dup, data, length,
+                                                      flags | _MSG_DONTWAIT, raw, n))
         finally:
             os.close(dup)
 
@@ -707,19 +772,25 @@ class _Call:
         if hdr.iovlen > 1024:  # UIO_MAXIOV
             raise _Refused(errno.EMSGSIZE)
         vecs = self._read(hdr.iov, hdr.iovlen * ctypes.sizeof(_IoVec)) if hdr.iovlen else b""
-        parts = []
+        parts, total = [], 0
         for i in range(hdr.iovlen):
             v = _IoVec.from_buffer_copy(vecs, i * ctypes.sizeof(_IoVec))
-            if sum(map(len, parts)) + v.len > _MAX_SEND:
-                raise _Refused(errno.EMSGSIZE)
-            parts.append(self._read(v.base, v.len))
+            n = min(v.len, _MAX_SEND - total)
+            if n < v.len and not self._stream(dup):  # a stream takes part, as the kernel
+                raise _Refused(errno.EMSGSIZE)        # would
+            parts.append(self._read(v.base, n))
+            total += n
+            if total >= _MAX_SEND:
+                break
         data = b"".join(parts)
         name_buf = ctypes.create_string_buffer(raw, len(raw)) if raw else None
         data_buf = ctypes.create_string_buffer(data, len(data))
         vec = _IoVec(ctypes.cast(data_buf, ctypes.c_void_p), len(data))
         mine = _MsgHdr(ctypes.cast(name_buf, ctypes.c_void_p) if raw else None, len(raw),
                        ctypes.cast(ctypes.pointer(vec), ctypes.c_void_p), 1, None, 0, 0)
-        return self._made(found, _libc_net.sendmsg(dup, ctypes.byref(mine), flags))
+        self._still()
+        return self._made(found, _libc_net.sendmsg(dup, ctypes.byref(mine),
+                                                   flags | _MSG_DONTWAIT))
 
     def _sendmsg(self) -> tuple[int, int]:
         fd, at, flags = self.a[0], self.a[1], self.a[2]
@@ -804,6 +875,12 @@ def environment_code(environ: dict[str, str] | None = None) -> list[str]:
         return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
     found = []
+    for var in ("LD_PRELOAD", "LD_AUDIT"):  # the loader puts them in every process
+        if env.get(var, "").strip():
+            found.append(f"{var}={env[var]}")
+    for d in env.get("LD_LIBRARY_PATH", "").split(os.pathsep):  # one that shadows the
+        if d and glob.glob(os.path.join(d, "libseccomp.so*")):    # audit's own library
+            found.append(f"libseccomp from LD_LIBRARY_PATH ({d})")
     for name in ("sitecustomize", "usercustomize"):
         f = getattr(sys.modules.get(name), "__file__", None)
         if f and not under(f, own):
@@ -846,34 +923,13 @@ def _owned_pth() -> set[str]:
     return out
 
 
-def reexec(argv: list[str]) -> None:
-    """Replace this process with `python -I -S auditor.py ARGV` (never returns): the
-    environment's code that ran at start-up stops here, threads and all, and never runs
-    again; what it was goes along, for the report."""
-    import site
-
-    from specli._audit_site import auditor
-
-    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-             if p}
-    home = str(Path(__file__).resolve().parents[1])  # where `specli` imports from: last,
-    path = [p for p in sys.path if p and os.path.realpath(p) not in extra  # shadowing none
-            and os.path.realpath(p) != home] + [home]
-    cfg = {"path": path, "argv": argv, "env_code": environment_code(),
-           "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
-    env = {**os.environ, auditor.AUDITOR_ENV: json.dumps(cfg)}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-I", "-S", auditor.__file__], env)
-
-
 def isolate_self() -> None:
     """Move this process (the auditor, single-threaded yet) into a network namespace of its
     own, as the audited one will be: it needs no network for an isolated audit, so nothing
     that runs in it can reach one. AuditError if the kernel refuses."""
     from specli._audit_site import boot
 
-    how, why = boot.isolate()
+    how, why = boot.isolate(drop=False)
     if not how:
         raise AuditError(f"the auditor could not isolate itself: {why}")
 
@@ -933,9 +989,9 @@ def standard_streams() -> list[NetEvent]:
     return out
 
 
-def isolation_refused() -> str | None:
-    """Why a new network namespace is not permitted here, or None: tried in a forked child,
-    which exits with the errno (this process keeps its namespace)."""
+def isolation_probe() -> tuple[str, str]:
+    """(how the run would be isolated, "") or ("", why a new network namespace is not
+    permitted here): tried in a forked child (this process keeps its namespace)."""
     from specli._audit_site import boot
 
     r, w = os.pipe()
@@ -943,15 +999,23 @@ def isolation_refused() -> str | None:
     if pid == 0:  # pragma: no cover - the child
         try:
             os.close(r)
-            how, why = boot.isolate()
-            os.write(w, why.encode())
+            os.write(w, json.dumps(boot.isolate()).encode())
         finally:
             os._exit(0)
     os.close(w)
     with os.fdopen(r, "rb") as f:
-        why = f.read().decode()
+        raw = f.read().decode()
     os.waitpid(pid, 0)
-    return why or None
+    try:
+        how, why = json.loads(raw)
+    except ValueError:
+        return "", "the probe for a network namespace ended abnormally"
+    return how, why
+
+
+def isolation_refused() -> str | None:
+    """Why a new network namespace is not permitted here, or None."""
+    return isolation_probe()[1] or None
 
 
 @dataclass
@@ -983,11 +1047,11 @@ class Auditor:
 
     def __init__(self, argv: list[str], isolate: bool, interval: float = 0.02,
                  grace: float = 2.0, run_path: list[str] | None = None,
-                 user_site: bool | None = None):
+                 user_site: bool | None = None, landlock: bool = False):
         """run_path, user_site: the audited run's sys.path and user site (the user's own
         environment, PYTHONPATH included), where they differ from this process's."""
         self.argv, self.isolate, self.interval, self.grace = argv, isolate, interval, grace
-        self.run_path, self.user_site = run_path, user_site
+        self.run_path, self.user_site, self.landlock = run_path, user_site, landlock
 
     def run(self) -> Audit:
         import site
@@ -1021,7 +1085,8 @@ class Auditor:
             cfg = {"status_fd": status_w, "go_fd": go_r, "isolate": self.isolate,
                    "auditor": me, "path": list(self.run_path or sys.path),
                    "user_site": bool(site.ENABLE_USER_SITE if self.user_site is None
-                                     else self.user_site), "argv": self.argv}
+                                     else self.user_site), "argv": self.argv,
+                   "landlock": self.landlock}
             env = {**os.environ, recorder.LOG_ENV: log, RESULT_ENV: result,
                    boot.BOOT_ENV: json.dumps(cfg),
                    "PYTHONPATH": os.pathsep.join(p for p in (SITE_DIR,

@@ -24,6 +24,7 @@ import pytest
 from conftest import specli
 
 from specli import netguard
+from specli._audit_site import boot
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -613,3 +614,47 @@ def test_a_socket_on_stdout_is_no_proof(small, tmp_path, kind):
             srv.close()
         else:
             peer.close()
+
+
+@needs_netns
+def test_the_run_cannot_reach_into_other_processes(small, tmp_path):
+    """Same uid, outside the namespace: its /proc/PID/mem would let the run make that process
+    connect for it. A user namespace of its own already forbids that; root where user
+    namespaces are off (the fallback, made here by refusing them) did not: now the run drops
+    CAP_SYS_PTRACE and is in a Landlock domain."""
+    if not boot.landlock_abi() or os.geteuid() != 0:
+        pytest.skip("this kernel has no Landlock, or the fallback (root's) cannot be made")
+    # the target holds no capability (root's processes are shielded by theirs, a user's not)
+    drop = ("import ctypes, time; libc = ctypes.CDLL(None); "
+            "head = (ctypes.c_uint32 * 2)(0x20080522, 0); data = (ctypes.c_uint32 * 6)(); "
+            "assert libc.capset(head, data) == 0; print('ready', flush=True); time.sleep(60)")
+    target = subprocess.Popen([sys.executable, "-c", drop], stdout=subprocess.PIPE, text=True)
+    assert target.stdout.readline().strip() == "ready"
+    env = {**os.environ, "SPECLI_TEST_PLANT": "proc-mem", "SPECLI_TEST_TARGET": str(target.pid),
+           "PYTHONPATH": os.pathsep.join([str(TESTS / "plant"), str(ROOT)])}
+    try:
+        r = subprocess.run([sys.executable, str(TESTS / "deny_unshare.py"), "--user-only",
+                            sys.executable, "-m", "specli", "audit", *small, "--json",
+                            UNPROVEN], capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        target.kill()
+        target.wait()
+    assert r.returncode == 0, r.stderr
+    _, outcome = planted(r, "proc-mem")
+    assert "Permission denied" in outcome or "not permitted" in outcome, outcome
+
+
+@needs_netns
+def test_root_without_user_namespaces_keeps_no_network_capability(small, tmp_path):
+    """Where user namespaces are refused, root falls back to a network namespace alone, and
+    drops what would reach the host from there (netlink's CAP_NET_ADMIN, ptrace...)."""
+    if os.geteuid() != 0:
+        pytest.skip("the fallback is root's")
+    cmd = [sys.executable, str(TESTS / "deny_unshare.py"), "--user-only", sys.executable,
+           "-m", "specli", "audit", *small, "--json", "--allow-unproven"]
+    env = {**os.environ, "SPECLI_TEST_PLANT": "capabilities",
+           "PYTHONPATH": os.pathsep.join([str(TESTS / "plant"), str(ROOT)])}
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "plant: capabilities net_admin=False sys_admin=False" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["isolated"] is True

@@ -64,10 +64,10 @@ def test_a_grammar_that_explodes_mid_generation_frees_its_slot(server, stream):
     text = r.text
     if stream:
         assert r.status_code == 200
-        assert "too ambiguous" in text and '"error"' in text, text
+        assert "was stopped" in text and '"error"' in text, text
     else:
-        assert r.status_code == 400 and "too ambiguous" in r.json()["error"]["message"], text
-    assert took < 15
+        assert r.status_code == 400 and "was stopped" in r.json()["error"]["message"], text
+    assert took < 15  # its time: 5 s, and 0.5 s a token (grammar_host.Budget)
     still_serving(server)
 
 

@@ -107,19 +107,49 @@ def test_a_mirror_cannot_name_a_file_outside_local_dir(fake, tmp_path, name):  #
     one_line(r, "unsafe file name")
 
 
-def test_a_mirror_cannot_name_the_blob_by_its_etag(fake, tmp_path, monkeypatch):  # noqa: F811
-    """The cache names a blob by the ETag the mirror sends."""
+@pytest.mark.parametrize("header,what", [("tag", "ETag"), ("x-repo-commit", "commit")])
+def test_a_mirror_cannot_name_the_blob_or_snapshot(fake, tmp_path, monkeypatch,  # noqa: F811
+                                                   header, what):
+    """The cache names a blob by the ETag the mirror sends, a snapshot by its commit."""
     import fakehub
 
     real = fakehub.FakeHub._resolve
 
     def hostile(self, h, name, file, body):
         send = h.send_header
-        h.send_header = lambda k, v: send(k, '"../../../../etag-x"' if "tag" in k.lower()
+        h.send_header = lambda k, v: send(k, '"../../../../evil-x"' if header in k.lower()
                                           else v)
         return real(self, h, name, file, body)
 
     monkeypatch.setattr(fakehub.FakeHub, "_resolve", hostile)
     r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q4_K_M")
-    assert r.returncode == 2 and "ETag that is no hash" in r.stderr.splitlines()[-1], r.stderr
-    assert not list(tmp_path.rglob("etag-x*"))
+    assert r.returncode == 2, r.stderr
+    assert f"{what} that is no hash" in r.stderr.splitlines()[-1], r.stderr
+    assert not list(tmp_path.rglob("evil-x*"))
+
+
+def test_a_mirror_is_asked_once_per_file(fake, tmp_path, monkeypatch):  # noqa: F811
+    """huggingface_hub would ask again before linking the snapshot, and trust a second
+    answer (another ETag, another commit) without a check: specli links it itself."""
+    import fakehub
+
+    real, answers = fakehub.FakeHub._resolve, []
+
+    def changing(self, h, name, file, body):
+        if not body:
+            answers.append(file)
+        send = h.send_header
+        if len(answers) > 1:  # every answer after the first: a path for a name
+            h.send_header = lambda k, v: send(k, '"../../../../evil-x"' if "tag" in k.lower()
+                                              else v)
+        return real(self, h, name, file, body)
+
+    monkeypatch.setattr(fakehub.FakeHub, "_resolve", changing)
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q4_K_M")
+    assert r.returncode == 0, r.stderr
+    assert answers == ["tiny-Q4_K_M.gguf"]
+    path = Path(r.stdout.strip().splitlines()[-1])
+    assert path.read_bytes() == b"GGUF-q4km" and "snapshots" in path.parts
+    assert not list(tmp_path.rglob("evil-x*"))
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q4_K_M", offline=True)
+    assert r.returncode == 0 and Path(r.stdout.strip().splitlines()[-1]) == path, r.stderr

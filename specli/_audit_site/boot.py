@@ -128,10 +128,92 @@ def unshare(flags: int) -> int:
     return 0 if libc.unshare(flags) == 0 else ctypes.get_errno()
 
 
-def isolate() -> tuple[str, str]:
+# capabilities root keeps no longer where user namespaces are off (the fallback below): what
+# reaches the host's network or other processes from a namespace of its own (netlink can
+# move a host interface in; ptrace and raw I/O reach other processes and devices)
+_DROPPED = (12, 13, 16, 17, 19, 21, 22, 27, 38, 39)  # NET_ADMIN NET_RAW SYS_MODULE SYS_RAWIO
+#                                 SYS_PTRACE SYS_ADMIN SYS_BOOT MKNOD PERFMON BPF
+
+
+def drop_capabilities() -> None:
+    """Drop _DROPPED from this process's bounding, effective, permitted and inheritable sets
+    (its children's too). OSError if the kernel refuses."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in _DROPPED:
+        if libc.prctl(24, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), f"PR_CAPBSET_DROP {cap}")
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                    ("inheritable", ctypes.c_uint32)]
+
+    head, data = Header(0x20080522, 0), (Data * 2)()  # _LINUX_CAPABILITY_VERSION_3
+    if libc.capget(ctypes.byref(head), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget")
+    for cap in _DROPPED:
+        word, bit = divmod(cap, 32)
+        for field in ("effective", "permitted", "inheritable"):
+            setattr(data[word], field, getattr(data[word], field) & ~(1 << bit))
+    if libc.capset(ctypes.byref(head), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset")
+
+
+LANDLOCK_MAKE_SOCK, LANDLOCK_MAKE_BLOCK = 1 << 9, 1 << 11
+LANDLOCK_SCOPE_ABSTRACT_UNIX, LANDLOCK_SCOPE_SIGNAL = 1 << 0, 1 << 1
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version; 0 where it has none (or it is off)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # _VERSION
+    return max(int(abi), 0)
+
+
+def landlock() -> int:
+    """Put this process and everything it starts in a Landlock domain; its ABI version, or 0
+    where the kernel has none. A domain cannot reach into a process outside it (ptrace, and
+    everything ptrace's rules guard: /proc/PID/mem, /proc/PID/fd, a process's environment);
+    here it may also not create socket or block device files (a listener someone outside
+    could connect to, a raw disk), nor, from ABI 6, signal a process outside it or connect
+    to an abstract unix socket made outside. Nothing else is restricted."""
+    import ctypes
+
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    attr = (ctypes.c_uint64 * 3)(LANDLOCK_MAKE_SOCK | LANDLOCK_MAKE_BLOCK, 0,
+                                 LANDLOCK_SCOPE_ABSTRACT_UNIX | LANDLOCK_SCOPE_SIGNAL
+                                 if abi >= 6 else 0)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    fd = libc.syscall(444, attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+    try:
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS (seccomp sets it too)
+            raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+        if libc.syscall(446, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    finally:
+        os.close(fd)
+    return abi
+
+
+def isolate(drop: bool = True) -> tuple[str, str]:
     """(how, "") or ("", why not): a new network namespace for this single-threaded process,
     inside a new user namespace where it can (so that even root keeps no capability over the
-    host's namespaces: no setns back), mapping its own uid and gid to themselves."""
+    host's namespaces: no setns back), mapping its own uid and gid to themselves. Where user
+    namespaces are off, root's network namespace alone, and (`drop`) root's capabilities that
+    reach out of it dropped (the auditor keeps them: the run's own namespace needs them)."""
     uid, gid = os.geteuid(), os.getegid()
     e1 = unshare(CLONE_NEWUSER | CLONE_NEWNET)
     if not e1:
@@ -144,8 +226,14 @@ def isolate() -> tuple[str, str]:
                 pass  # unmapped ids read as the overflow id; access is still the real id's
         return "user and network namespaces", ""
     e2 = unshare(CLONE_NEWNET)  # root where user namespaces are off: setns is refused by the
-    if not e2:                  # seccomp filter instead
-        return "network namespace", ""
+    if not e2:                  # seccomp filter, and what else reaches out by capabilities
+        if not drop:
+            return "network namespace", ""
+        try:
+            drop_capabilities()
+        except OSError as e:
+            return "", f"unshare(CLONE_NEWNET) worked, but dropping capabilities failed: {e}"
+        return "network namespace (capabilities dropped)", ""
     return "", (f"unshare(CLONE_NEWUSER | CLONE_NEWNET): {os.strerror(e1)}; "
                 f"unshare(CLONE_NEWNET): {os.strerror(e2)}")
 
@@ -184,6 +272,14 @@ def main() -> None:
         how, why = isolate()
         if not how:
             say(error=f"network isolation is not permitted here: {why}")
+            sys.exit(2)
+        try:  # 2b: no reaching into the user's other processes, outside the namespace
+            abi = landlock()
+        except OSError as e:
+            say(error=f"the Landlock domain could not be made: {e}")
+            sys.exit(2)
+        if cfg.get("landlock") and not abi:
+            say(error="this kernel has no Landlock, which the auditor found a moment ago")
             sys.exit(2)
     # 3: a filter only once the auditor has shown it can take descriptors from this process
     # (pidfd_getfd, Linux 5.6+, ptrace rules): a listener nobody serves would hang every call

@@ -6,12 +6,14 @@ import inspect
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from specli import netguard
-from specli._audit_site import auditor, boot
+from specli._audit_site import boot
+from specli.cli import audit_boot
 from specli.cli import options as o
 from specli.cli import run as run_cmd
 from specli.cli.console import err, safe
@@ -98,11 +100,11 @@ def _audit(**kw) -> None:
         raise netguard.AuditError("specli audit re-executes its command line, and this process "
                                   "was not started as `specli audit ...`")
     if not (sys.flags.isolated and sys.flags.no_site):  # first: the environment's code ends
-        netguard.reexec(["specli", *sys.argv[1:]])     # here (exec), then never runs again
+        reexec(["specli", *sys.argv[1:]])     # here (exec), then never runs again
     import time
 
     t0 = time.time()
-    cfg = json.loads(os.environ.pop(auditor.AUDITOR_ENV, "{}") or "{}")
+    cfg = json.loads(os.environ.pop(audit_boot.AUDITOR_ENV, "{}") or "{}")
     before = netguard.stray_children(t0)  # started by that code, before the exec: killed
     env_code = list(cfg.get("env_code") or [])
     streams = netguard.standard_streams()
@@ -112,7 +114,15 @@ def _audit(**kw) -> None:
                         "it (" + "; ".join(env_code or [e.address for e in before]) + ")")
     unproven += [f"{e.address.split(':', 1)[0]} is a socket ({e.address.split(': ', 1)[1]}): "
                  "what the run writes there leaves the audit's reach" for e in streams]
-    refused = netguard.isolation_refused() if isolate else None
+    how, refused = netguard.isolation_probe() if isolate else ("", "")
+    refused = refused or None
+    landlock = bool(isolate and not refused and boot.landlock_abi())
+    if isolate and not refused and not landlock and "user" not in how:
+        # a user namespace of its own keeps the run out of the user's other processes; root
+        # without one reaches them through /proc (their memory), unless Landlock stops it
+        unproven.append("user namespaces are off and this kernel has no Landlock, so the run "
+                        "could reach into other processes, outside its namespace, through "
+                        "/proc (their memory, their descriptors)")
     gpu = kw.get("gpu")
     if isolate and not refused and gpu is not None and gpu.rpc:
         raise netguard.AuditError(
@@ -128,15 +138,16 @@ def _audit(**kw) -> None:
         raise netguard.AuditError(
             f"{unproven[0]}: a clean verdict could only be an observation",
             hint="--allow-unproven accepts that" + (
-                "; start specli audit without that code (PYTHONPATH, sitecustomize, .pth) "
-                "for a proof" if env_code or before else
-                "; send stdin, stdout and stderr to a terminal, a file or a pipe for a proof"))
+                "; start specli audit without that code (PYTHONPATH, sitecustomize, .pth, "
+                "LD_PRELOAD) for a proof" if env_code or before else
+                "; send stdin, stdout and stderr to a terminal, a file or a pipe for a proof"
+                if streams else "; a kernel with Landlock (Linux 5.13+) makes it a proof"))
     if isolate and not refused:  # the auditor needs no network either: whatever code runs
         netguard.isolate_self()   # in it (a dependency's) has none from here on
     try:
         audit = netguard.Auditor(["specli", *sys.argv[1:]], isolate and not refused,
                                  poll_ms / 1000, grace, run_path=cfg.get("run_path"),
-                                 user_site=cfg.get("user_site")).run()
+                                 user_site=cfg.get("user_site"), landlock=landlock).run()
     except KeyboardInterrupt:
         raise netguard.AuditError("interrupted: no verdict") from None
     if audit.exit_code != 0 or audit.result is None:
@@ -182,6 +193,25 @@ def _audit(**kw) -> None:
     else:
         _print(report, events, counted)
     raise typer.Exit(code)
+
+
+def reexec(argv: list[str]) -> None:
+    """Replace this process with `python -I -S audit_boot.py ARGV` (never returns): the
+    environment's code that ran at start-up stops here, threads and all, and never runs
+    again; what it was goes along, for the report."""
+    import site
+
+    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p}
+    home = str(Path(__file__).resolve().parents[2])  # where `specli` imports from: first,
+    path = [home] + [p for p in sys.path if p and os.path.realpath(p) not in extra  # so that
+                     and os.path.realpath(p) != home]  # no folder a .pth adds shadows it
+    cfg = {"path": path, "argv": argv, "env_code": netguard.environment_code(),
+           "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
+    env = {**os.environ, audit_boot.AUDITOR_ENV: json.dumps(cfg)}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-I", "-S", audit_boot.__file__], env)
 
 
 def _audited(kw: dict) -> None:

@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from specli import __version__
+from specli import __version__, grammar_host
 from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
 from specli.engine import spec_key
 from specli.errors import UsageError
@@ -236,7 +236,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     # off the event loop: a grammar is checked, a logit bias text tokenized
-    job = await asyncio.to_thread(
+    job = await st.jobs(
         _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
         "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -277,8 +277,8 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
     _refuse_completion(body)
     ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
                             isinstance(body.prompt[0], str) else body.prompt)
-    job = await asyncio.to_thread(_job, st, body, ids, _first(body.max_tokens, body.n_predict),
-                                  "max_tokens", n_probs=body.logprobs)
+    job = await st.jobs(_job, st, body, ids, _first(body.max_tokens, body.n_predict),
+                        "max_tokens", n_probs=body.logprobs)
     job.cache_prompt = body.cache_prompt is not False
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "object": "text_completion",
@@ -349,9 +349,8 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
-    job = await asyncio.to_thread(_job, st, sampling, ids, body.n_predict, "n_predict",
-                                  n_probs=body.n_probs or None,
-                                  post=bool(body.post_sampling_probs))
+    job = await st.jobs(_job, st, sampling, ids, body.n_predict, "n_predict",
+                        n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
     job.prompt_text = _text(st, ids)
@@ -579,6 +578,9 @@ def _grammar(st: State, body: Sampling) -> str | None:
         schema = {"type": "object"}  # llama-server: an empty schema means any object
     try:  # in a process of its own, within a deadline and a memory limit (grammar_host)
         gbnf = st.grammars.check(body.grammar if schema is None else None, schema)
+    except grammar_host.Busy as e:
+        raise APIError(503, e.message, "unavailable_error", code="unavailable",
+                       headers={"Retry-After": "5"}) from None
     except UsageError as e:
         param = "grammar" if body.grammar is not None else "response_format" \
             if fmt is not None and fmt.type != "text" else "json_schema"

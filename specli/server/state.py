@@ -3,17 +3,20 @@ runs (State: the slots, once loaded, and the metrics)."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from specli import rpc
 from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
-from specli.grammar_host import GrammarHost
+from specli.grammar_host import Checkers, GrammarHost
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
 
@@ -64,8 +67,12 @@ class State:
         self.created = int(time.time())
         # a client's grammars and JSON schemas run in processes of their own: one checks
         # each before it takes a slot, one per slot holds those being generated with
-        self.grammars = GrammarHost(config.target.path)
+        self.grammars = Checkers(config.target.path, n=min(4, max(2, config.parallel)))
         self.slot_grammars: list[GrammarHost] = []
+        # a request's settings are resolved (a grammar checked, a logit bias tokenized) on
+        # threads of their own: requests queued for a grammar checker never take the
+        # threads that tokenizing and templates use (asyncio's default executor)
+        self._jobs = ThreadPoolExecutor(max_workers=32, thread_name_prefix="specli-job")
 
     @property
     def engine(self) -> Engine:
@@ -79,6 +86,8 @@ class State:
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
         engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
                                             c.spec_types, c.ngram)
+        threading.Thread(target=self._start_checkers, daemon=True,
+                         name="specli-grammar-start").start()
         for e in engines:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open
@@ -94,6 +103,11 @@ class State:
             sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
                              "chat template; without --jinja, chat requests use ChatML\n")
 
+    async def jobs(self, fn, *args, **kw):
+        """fn(*args, **kw) on the request threads (see __init__), awaited."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._jobs, functools.partial(fn, *args, **kw))
+
     def stopping(self) -> None:
         """The server was told to stop (SIGTERM, Ctrl-C): generations end at their next token,
         and one inside a grammar's test at once (its process is killed)."""
@@ -103,9 +117,16 @@ class State:
         for host in (self.grammars, *self.slot_grammars):
             host.kill()
 
+    def _start_checkers(self) -> None:
+        try:
+            self.grammars.start()
+        except Exception:  # noqa: BLE001 - the first check starts it again, or says why
+            pass
+
     def close_grammars(self) -> None:
         for host in (self.grammars, *self.slot_grammars):
             host.close()
+        self._jobs.shutdown(wait=False, cancel_futures=True)
 
     def worker_lost(self, error: rpc.WorkerLost, gone: tuple[str, ...]) -> None:
         """An RPC server went away mid-decode (on llama.cpp's thread, which never returns):

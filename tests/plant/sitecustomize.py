@@ -248,6 +248,23 @@ def hidden_start():
         open(log, "w").close()
 
 
+def proc_mem():
+    """Reach into a process outside the run (the test's own, in the host's namespace) through
+    /proc: its memory, to make it connect on the run's behalf."""
+    target = os.environ["SPECLI_TEST_TARGET"]
+    fd = os.open(f"/proc/{target}/mem", os.O_RDWR)
+    os.close(fd)
+
+
+def capabilities():
+    """Report what the run may do as root: CAP_NET_ADMIN (bit 12) lets netlink move a host
+    interface into its namespace."""
+    eff = next(int(line.split()[1], 16) for line in open("/proc/self/status")
+               if line.startswith("CapEff"))
+    print(f"plant: capabilities net_admin={bool(eff >> 12 & 1)} "
+          f"sys_admin={bool(eff >> 21 & 1)}", file=sys.stderr, flush=True)
+
+
 def _later(delay: float) -> None:
     time.sleep(delay)
     _quiet(lambda: socket.create_connection(NOWHERE, timeout=2).sendall(b"secret"))
@@ -275,7 +292,8 @@ PLANTS = {"connect": connect, "sendto": sendto, "getaddrinfo": getaddrinfo, "c-t
           "loopback": loopback, "child-unhooked": child_unhooked,
           "unix": unix_path, "unix-dgram": unix_dgram, "unix-bind": unix_bind,
           "unix-race": unix_race, "hidden-start": hidden_start,
-          "auditor-thread": auditor_thread, "auditor-fork": auditor_fork}
+          "auditor-thread": auditor_thread, "auditor-fork": auditor_fork,
+          "proc-mem": proc_mem, "capabilities": capabilities}
 AUDITOR = ("auditor-thread", "auditor-fork")  # they act in specli audit's interpreter
 
 

@@ -1,5 +1,5 @@
-"""Where `specli audit` re-executes itself, as `python -I -S auditor.py`, before it watches
-anything (specli/netguard.py, `reexec`).
+"""Where `specli audit` re-executes itself, as `python -I -S audit_boot.py`, before it
+watches anything (specli/cli/audit.py, `reexec`).
 
 A console script runs the environment's code before any of its own: `.pth` files,
 sitecustomize, usercustomize, modules shadowed through PYTHONPATH. Code that stayed in the
