@@ -354,11 +354,22 @@ def _on_sigbus(signum: int) -> None:
     os._exit(2)
 
 
+_SIGBUS_LOCK = threading.Lock()
+
+
 def _catch_sigbus() -> None:
-    """Install _on_sigbus as SIGBUS's handler, once (Linux: glibc's struct sigaction)."""
+    """Install _on_sigbus as SIGBUS's handler, once (Linux: glibc's struct sigaction). The
+    handler runs Python on the faulting thread, which is not async-signal-safe in general;
+    here that thread can never resume, and the handler only writes one line and exits."""
     global _SIGBUS_HANDLER
-    if _SIGBUS_HANDLER is not None or not sys.platform.startswith("linux"):
+    if not sys.platform.startswith("linux"):
         return
+    with _SIGBUS_LOCK:
+        if _SIGBUS_HANDLER is None:
+            _SIGBUS_HANDLER = _install_sigbus()
+
+
+def _install_sigbus():
     import signal
 
     handler = ctypes.CFUNCTYPE(None, ctypes.c_int)(_on_sigbus)
@@ -370,8 +381,8 @@ def _catch_sigbus() -> None:
     act = SigAction()
     act.handler = ctypes.cast(handler, ctypes.c_void_p)
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.sigaction(int(signal.SIGBUS), ctypes.byref(act), None) == 0:
-        _SIGBUS_HANDLER = handler  # kept alive: C holds its address
+    libc.sigaction(int(signal.SIGBUS), ctypes.byref(act), None)
+    return handler  # kept alive by the caller: C holds its address
 
 
 def _tokenize(vocab, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:

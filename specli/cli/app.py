@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import sys
@@ -57,25 +58,29 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 def main() -> None:
     """Console entry point: every error, Click's usage errors included, is one line on stderr
     and its exit code (2 for a usage error)."""
-    if sys.stdout is None:  # started with stdout closed (>&-): writing to it says so
-        sys.stdout = console.ClosedOutput()
+    sys.stdout = console.marked_stdout()  # its write errors known as the output's
+    if sys.stderr is None:  # 2>&-: what would have gone there goes nowhere
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     try:
         try:
             rc = app(prog_name="specli", standalone_mode=False)
         except SystemExit as e:  # Click turns EPIPE into a silent exit 1 even so
-            if isinstance(e.__context__, BrokenPipeError):
+            if isinstance(e.__context__, console.OutputError):
                 raise e.__context__ from None
             raise
         sys.stdout.flush()  # here, not at exit: a full disk is one line too
-    except OSError as e:
-        if isinstance(e, BrokenPipeError):  # specli ... | head: end quietly, as SIGPIPE would
-            console.discard_output()
-            sys.exit(141)
-        if e.filename is not None or e.errno not in console.WRITE_ERRORS:
-            raise
+    except console.OutputError as e:
         console.discard_output()
+        if e.errno == errno.EPIPE:  # specli ... | head: end quietly, as SIGPIPE would
+            sys.exit(141)
         err.print(f"error: cannot write the output: {e.strerror}", markup=False,
                   soft_wrap=True)
+        sys.exit(2)
+    except OSError as e:  # any other I/O failure that reached here: one line, not a trace
+        if os.environ.get("SPECLI_DEBUG") == "1":
+            raise
+        where = f": {e.filename}" if e.filename else ""
+        err.print(f"error: {e.strerror or e}{where}", markup=False, soft_wrap=True)
         sys.exit(2)
     except SpecliError as e:
         if os.environ.get("SPECLI_DEBUG") == "1":

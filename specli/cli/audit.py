@@ -165,9 +165,14 @@ def _audit(**kw) -> None:
         blind = list(BLIND_UNISOLATED)
     if audit.seccomp:
         blind += BLIND_NO_SECCOMP
+        if audit.isolated:  # isolated, the listener is what closes unix sockets and races
+            unproven.append(f"the seccomp listener could not run ({audit.seccomp}), so unix "
+                            "socket paths were not refused")
+    if code == 0 and audit.isolated and unproven and not allow:
+        code = 2  # a proof was expected: no verdict (the report says why)
     report = {
         "schema_version": 3,
-        "verdict": "network use seen" if code else "clean",
+        "verdict": "network use seen" if code == 1 else "clean",
         "exit_code": code,
         "proof": bool(audit.isolated) and not unproven,
         "unproven": unproven,

@@ -34,9 +34,33 @@ def safe(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-# what a write to stdout fails with when its reader cannot take it: a full disk, a closed or
-# bad descriptor, a device error (EPIPE, the reader gone, ends quietly instead)
-WRITE_ERRORS = {errno.ENOSPC, errno.EBADF, errno.EIO, errno.EFBIG, errno.EDQUOT, errno.EINVAL}
+class OutputError(OSError):
+    """A write to stdout failed (its reader gone, a full disk...): raised by the stdout that
+    main() installs, so that the error boundary knows the error is the output's."""
+
+
+class _Raw(io.FileIO):
+    def write(self, b) -> int:
+        try:
+            return super().write(b)
+        except OSError as e:
+            raise OutputError(e.errno, e.strerror) from None
+
+
+def marked_stdout():
+    """sys.stdout again, over the same descriptor, its write errors marked as OutputError;
+    a ClosedOutput where it is closed (`>&-`)."""
+    old = sys.stdout
+    if old is None:
+        return ClosedOutput()
+    try:
+        fd = old.fileno()
+        old.flush()
+    except (OSError, ValueError, AttributeError):  # not a real descriptor (a test's capture)
+        return old
+    return io.TextIOWrapper(io.BufferedWriter(_Raw(fd, "w", closefd=False)),
+                            encoding=old.encoding, errors=old.errors, newline="\n",
+                            line_buffering=old.line_buffering)
 
 
 class ClosedOutput(io.TextIOBase):
@@ -47,13 +71,13 @@ class ClosedOutput(io.TextIOBase):
         return True
 
     def write(self, text: str) -> int:
-        raise OSError(errno.EBADF, "standard output is closed")
+        raise OutputError(errno.EBADF, "standard output is closed")
 
 
 def check_output() -> None:
     """Before long work whose result goes to stdout: refuse a closed stdout at once."""
     if isinstance(sys.stdout, ClosedOutput):
-        raise OSError(errno.EBADF, "standard output is closed")
+        raise OutputError(errno.EBADF, "standard output is closed")
 
 
 def discard_output() -> None:

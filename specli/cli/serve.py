@@ -312,7 +312,9 @@ def _run(config, hosts: list[str], port: int) -> None:
     from specli.server import conn
 
     conn.Guarded.max_open = conn.limit(conn.raise_fd_limit())
-    server = Server(uvicorn.Config(app, http=conn.Guarded, log_level="warning",
+    # ws="none": no WebSocket route, and no upgrade that would take the connection from
+    # Guarded (its count would never come back)
+    server = Server(uvicorn.Config(app, http=conn.Guarded, ws="none", log_level="warning",
                                    timeout_keep_alive=30, timeout_graceful_shutdown=5))
     server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
     if failure:

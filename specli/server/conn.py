@@ -6,8 +6,9 @@ received), and 20,000 of them use up the process's descriptors. So each connecti
 HEAD_S seconds for each request's head (nginx's client_header_timeout, Apache's
 RequestReadTimeout), from the connection's start or from the first byte after the previous
 answer, and BODY_S for its body; over either, a 408 and the socket closed. And at most
-`limit()` connections are open at once: one more is answered 503 and closed at once, so
-that descriptors never run out and /health answers (or is refused) instead of hanging.
+`limit()` connections are open at once, half of them from any one client address: one more
+is answered 503 and closed at once, so that descriptors never run out, /health answers (or is
+refused) instead of hanging, and one client cannot lock the others out.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Guarded(asyncio.Protocol):
 
     max_open = limit()
     open = 0  # connections held now, in this process
+    by_client: dict[str, int] = {}  # of them, per client address: one may hold half
 
     def __init__(self, *args, **kw):
         self.inner = H11Protocol(*args, **kw)
@@ -70,13 +72,17 @@ class Guarded(asyncio.Protocol):
     # -- asyncio.Protocol ---------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
-        if Guarded.open >= Guarded.max_open:
+        peer = transport.get_extra_info("peername")
+        self.client = str(peer[0]) if isinstance(peer, tuple) and peer else "local"
+        mine = Guarded.by_client.get(self.client, 0)
+        if Guarded.open >= Guarded.max_open or mine >= max(Guarded.max_open // 2, 8):
             transport.write(_answer(503, "Service Unavailable", f"the server holds "
-                                    f"{Guarded.open} connections, its limit: try again",
-                                    "too_many_connections"))
+                                    f"{Guarded.open} connections ({mine} from this client), "
+                                    "its limit: try again", "too_many_connections"))
             transport.close()
             return
         Guarded.open += 1
+        Guarded.by_client[self.client] = mine + 1
         self.counted = True
         self.inner.connection_made(transport)
         self._arm()  # the first head's time runs from now
@@ -95,6 +101,9 @@ class Guarded(asyncio.Protocol):
         if self.counted:
             self.counted = False
             Guarded.open -= 1
+            left = Guarded.by_client.pop(self.client, 1) - 1
+            if left > 0:
+                Guarded.by_client[self.client] = left
             self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
