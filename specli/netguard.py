@@ -720,24 +720,20 @@ class _Call:
 
     # -- the calls ------------------------------------------------------------------------------
     def _connect(self) -> tuple[int, int]:
-        fd, ptr, n = self.a[0], self.a[1], self.a[2]
-        raw = self._address(ptr, n)
-        found = self._judge(raw)
-        dup = self._socket(fd)
-        try:
-            self._still()
-            return self._made(found, _libc_net.connect(dup, raw, n))
-        finally:
-            os.close(dup)
+        return self._addressed(_libc_net.connect)
 
     def _bind(self) -> tuple[int, int]:
+        return self._addressed(_libc_net.bind, bind=True)
+
+    def _addressed(self, call, bind: bool = False) -> tuple[int, int]:
+        """connect or bind: (fd, address, its length)."""
         fd, ptr, n = self.a[0], self.a[1], self.a[2]
         raw = self._address(ptr, n)
-        self._judge(raw, bind=True)
+        found = self._judge(raw, bind=bind)
         dup = self._socket(fd)
         try:
             self._still()
-            return self._made(None, _libc_net.bind(dup, raw, n))
+            return self._made(found, call(dup, raw, n))
         finally:
             os.close(dup)
 
