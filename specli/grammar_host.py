@@ -258,13 +258,6 @@ class Checkers:
         self._free: list[GrammarHost] = list(self.hosts)
         self._cond = threading.Condition()
 
-    def start(self) -> None:
-        """Start every checker now (a server's load), so a first request does not wait."""
-        for h in self.hosts:
-            with h._lock:
-                if h._proc is None:
-                    h._start()
-
     def check(self, grammar: str | None = None, schema: dict | None = None) -> str:
         if not grammar and schema is None:
             return grammar or ""

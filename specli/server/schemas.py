@@ -9,11 +9,25 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from specli.config import SPEC_TYPES
 
 MAX_MESSAGES = 65536
+
+
+def at_most(n: int) -> BeforeValidator:
+    """A list's length checked before its items: pydantic's max_length is checked after
+    every item was validated (200,000 messages: 0.75 s on the event loop, to say no)."""
+
+    def check(v):
+        if isinstance(v, list) and len(v) > n:
+            raise PydanticCustomError("too_long", "too many items",
+                                      {"max_length": n, "actual_length": len(v)})
+        return v
+    return BeforeValidator(check)
+
 
 
 class Strict(BaseModel):
@@ -44,7 +58,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 Bias = float | Literal[False]
 # (a pair is a list: a tuple would refuse the JSON array in strict mode; routes check it)
 Pair = Annotated[list[int | str | float | Literal[False]], Field(min_length=2, max_length=2)]
-LogitBias = dict[str, Bias] | Annotated[list[Pair], Field(max_length=65536)]
+LogitBias = dict[str, Bias] | Annotated[list[Pair], at_most(65536), Field(max_length=65536)]
 
 
 class Transforms(Strict):
@@ -141,7 +155,8 @@ class ResponseFormat(Strict):
 
 class ChatRequest(Sampling):
     # a bound the event loop can validate in well under a second (the context is the real one)
-    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    messages: Annotated[list[Message], at_most(MAX_MESSAGES),
+                        Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
@@ -182,7 +197,7 @@ class LlamaCompletionRequest(Transforms):
     # text; token ids, text mixed in; {"prompt_string": ...}; or a list of those (a batch,
     # answered with a list)
     prompt: str | JsonPrompt | Annotated[list[int | str | list[int | str] | JsonPrompt],
-                                         Field(min_length=1, max_length=65536)]
+                                         at_most(65536), Field(min_length=1, max_length=65536)]
     n_predict: int | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None

@@ -86,8 +86,6 @@ class State:
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
         engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
                                             c.spec_types, c.ngram)
-        threading.Thread(target=self._start_checkers, daemon=True,
-                         name="specli-grammar-start").start()
         for e in engines:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open
@@ -116,12 +114,6 @@ class State:
                 g.cancel()
         for host in (self.grammars, *self.slot_grammars):
             host.kill()
-
-    def _start_checkers(self) -> None:
-        try:
-            self.grammars.start()
-        except Exception:  # noqa: BLE001 - the first check starts it again, or says why
-            pass
 
     def close_grammars(self) -> None:
         for host in (self.grammars, *self.slot_grammars):
