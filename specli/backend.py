@@ -454,6 +454,7 @@ class Model:
             self._batch = None  # its decodes go through whoever owns the context
             self.load_ms, self.offloaded = share.load_ms, share.offloaded
             self.n_vocab, self.n_batch, self.n_ctx = share.n_vocab, share.n_batch, share.n_ctx_seq
+            self.n_embd = share.n_embd
             return
         _check_gguf(params.path)
         set_verbose(params.verbose)
@@ -494,6 +495,7 @@ class Model:
         self._mem = ll.llama_get_memory(self._ctx)
         self.n_vocab = ll.llama_vocab_n_tokens(self._vocab)
         self.n_layer = ll.llama_model_n_layer(self._model)
+        self.n_embd = ll.llama_model_n_embd(self._model)
         self.n_ctx = ll.llama_n_ctx(self._ctx)
         self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
         # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
@@ -741,10 +743,13 @@ class Model:
 
     def sync(self, tokens: Sequence[int],
              on_progress: Callable[[int, int], None] | None = None,
-             span: int | None = None) -> int:
-        """Make the cache hold exactly `tokens`, reusing the common prefix; no logits.
-        on_progress(reused, processed) is called before and after each batch, the batches
-        cut as if `span` tokens were evaluated (the caller decodes the rest right after).
+             span: int | None = None, each: Callable[[Sequence[int], int], None] | None = None,
+             outputs: bool = False) -> int:
+        """Make the cache hold exactly `tokens`, reusing the common prefix, a batch of n_batch
+        at a time. on_progress(reused, processed) is called before and after each batch, the
+        batches cut as if `span` tokens were evaluated (the caller decodes the rest right
+        after); each(batch, first position) after each batch is decoded. outputs: every token
+        gets an output row (its logits, and its hidden state when set_hidden), else none.
 
         Returns how many tokens were reused."""
         n = 0
@@ -752,18 +757,35 @@ class Model:
         while n < limit and self.tokens[n] == tokens[n]:
             n += 1
         self.rewind(n)
-        if on_progress is None:
-            if n < len(tokens):
-                self.decode(tokens[n:], logits="none")
-            return n
-        on_progress(n, n)
-        total = max(span or 0, len(tokens))
+        if len(tokens) > self.n_ctx:  # refused whole, before any batch is decoded
+            raise ContextOverflowError(f"context full: {len(tokens)} tokens do not fit "
+                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        if on_progress is not None:
+            on_progress(n, n)
+        total = max(span or 0, len(tokens)) if on_progress is not None else len(tokens)
         for start in range(n, total, self.n_batch):
             end = min(start + self.n_batch, total)
-            if min(end, len(tokens)) > start:
-                self.decode(tokens[start:min(end, len(tokens))], logits="none")
-            on_progress(n, end)
+            batch = tokens[start:min(end, len(tokens))]
+            if batch:
+                self.decode(batch, logits="all" if outputs else "none")
+                if each is not None:
+                    each(batch, start)
+            if on_progress is not None:
+                on_progress(n, end)
         return n
+
+    # -- what a draft reads of the target's decodes -----------------------------------------
+    def set_hidden(self, on: bool) -> None:
+        """Whether decodes also keep the last hidden state of each output row (hidden())."""
+        ll.llama_set_embeddings(self._ctx, on)
+
+    def hidden(self, n_out: int) -> np.ndarray:
+        """The last decode's n_out hidden states (n_out, n_embd), as a view valid until the
+        next decode; the decode must have run with set_hidden(True)."""
+        ptr = ll.llama_get_embeddings(self._ctx)
+        if not ptr:
+            raise BackendError("internal: hidden states read from a decode that kept none")
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
 
     def close(self) -> None:
         if not getattr(self, "_owner", True):  # a sequence of another's context

@@ -92,6 +92,7 @@ class SharedContext:
                               n_seq_max=n_seq * width, tree=True)
             self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
+        self._hidden = 0  # slots whose draft reads the hidden states (Model.set_hidden)
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
         self.decoding = False
@@ -174,6 +175,8 @@ class SharedContext:
                     else:
                         r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.rows = np.array(m.rows(r.n_out))  # a copy: see below
+                    if self._hidden:
+                        r.hidden = np.array(m.hidden(r.n_out))
                 except BackendError as e:
                     r.error = e
             return
@@ -184,11 +187,14 @@ class SharedContext:
                 r.error = e
             return
         rows = m.rows(sum(r.n_out for r in batch))
+        hidden = m.hidden(rows.shape[0]) if self._hidden else None
         off = 0
         for r in batch:
             # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
             # before this slot has read its rows
             r.rows = np.array(rows[off:off + r.n_out])
+            if hidden is not None:
+                r.hidden = np.array(hidden[off:off + r.n_out])
             off += r.n_out
             r.seconds = dt
 
@@ -205,6 +211,7 @@ class _Request:
     rows: np.ndarray | None = None
     error: Exception | None = None
     seconds: float = 0.0
+    hidden: np.ndarray | None = None  # the rows' hidden states, when a slot reads them
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
 
     def items(self) -> list[tuple[int, int, Sequence[int], bool]]:
@@ -226,6 +233,24 @@ class SeqModel(Model):
         self._shared, self.gate = shared, shared.gate
         self.n_branch = shared.width
         self.n_ctx = shared.n_ctx_seq
+        self._reads_hidden = False
+        self._hidden: np.ndarray | None = None  # its last decode's, when it reads them
+
+    def set_hidden(self, on: bool) -> None:
+        """The shared context keeps hidden states while any of its slots reads them."""
+        if on == self._reads_hidden:
+            return
+        self._reads_hidden = on
+        with self._between():
+            shared = self._shared
+            shared._hidden += 1 if on else -1
+            if not shared.closed:
+                shared.base.set_hidden(shared._hidden > 0)
+
+    def hidden(self, n_out: int) -> np.ndarray:
+        if self._hidden is None:
+            raise BackendError("internal: hidden states read from a decode that kept none")
+        return self._hidden[:n_out]
 
     def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
                     seqs: Sequence[Sequence[int]]) -> np.ndarray:
@@ -238,6 +263,7 @@ class SeqModel(Model):
         self.n_decode_tokens += n
         if req.error is not None:
             raise req.error
+        self._hidden = req.hidden
         return req.rows
 
     def fork(self, src: int, dst: int) -> None:
@@ -272,6 +298,7 @@ class SeqModel(Model):
         if req.error is not None:
             self._truncate(len(self.tokens))
             raise req.error
+        self._hidden = req.hidden
         self.tokens.extend(tokens)
         return req.rows if n_out else np.empty((0, self.n_vocab), dtype=np.float32)
 

@@ -13,7 +13,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from specli.drafts import (
     Proposal,
     VerifyCost,
 )
-from specli.drafts.base import rules_kw
+from specli.drafts.base import Decoded, Outcome, Reads, rules_kw
 from specli.drafts.translate import TranslateDraft
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
@@ -63,7 +63,6 @@ from specli.verify import (
     sampling_dist,
     token_probs,
     transform,
-    verify,
     verify_tree,
 )
 
@@ -306,28 +305,32 @@ class Engine:
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
         rng = np.random.default_rng(stats.seed)
         stats.n_draft, stats.n_prompt = policy.n_draft if draft else 0, len(prompt)
-        stats.n_seq_dft = policy.n_seq if draft is not None and self._tree(draft, policy, rules) \
-            else 1
+        if draft is None or not self._tree(draft, policy, rules):
+            policy = replace(policy, n_seq=1)  # this generation drafts one sequence a step
+        stats.n_seq_dft = policy.n_seq
         meter = _Meter(stats, tgt, draft.model if draft else None)
-        with meter.prompt():
-            # the last prompt token opens the first verification batch
-            tgt.sync(prompt[:-1], _progress(progress, len(prompt)) if progress else None,
-                     span=len(prompt))
-            if draft:
-                draft.begin(prompt)
-        context = list(prompt)  # committed tokens; context[-1] is not yet in the target cache
-        n_left = n_predict if n_predict >= 0 else tgt.n_ctx
-        stats.finish_reason = "length"
-        with meter.decode():
-            t0 = time.perf_counter()
-            try:
+        reads = None
+        try:
+            with meter.prompt():
+                if draft:
+                    reads = draft.begin(prompt)
+                    if reads and reads.hidden:
+                        tgt.set_hidden(True)
+                # the last prompt token opens the first verification batch
+                tgt.sync(prompt[:-1], _progress(progress, len(prompt)) if progress else None,
+                         span=len(prompt), each=self._teller(draft, reads),
+                         outputs=bool(reads and reads.hidden))
+            context = list(prompt)  # committed; context[-1] is not yet in the target cache
+            n_left = n_predict if n_predict >= 0 else tgt.n_ctx
+            stats.finish_reason = "length"
+            with meter.decode():
+                t0 = time.perf_counter()
                 while n_left > 0 and len(context) <= tgt.n_ctx:
                     # draft at most what the budget, the context and one batch can take
                     k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
-                    step = self._tree_step if self._tree(draft, policy, rules) else self._step
-                    tokens, n_drafted, eog = step(draft, policy, context, k, sp, rng, stats,
-                                                  rules, probs)
+                    tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
+                                                        stats, rules, probs, reads)
                     if not stats.n_first:  # llama-server's rates start after the first token
                         stats.n_first, stats.t_first_s = len(tokens), time.perf_counter() - t0
                     for i, t in enumerate(tokens):
@@ -338,141 +341,127 @@ class Engine:
                     if eog:
                         stats.finish_reason = "stop"
                         return
-            finally:
-                # a consumer that stopped inside the first step took fewer of its tokens
-                stats.n_first = min(stats.n_first, stats.n_predict)
-                if draft:
-                    draft.end()
-                if rules is not None:
-                    rules.close()
+        finally:
+            # a consumer that stopped inside the first step took fewer of its tokens
+            stats.n_first = min(stats.n_first, stats.n_predict)
+            if reads and reads.hidden:
+                tgt.set_hidden(False)
+            if draft:
+                draft.end()
+            if rules is not None:
+                rules.close()
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,
-              rules: Rules | None = None,
-              probs: list[TokenProbs] | None = None) -> tuple[list[int], int, bool]:
+              rules: Rules | None = None, probs: list[TokenProbs] | None = None,
+              reads: Reads | None = None) -> tuple[list[int], int, bool]:
         """One speculative step: (tokens to emit, how many of them the draft proposed, whether
-        the target ended the generation). Whatever happens, both caches end at a committed
-        length: the accepted prefix on success, the previous one on an exception (a failed
-        decode, a closed stream). The rules (DRY, grammar) move past the tokens emitted."""
-        n_past = n_keep = len(context) - 1
-        n_min = max(policy.n_min, 1)
+        the target ended the generation). A drafted sequence is a tree of one branch. Whatever
+        happens, both caches end at a committed length: the accepted path on success, the
+        previous one on an exception (a failed decode, a closed stream)."""
+        tree, path, token = _EMPTY, [], None
         try:
-            # 1. propose; a draft shorter than --draft-min is not worth a verification; with a
-            # grammar, a proposal is cut before its first token the grammar refuses
-            proposal = (draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
-                                      **rules_kw(rules))
-                        if draft and k >= n_min else Proposal())
+            # 1. propose (empty: the target decodes its next token alone)
+            tree = self._propose(draft, policy, context, k, sp, rng, rules)
+            # 2. verify: one target decode of [last token, *nodes], a logits row each
+            rows = self._verify_batch(context, tree, draft, reads)
+            row = _rows(rows, sp, context, tree, rules)
+            path, token = verify_tree(tree, row, sp, rng)
+            # 3. accept: the rules move past the target's token; an accepted
+            # end-of-generation token ends the step as the target's
+            if rules is not None and not self.target.is_eog(token):
+                rules.accept(token)
+            path, token = _cut_at_eog(tree, path, token, self.target.is_eog)
+            if probs is not None and sp.n_probs is not None:
+                _record_probs(probs, rows, row, tree, path, token, sp, self.target.is_eog)
+        except (NonFinite, NoToken, TransformError) as e:
+            raise _error(e, tree, stats.n_predict) from None
+        finally:
+            # 4. rewind both caches to the committed tokens; the draft learns how it went
+            self._rewind(draft, context, tree, path, token)
+        if len(tree):
+            stats.record_step(len(tree), len(path), tree.source, depth=tree.max_depth,
+                              branches=tree.n_branches)
+        eog = self.target.is_eog(token)
+        drafted = [tree.tokens[i] for i in path]
+        return drafted + ([] if eog else [token]), len(drafted), eog
+
+    def _propose(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int],
+                 k: int, sp: SamplingParams, rng: np.random.Generator,
+                 rules: Rules | None) -> Tree:
+        """The draft's proposal as a tree, cut before its first token the grammar refuses.
+        A proposal shorter than --draft-min is not worth a verification; a sampled one is
+        verified whatever its length (its length depends on what it drew: dropping the
+        short ones would bias what is accepted)."""
+        n_min = max(policy.n_min, 1)
+        if not draft or k < n_min:
+            return _EMPTY
+        proposal = draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
+                                 **rules_kw(rules))
+        if isinstance(proposal, Proposal):
             if rules is not None and rules.grammar is not None and proposal.tokens:
                 proposal = _fit(proposal, rules)
-            # (a sampled draft is verified whatever its length: how long it came out depends
-            # on what it drew, and dropping the short ones would bias what is accepted)
-            drafted = (proposal.tokens if len(proposal.tokens) >= n_min or proposal.q
-                       else [])
-            # 2. verify: one target decode of [last token, *draft], a logits row per token
-            rows = self.target.decode([context[-1], *drafted], logits="all")
-            # 3. accept (an accepted end-of-generation token ends the step as the target's)
-            row = _rows(rows, sp, context, drafted, rules)
-            n_acc, token = verify(drafted, proposal.q if drafted else None, row, sp, rng)
-            if rules is not None and not self.target.is_eog(token):
-                rules.accept(token)  # _rows moved them past the accepted drafted tokens
-            n_acc, token = next(((j, t) for j, t in enumerate(drafted[:n_acc])
-                                 if self.target.is_eog(t)), (n_acc, token))
-            if probs is not None and sp.n_probs is not None:
-                # the rows verify used: exactly the target's at each emitted position
-                for i, t in enumerate([*drafted[:n_acc], token]):
-                    if not self.target.is_eog(t):
-                        probs.append(_probs(rows[i], row, i, t, sp))
-            n_keep = n_past + 1 + n_acc
-        except TransformError as e:
-            raise UsageError(str(e), hint="use a repeat_penalty near 1 and penalties and "
-                             "biases of ordinary size") from None
-        except NoToken:
-            raise UsageError(f"the grammar allows no token after {stats.n_predict} generated "
-                             "tokens", hint="check that the grammar can be completed") from None
-        except NonFinite as e:  # a row of NaN or inf: no token can be chosen from it
-            who = "the draft model" if e.row < 0 else "the model"
-            raise BackendError(f"{who} produced NaN or infinite logits at token "
-                               f"{stats.n_predict + max(e.row, 0) + 1}", hint="its weights "
-                               "may be damaged: try another file or quantization") from None
-        finally:
-            # 4. rewind both caches past the first rejection
-            self.target.rewind(n_keep)
-            if draft:
-                draft.rewind(n_keep)
-        # 5. observe: where adaptive draft lengths live
-        if drafted:
-            stats.record_step(len(drafted), n_acc, proposal.source)
-            draft.observe(n_acc)
-        eog = self.target.is_eog(token)
-        return drafted[:n_acc] + ([] if eog else [token]), n_acc, eog
+            proposal = Tree.chain(proposal.tokens, proposal.q, proposal.source)
+        return proposal if len(proposal) >= n_min or proposal.q else _EMPTY
+
+    def _verify_batch(self, context: list[int], tree: Tree, draft: DraftSource | None,
+                      reads: Reads | None) -> np.ndarray:
+        """The target's rows for the last committed token and every node, each in the
+        branches through it; the draft is told what was decoded (process)."""
+        tgt, n_past = self.target, len(context) - 1
+        tokens = [context[-1], *tree.tokens]
+        if tree.branched:
+            tgt.branch(tree.seq_ids)
+            pos = [n_past, *(n_past + d for d in tree.depth)]
+            seqs = [tree.seq_ids, *tree.seqs]
+            rows = tgt.decode_tree(tokens, pos, seqs)
+        else:
+            rows = tgt.decode(tokens, logits="all")
+            pos, seqs = range(n_past, n_past + len(tokens)), None
+        if draft:
+            draft.process(Decoded(tokens, pos, seqs, tgt.hidden(len(tokens))
+                                  if reads and reads.hidden else None))
+        return rows
+
+    def _rewind(self, draft: DraftSource | None, context: list[int], tree: Tree,
+                path: list[int], token: int | None) -> None:
+        """Both caches back to the committed tokens: the context and the accepted path after
+        a step that ended (token set), the context without its last token after one that
+        failed. The accepted path's branch becomes the committed one."""
+        tgt = self.target
+        done = token is not None
+        n_keep = len(context) + len(path) if done else len(context) - 1
+        if tree.branched:
+            seq = min(tree.seqs[path[-1]]) if done and path else 0
+            tgt.keep(seq, [*context, *(tree.tokens[i] for i in path)] if done
+                     else context[:-1])
+        else:
+            tgt.rewind(n_keep)
+        if draft:
+            draft.accept(Outcome(n_keep, tree, path, token) if done and len(tree)
+                         else Outcome(n_keep))
+
+    def _teller(self, draft: DraftSource | None,
+                reads: Reads | None) -> Callable[[Sequence[int], int], None] | None:
+        """What tells the draft of each batch of the prompt the target decodes."""
+        if not draft:
+            return None
+        hidden = bool(reads and reads.hidden)
+
+        def told(tokens: Sequence[int], pos0: int) -> None:
+            draft.process(Decoded(tokens, range(pos0, pos0 + len(tokens)), None,
+                                  self.target.hidden(len(tokens)) if hidden else None))
+
+        return told
 
     def _tree(self, draft: DraftSource | None, policy: DraftPolicy,
               rules: Rules | None) -> bool:
-        """Whether this step drafts a tree: more than one draft sequence, a draft model alone
-        (not chained with n-gram types), no grammar or DRY (their state follows one path)."""
+        """Whether this generation drafts trees: more than one draft sequence, a draft model
+        alone (not chained with n-gram types), no grammar or DRY (their state follows one
+        path)."""
         return (policy.n_seq > 1 and rules is None and isinstance(draft, ModelDraft)
                 and min(getattr(m, "n_branch", 1) for m in (self.target, draft.model))
                 >= policy.n_seq)
-
-    def _tree_step(self, draft: ModelDraft, policy: DraftPolicy, context: list[int], k: int,
-                   sp: SamplingParams, rng: np.random.Generator, stats: Stats,
-                   rules: Rules | None = None,
-                   probs: list[TokenProbs] | None = None) -> tuple[list[int], int, bool]:
-        """_step with a draft tree (llama-speculative's -np): every node verified in one
-        target decode, the longest agreed path kept in both caches, the rest dropped."""
-        tgt, n_past = self.target, len(context) - 1
-        keep: tuple[int, list[int]] = (0, context[:-1])  # on an exception: as before the step
-        tree, path, done = None, [], False
-        try:
-            # 1. propose a tree (its nodes at most k: the verification batch stays k + 1)
-            tree = draft.propose_tree(context, policy.k_for(draft, k), sp, rng, policy) \
-                if k >= max(policy.n_min, 1) else None
-            if tree is not None and (not tree.tokens or
-                                     sp.greedy and len(tree) < max(policy.n_min, 1)):
-                tree = None  # sampled, its size depends on its draws: verified whatever it is
-            # 2. verify: the root and every node, each in the branches through it
-            if tree is None:
-                rows = tgt.decode([context[-1]], logits="all")
-            else:
-                tgt.branch(tree.seq_ids)
-                rows = tgt.decode_tree(
-                    [context[-1], *tree.tokens], [n_past, *(n_past + d for d in tree.depth)],
-                    [tree.seq_ids, *tree.seqs])
-            row = _tree_rows(rows, sp, context, tree)
-            # 3. accept the longest path the target agrees with
-            path, token = verify_tree(tree or _EMPTY, row, sp, rng)
-            drafted = [tree.tokens[i] for i in path] if tree else []
-            cut = next((j for j, t in enumerate(drafted) if tgt.is_eog(t)), None)
-            if cut is not None:  # an accepted end-of-generation token ends it as the target's
-                path, token, drafted = path[:cut], drafted[cut], drafted[:cut]
-            if probs is not None and sp.n_probs is not None:
-                for i, t in enumerate([*drafted, token]):
-                    if not tgt.is_eog(t):
-                        r = 0 if i == 0 else path[i - 1] + 1
-                        probs.append(_probs(rows[r], lambda _, r=r, i=i: row(r, path[:i]),
-                                            0, t, sp))
-            seq = min(tree.seqs[path[-1]]) if path else 0
-            keep, done = (seq, [*context, *drafted]), True
-        except NonFinite as e:
-            who = "the draft model" if e.row < 0 else "the model"
-            raise BackendError(f"{who} produced NaN or infinite logits at token "
-                               f"{stats.n_predict + 1}", hint="its weights may be damaged: "
-                               "try another file or quantization") from None
-        except TransformError as e:
-            raise UsageError(str(e), hint="use a repeat_penalty near 1 and penalties and "
-                             "biases of ordinary size") from None
-        finally:
-            # 4. rewind: the accepted path's branch becomes sequence 0 in both caches
-            tgt.keep(*keep)
-            draft.keep_path(tree, path if done else [], context[:len(keep[1])],
-                            token if done else None)
-        # 5. observe
-        if tree is not None:
-            stats.record_step(len(tree), len(path), tree.source, depth=tree.max_depth,
-                              branches=tree.n_branches)
-            draft.observe(len(path))
-        eog = tgt.is_eog(token)
-        return drafted + ([] if eog else [token]), len(drafted), eog
 
     def _source(self, spec: SpecRequest | None) -> DraftSource | None:
         return self.draft if spec is None or spec.types is None else self.source_for(spec.types)
@@ -677,59 +666,79 @@ def _progress(report: Callable[[dict], None], total: int) -> Callable[[int, int]
     return on_progress
 
 
-def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], drafted: list[int],
-          rules: Rules | None = None) -> Callable[[int], np.ndarray]:
-    """Row i of a verification batch as the sampler sees it: transformed with the history it
-    follows (the context and the first i drafted tokens), then through the rules (DRY, the
-    grammar's mask). verify asks for row i only once drafted[i - 1] is accepted: the rules
-    move past it then."""
+def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
+          rules: Rules | None = None) -> Callable[[int, list[int]], np.ndarray]:
+    """Row r of a verification batch as the sampler sees it: transformed with the history it
+    follows (the context, then the nodes of `path` above it), then through the rules (DRY,
+    the grammar's mask). verify_tree descends one path, asking for a row only once the node
+    above it is accepted: the rules move past the path's tokens then."""
     if not sp.transforms and rules is None:
-        return rows.__getitem__
+        return lambda r, path: rows[r]
     n = sp.repeat_last_n
     tail = context if n < 0 else context[-n:] if n > 0 else []
     need = need_for(sp, rows.shape[1])
-
-    moved = 0  # drafted tokens the rules have moved past
+    moved = 0  # path tokens the rules have moved past
     done: dict[int, np.ndarray] = {}  # a row asked for again is the same row
 
-    def row(i: int) -> np.ndarray:
+    def row(r: int, path: list[int]) -> np.ndarray:
         nonlocal moved
-        if i in done:
-            return done[i]
-        r = transform(rows[i], sp, [*tail, *drafted[:i]])
+        if r in done:
+            return done[r]
+        above = [tree.tokens[i] for i in path]
+        x = transform(rows[r], sp, [*tail, *above])
         if rules is not None:
-            for t in drafted[moved:i]:
+            for t in above[moved:]:
                 rules.accept(t)
-            moved = max(moved, i)
-            r = rules.apply(r, need)
-        done[i] = r
-        return r
+            moved = max(moved, len(above))
+            x = rules.apply(x, need)
+        done[r] = x
+        return x
 
     return row
 
 
-_EMPTY = Tree()  # no nodes: verify_tree takes the root row alone
+_EMPTY = Tree()  # no nodes: the target decodes the last token alone
 
 
-def _tree_rows(rows: np.ndarray, sp: SamplingParams, context: list[int],
-               tree) -> Callable[[int, list[int]], np.ndarray]:
-    """Row r of a tree's verification batch as the sampler sees it: transformed with the
-    history it follows (the context and the path above it)."""
-    if not sp.transforms:
-        return lambda r, path: rows[r]
-    n = sp.repeat_last_n
-    tail = context if n < 0 else context[-n:] if n > 0 else []
-    return lambda r, path: transform(rows[r], sp, [*tail, *(tree.tokens[i] for i in path)])
+def _cut_at_eog(tree: Tree, path: list[int], token: int,
+                is_eog: Callable[[int], bool]) -> tuple[list[int], int]:
+    """The accepted path up to its first end-of-generation token, which becomes the
+    target's token (it ends the generation)."""
+    cut = next((j for j, i in enumerate(path) if is_eog(tree.tokens[i])), None)
+    return (path, token) if cut is None else (path[:cut], tree.tokens[path[cut]])
 
 
-def _probs(raw: np.ndarray, row: Callable[[int], np.ndarray], i: int, token: int,
-           sp: SamplingParams) -> TokenProbs:
-    """Token i's probabilities: the raw row's softmax, or the chain's distribution."""
-    if not sp.post_sampling_probs:
-        return token_probs(raw, token, sp.n_probs)
-    if sp.greedy:  # the greedy chain keeps one token
-        return TokenProbs(token, 1.0, ((token, 1.0),) if sp.n_probs else ())
-    return sampled_probs(sampling_dist(row(i), sp, i), token, sp.n_probs)
+def _record_probs(probs: list[TokenProbs], rows: np.ndarray,
+                  row: Callable[[int, list[int]], np.ndarray], tree: Tree, path: list[int],
+                  token: int, sp: SamplingParams, is_eog: Callable[[int], bool]) -> None:
+    """Each emitted token's probabilities, from the rows verify used: exactly the target's at
+    each emitted position."""
+    for i, t in enumerate([*(tree.tokens[j] for j in path), token]):
+        if is_eog(t):
+            continue
+        r = 0 if i == 0 else path[i - 1] + 1
+        if not sp.post_sampling_probs:  # the raw row's softmax
+            probs.append(token_probs(rows[r], t, sp.n_probs))
+        elif sp.greedy:  # the greedy chain keeps one token
+            probs.append(TokenProbs(t, 1.0, ((t, 1.0),) if sp.n_probs else ()))
+        else:  # the distribution the chain drew from
+            probs.append(sampled_probs(sampling_dist(row(r, path[:i]), sp, r), t, sp.n_probs))
+
+
+def _error(e: Exception, tree: Tree, n_predict: int) -> Exception:
+    """A failed step's error as the user reads it, naming the token it was choosing."""
+    if isinstance(e, TransformError):
+        return UsageError(str(e), hint="use a repeat_penalty near 1 and penalties and biases "
+                          "of ordinary size")
+    if isinstance(e, NoToken):
+        return UsageError(f"the grammar allows no token after {n_predict} generated tokens",
+                          hint="check that the grammar can be completed")
+    # a row of NaN or inf (NonFinite): no token can be chosen from it
+    who = "the draft model" if e.row < 0 else "the model"
+    depth = tree.depth[e.row - 1] if e.row > 0 else 0
+    return BackendError(f"{who} produced NaN or infinite logits at token "
+                        f"{n_predict + depth + 1}", hint="its weights may be damaged: try "
+                        "another file or quantization")
 
 
 def _fit(proposal: Proposal, rules: Rules) -> Proposal:

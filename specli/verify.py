@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -148,6 +149,14 @@ def residual(p: Dist, q: Dist | None, drafted: int) -> Dist:
     return Dist(p.ids, r / total)
 
 
+class _Chain(NamedTuple):
+    """One drafted sequence in the shape verify_tree walks: node i's only child is i + 1."""
+
+    tokens: Sequence[int]
+    draws: dict[int, list[int]]
+    q: dict[int, Dist]
+
+
 def verify(
     drafted: Sequence[int],
     q: Sequence[Dist] | None,
@@ -155,30 +164,13 @@ def verify(
     sp: SamplingParams,
     rng: np.random.Generator,
 ) -> tuple[int, int]:
-    """Return (accepted count, next token) for one verification batch.
-
-    Greedy: accept while the target's argmax equals the drafted token; the next token is the
-    argmax at the first mismatch (or the bonus row). Sampling (Leviathan et al. / Chen et al.):
-    accept x with probability min(1, p(x)/q(x)); on rejection sample norm(max(0, p - q)); a
-    deterministic proposal has q = one-hot. `target_row(i)` gives logits row i lazily.
-    """
-    for i, x in enumerate(drafted):
-        row = target_row(i)
-        if sp.greedy:
-            best = finite_argmax(row, i)
-            if best != x:
-                return i, best
-            continue
-        p = sampling_dist(row, sp, i)
-        qi = q[i] if q is not None else None
-        px, qx = p.prob(x), (qi.prob(x) if qi is not None else 1.0)
-        if qx > 0.0 and rng.random() * qx < px:  # u < p/q without dividing
-            continue
-        return i, residual(p, qi, x).sample(rng)
-    bonus = target_row(len(drafted))
-    if sp.greedy:
-        return len(drafted), finite_argmax(bonus, len(drafted))
-    return len(drafted), sampling_dist(bonus, sp, len(drafted)).sample(rng)
+    """Return (accepted count, next token) for one drafted sequence: verify_tree on a tree of
+    one branch, q[i] the distribution drafted[i] was drawn from (None: deterministic).
+    `target_row(i)` gives logits row i lazily."""
+    chain = _Chain(drafted, {i - 1: [i] for i in range(len(drafted))},
+                   {i - 1: d for i, d in enumerate(q)} if q else {})
+    path, token = verify_tree(chain, lambda r, _: target_row(r), sp, rng)
+    return len(path), token
 
 
 @dataclass(frozen=True)
@@ -212,13 +204,16 @@ def sampled_probs(d: Dist, token: int, n: int) -> TokenProbs:
 def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: SamplingParams,
                 rng: np.random.Generator) -> tuple[list[int], int]:
     """Return (the accepted path's nodes, next token) for a draft tree (drafts/tree.py), whose
-    node i is row i + 1 of the verification batch (row 0: the root).
+    node i is row i + 1 of the verification batch (row 0: the root); a drafted sequence is a
+    tree of one branch.
 
     Walk down from the root. Greedy: descend into the child spelling the target's argmax.
     Sampling (SpecInfer's multi-draft rule): try the node's draws in order, accepting draw x
     with probability min(1, r(x)/q(x)), where r starts as p and becomes norm(max(0, r - q))
     after each rejection; when every draw is rejected, sample r. With independent draws from
-    q this draws from p exactly; a one-hot q (greedy children) zeroes x instead.
+    q this draws from p exactly; a one-hot q (greedy children, n-gram drafts) zeroes x
+    instead. On one branch this is Leviathan et al.'s rule: accept x with min(1, p(x)/q(x)),
+    on rejection sample norm(max(0, p - q)), after a full acceptance the bonus row.
     `target_row(row, path)` gives the batch row, `path` the nodes above it."""
     path: list[int] = []
     node = -1

@@ -16,6 +16,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from specli.backend import Model
+from specli.drafts.base import Outcome
+from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError
 
 EOG = 0
@@ -165,3 +167,8 @@ class FakeGrammar:
 
     def close(self) -> None:
         self.closed = True
+
+
+def accepted(n: int) -> Outcome:
+    """A step whose verified proposal had its first n tokens accepted (its source's view)."""
+    return Outcome(0, Tree.chain([1] * (n + 1)), list(range(n)), 1)

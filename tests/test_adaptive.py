@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import accepted
 
 from specli.config import SamplingParams
 from specli.drafts.adaptive import Adaptive, VerifyCost
@@ -29,11 +30,11 @@ class Echo:
         self.asked.append(k)
         return Proposal([7] * k, source=self.name)
 
-    def rewind(self, n_keep):
+    def process(self, batch):
         pass
 
-    def observe(self, n_accepted):
-        self.observed.append(n_accepted)
+    def accept(self, outcome):
+        self.observed.append(outcome.n_accepted)
 
     def end(self):
         pass
@@ -71,7 +72,7 @@ def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,
         while not all_or_nothing and n_acc < len(p.tokens) and rng.random() < acceptance:
             n_acc += 1
         now[0] += 0.01 * (1 + slope * len(p.tokens))
-        ad.observe(n_acc)
+        ad.accept(accepted(n_acc))
         ks.append(ad.k)
     return ks
 
@@ -103,7 +104,7 @@ def test_observe_is_forwarded_and_measures_the_verification():
     src = Echo()
     ad = Adaptive(src, VerifyCost())
     ad.propose([1], 4, SP, np.random.default_rng(0))
-    ad.observe(0)
+    ad.accept(accepted(0))
     assert src.observed == [0]
     assert ad.cost._w == 1 and ad.acceptance < 0.6
 

@@ -152,7 +152,7 @@ def assert_recovers(spec: Engine, prompt: str, n: int, break_it) -> None:
 
 def test_an_exception_mid_step_leaves_both_caches_committed(spec):
     assert_recovers(spec, PROMPTS[1], 48,
-                    lambda mp: fail_on_third_call(engine_mod, "verify", mp))
+                    lambda mp: fail_on_third_call(engine_mod, "verify_tree", mp))
 
 
 def test_a_draft_failure_mid_proposal_leaves_both_caches_committed(spec):

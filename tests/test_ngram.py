@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import accepted
 
 from specli.config import SamplingParams
 from specli.drafts.ngram import NgramSimple
@@ -204,5 +205,5 @@ def test_ngram_mod_pool_resets():
     m.begin(h[:17])
     for i in range(5):
         assert propose(m, h), f"draft {i}"
-        m.observe(0)
+        m.accept(accepted(0))
     assert m.used == 0 and propose(m, h) == []

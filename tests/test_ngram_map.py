@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fakes import accepted
 
 from specli.config import SamplingParams
 from specli.drafts.ngram_map import NgramMap
@@ -55,9 +56,9 @@ def test_k_truncates_the_draft():
 def test_a_key_drafts_no_more_than_was_accepted_last_time():
     src = started(H)
     assert propose(src, H) == [3, 4, 5]
-    src.observe(1)
+    src.accept(accepted(1))
     assert propose(src, H) == [3]
-    src.observe(0)
+    src.accept(accepted(0))
     assert propose(src, H) == [], "llama.cpp never drafts again from a key that failed"
 
 
@@ -113,7 +114,7 @@ def test_k4v_keeps_at_most_four_continuations():
 def test_begin_keeps_what_still_holds_and_forgets_what_changed():
     src = started(H)
     assert propose(src, H) == [3, 4, 5]
-    src.observe(1)
+    src.accept(accepted(1))
     src.begin(H)  # the same prompt again: the key and its memory still hold
     assert propose(src, H) == [3]
     changed = [9, 1, 2, 3, 4, 5, 6, 6, 6, 6, 6, 6, 1, 2]
@@ -125,7 +126,7 @@ def test_begin_keeps_what_still_holds_and_forgets_what_changed():
 def test_a_draft_cut_by_k_and_accepted_whole_keeps_the_longer_memory():
     src = started(H)
     assert propose(src, H, k=2) == [3, 4]
-    src.observe(2)
+    src.accept(accepted(2))
     assert propose(src, H) == [3, 4, 5], "k, not the key, was the limit"
-    src.observe(1)
+    src.accept(accepted(1))
     assert propose(src, H) == [3]

@@ -155,8 +155,8 @@ def test_the_check_catches_an_untransformed_target(monkeypatch):
     e = engines("model")
     prompt = e.tokenize("The three primary colours are red,")
     expected = exact(e, prompt, 3, SP)
-    monkeypatch.setattr(engine_mod, "_rows", lambda rows, sp, context, drafted, grammar=None:
-                        rows.__getitem__)
+    monkeypatch.setattr(engine_mod, "_rows", lambda rows, sp, context, tree, rules=None:
+                        lambda r, path: rows[r])
     seen, _ = runs(e, prompt, 3, SP)
     assert set(seen) - set(expected) or chi_square(seen, expected, N_SEEDS) < 0.01
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
 from specli.cost import CostModel
-from specli.drafts.base import DraftSource, Proposal, rules_kw
+from specli.drafts.base import Decoded, DraftSource, Outcome, Proposal, Reads, rules_kw
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -116,9 +116,9 @@ class Adaptive:
             k += int(self._rng.choice((-1, 1)))
         return min(max(k, self.n_min, 1), k_max)
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int]) -> Reads | None:
         self._pending = None
-        self.source.begin(prompt)
+        return self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
@@ -132,11 +132,13 @@ class Adaptive:
             self._pending = (len(p.tokens), t1)
         return p
 
-    def rewind(self, n_keep: int) -> None:
-        self.source.rewind(n_keep)
+    def process(self, batch: Decoded) -> None:
+        self.source.process(batch)
 
-    def observe(self, n_accepted: int) -> None:
-        if self._pending is not None:
+    def accept(self, outcome: Outcome) -> None:
+        """A verified proposal: its cost and how far it was accepted."""
+        n_accepted = outcome.n_accepted
+        if outcome.tree is not None and self._pending is not None:
             drafted, t1 = self._pending
             self._pending = None
             self.cost.add(drafted + 1, self._clock() - t1)
@@ -145,7 +147,7 @@ class Adaptive:
             reached = min(n_accepted + 1, drafted, DRAFT_AUTO_MAX)  # the first rejected too
             self._tried[1:reached + 1] += 1
             self._hit[1:min(n_accepted, DRAFT_AUTO_MAX) + 1] += 1
-        self.source.observe(n_accepted)
+        self.source.accept(outcome)
 
     def end(self) -> None:
         self.source.end()

@@ -1,4 +1,5 @@
-"""The DraftSource protocol: a Protocol, not a class tree."""
+"""The DraftSource protocol (llama.cpp's common_speculative shape: begin / propose /
+process / accept / end): a Protocol, not a class tree."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
+from specli.drafts.tree import Tree
 from specli.verify import Dist
 
 if TYPE_CHECKING:
@@ -26,6 +28,53 @@ class Proposal:
     source: str = ""  # the DraftSource.name that proposed it, for per-source statistics
 
 
+@dataclass(frozen=True)
+class Reads:
+    """What a draft reads from the target's decodes, asked for once per generation (begin):
+    hidden, the target's last hidden state of every token it decodes."""
+
+    hidden: bool = False
+
+    def __or__(self, other: Reads | None) -> Reads:
+        return self if other is None else Reads(self.hidden or other.hidden)
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One target decode, as the draft is told it after it ran (llama.cpp's process(batch)):
+    tokens at positions pos (a tree's nodes in the branches seqs[i]; None: the committed
+    sequence), and what the draft reads of it: hidden, a (tokens, n_embd) view valid until
+    the target's next decode, when the draft asked for it."""
+
+    tokens: Sequence[int]
+    pos: Sequence[int]
+    seqs: Sequence[Sequence[int]] | None = None
+    hidden: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a step ended, as the draft is told it (llama.cpp's accept(n)): the target's cache
+    now holds n_keep committed tokens. tree: the proposal the target verified when it was
+    this source's (a chain is a tree of one branch), path its accepted nodes, token the
+    target's own token after them. tree None: nothing of this source's was verified (another
+    source proposed, the proposal was dropped, or the step failed): only forget what lies
+    past n_keep."""
+
+    n_keep: int
+    tree: Tree | None = None
+    path: Sequence[int] = ()
+    token: int | None = None
+
+    @property
+    def n_accepted(self) -> int:
+        return len(self.path)
+
+    def elsewhere(self) -> Outcome:
+        """The same end, for a source whose proposal was not the one verified."""
+        return Outcome(self.n_keep)
+
+
 class DraftSource(Protocol):
     """Anything that proposes tokens: a draft model, an n-gram table, a chain of them."""
 
@@ -33,23 +82,25 @@ class DraftSource(Protocol):
     own_length: bool  # drafts up to a length of its own (an n-gram type's m), not --draft
     model: Model | None  # the draft model it decodes with, if any (for timing)
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """A new generation starts from `prompt` (its last token is not yet verified)."""
+    def begin(self, prompt: Sequence[int]) -> Reads | None:
+        """A new generation starts from `prompt` (its last token is not yet verified).
+        Returns what it reads from the target's decodes (None: nothing)."""
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
-        """Propose up to k tokens to follow `context` (all committed tokens). policy: this
-        step's (p_min for a draft model; a chain gives each source its own k from it).
-        rules: the committed DRY and grammar state, if the request has them; a source may
-        draft within them (on a fork); the engine cuts any proposal at its first token the
-        grammar refuses."""
+                rules: Rules | None = None) -> Proposal | Tree:
+        """Propose up to k tokens to follow `context` (all committed tokens): a Proposal (one
+        sequence), or a Tree of up to k nodes when policy.n_seq > 1 and the source drafts
+        trees. policy: this step's (p_min for a draft model; a chain gives each source its
+        own k from it). rules: the committed DRY and grammar state, if the request has
+        them; a source may draft within them (on a fork); the engine cuts any proposal at
+        its first token the grammar refuses."""
 
-    def rewind(self, n_keep: int) -> None:
-        """Forget any state past the first n_keep tokens of the context."""
+    def process(self, batch: Decoded) -> None:
+        """What the target just decoded (the prompt's batches, then each verification)."""
 
-    def observe(self, n_accepted: int) -> None:
-        """How many of the last proposal's tokens the target accepted."""
+    def accept(self, outcome: Outcome) -> None:
+        """The step is over, whatever happened: keep what the target kept, learn from it."""
 
     def end(self) -> None:
         """The generation is over (finished, failed or abandoned): flush what was learnt."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import DraftSource, Proposal, rules_kw
+from specli.drafts.base import Decoded, DraftSource, Outcome, Proposal, Reads, rules_kw
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -27,9 +27,11 @@ class Chain:
         self.model = next((s.model for s in self.sources if s.model is not None), None)
         self._last: DraftSource | None = None  # the source of the last proposal
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int]) -> Reads | None:
+        reads = Reads()
         for s in self.sources:
-            s.begin(prompt)
+            reads = reads | s.begin(prompt)
+        return reads
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
@@ -43,13 +45,13 @@ class Chain:
                 return p
         return Proposal()
 
-    def rewind(self, n_keep: int) -> None:
+    def process(self, batch: Decoded) -> None:
         for s in self.sources:
-            s.rewind(n_keep)
+            s.process(batch)
 
-    def observe(self, n_accepted: int) -> None:
-        if self._last is not None:
-            self._last.observe(n_accepted)
+    def accept(self, outcome: Outcome) -> None:
+        for s in self.sources:
+            s.accept(outcome if s is self._last else outcome.elsewhere())
 
     def end(self) -> None:
         for s in self.sources:

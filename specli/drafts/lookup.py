@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Proposal
+from specli.drafts.base import Decoded, Outcome, Proposal
 from specli.errors import SpecliError
 
 if TYPE_CHECKING:
@@ -302,11 +302,11 @@ class NgramCache:
         tokens = draft(context, k, self.context, self.dynamic, self.static)
         return Proposal(tokens, source=self.name)
 
-    def rewind(self, n_keep: int) -> None:
-        """Only committed tokens are counted; a rewind never reaches them."""
-
-    def observe(self, n_accepted: int) -> None:
+    def process(self, batch: Decoded) -> None:
         pass
+
+    def accept(self, outcome: Outcome) -> None:
+        """Only committed tokens are counted; a rewind never reaches them."""
 
     def end(self) -> None:
         if self.dynamic_path is None:

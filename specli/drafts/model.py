@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Proposal
+from specli.drafts.base import Decoded, Outcome, Proposal
 from specli.drafts.tree import Calibration, Tree, draft_tree
+from specli.verify import NoToken, finite_argmax, need_for, sampling_dist, transform
 
 if TYPE_CHECKING:
     from specli.backend import Model
     from specli.rules import Rules
-from specli.verify import NoToken, finite_argmax, need_for, sampling_dist, transform
 
 # llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
 _DRAFT_TOP_K = 10
@@ -46,10 +46,16 @@ class ModelDraft:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Proposal | Tree:
+        """A sequence, or with policy.n_seq > 1 a tree of up to k nodes (drafts/tree.py)."""
         m = self.model
         p_min = policy.p_min if policy is not None else 0.0
         k = min(k, m.n_ctx - len(context))  # the draft's context may be smaller (-cd)
+        if policy is not None and policy.n_seq > 1:
+            if k <= 0:
+                return Tree(source=self.name)
+            return draft_tree(m, self.feed(context), self.n_vocab, context, k, sp, rng, policy,
+                              self.calib, self.name)
         if k <= 0:
             return Proposal()
         logits = self.feed(context)[0, : self.n_vocab]
@@ -78,26 +84,6 @@ class ModelDraft:
             m.decode(new[:1])
             new = new[1:]
         return m.decode(new, logits="last")
-
-    def propose_tree(self, context: Sequence[int], k: int, sp: SamplingParams,
-                     rng: np.random.Generator, policy: DraftPolicy) -> Tree:
-        """A draft tree of up to k nodes over policy.n_seq branches (drafts/tree.py)."""
-        k = min(k, self.model.n_ctx - len(context))
-        if k <= 0:
-            return Tree(source=self.name)
-        return draft_tree(self, context, k, sp, rng, policy, self.calib)
-
-    def keep_path(self, tree: Tree | None, path: Sequence[int], context: Sequence[int],
-                  token: int | None = None) -> None:
-        """After a tree step: the branch holding the accepted path becomes the cache, as far
-        as the draft decoded it (the committed context as far as it holds it, then the path);
-        every other branch is dropped. An empty path keeps the context alone."""
-        m = self.model
-        if tree is not None and token is not None:
-            self.calib.record(tree, path, token)
-        seq = min(tree.seqs[path[-1]]) if tree is not None and path else 0
-        n = min(len(path), tree.decoded.get(seq, 0)) if path else 0
-        m.keep(seq, [*m.tokens[:len(context)], *(tree.tokens[i] for i in path[:n])])
 
     def _draft(self, logits: np.ndarray, out: Proposal, context: Sequence[int], k: int,
                sp: SamplingParams, rng: np.random.Generator, p_min: float,
@@ -130,11 +116,25 @@ class ModelDraft:
             logits = m.decode([token], logits="last")[0, : self.n_vocab]
         return out
 
-    def rewind(self, n_keep: int) -> None:
-        self.model.rewind(n_keep)
+    def process(self, batch: Decoded) -> None:
+        """Nothing: the next proposal feeds the draft what it lacks of the context."""
 
-    def observe(self, n_accepted: int) -> None:
-        pass
+    def accept(self, outcome: Outcome) -> None:
+        """The cache keeps the committed tokens it holds; after a tree, the branch of the
+        accepted path becomes the cache as far as the draft decoded it, every other branch
+        is dropped."""
+        m, tree, path = self.model, outcome.tree, outcome.path
+        if tree is not None and tree.top:
+            self.calib.record(tree, path, outcome.token)
+        if tree is None or not tree.decoded:  # a sequence: decoded in the committed branch
+            if m.n_branch > 1:
+                m.keep(0, m.tokens[:outcome.n_keep])
+            else:
+                m.rewind(outcome.n_keep)
+            return
+        seq = min(tree.seqs[path[-1]]) if path else 0
+        n = min(len(path), tree.decoded.get(seq, 0))
+        m.keep(seq, [*m.tokens[:outcome.n_keep - len(path)], *(tree.tokens[i] for i in path[:n])])
 
     def end(self) -> None:
         pass

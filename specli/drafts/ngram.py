@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Proposal
+from specli.drafts.base import Decoded, Outcome, Proposal
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -56,11 +56,11 @@ class NgramSimple:
         start = match + n
         return Proposal(list(context[start:start + min(copy_max, k)]), source=self.name)
 
-    def rewind(self, n_keep: int) -> None:
-        """Only committed tokens are indexed; a rewind never reaches them."""
-
-    def observe(self, n_accepted: int) -> None:
+    def process(self, batch: Decoded) -> None:
         pass
+
+    def accept(self, outcome: Outcome) -> None:
+        """Only committed tokens are indexed; a rewind never reaches them."""
 
     def end(self) -> None:
         pass
@@ -146,12 +146,14 @@ class NgramMod:
         self._n_draft_last = len(drafted)
         return Proposal(drafted[:k], source=self.name)
 
-    def rewind(self, n_keep: int) -> None:
-        """Only committed tokens enter the pool; a rewind never reaches them."""
+    def process(self, batch: Decoded) -> None:
+        pass
 
-    def observe(self, n_accepted: int) -> None:
-        if self._n_draft_last > 0:
-            if n_accepted / self._n_draft_last < 0.25:
+    def accept(self, outcome: Outcome) -> None:
+        """Only committed tokens enter the pool (a rewind never reaches them); a verified
+        proposal counts towards the reset."""
+        if outcome.tree is not None and self._n_draft_last > 0:
+            if outcome.n_accepted / self._n_draft_last < 0.25:
                 self._n_low += 1
                 if self._n_low >= 5:
                     self.reset()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Proposal
+from specli.drafts.base import Decoded, Outcome, Proposal
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -182,11 +182,14 @@ class NgramMap:
         self._last = (key, value, n_draft, n_draft < n_own)
         return Proposal(list(self._history[start:start + n_draft]), source=self.name)
 
-    def rewind(self, n_keep: int) -> None:
-        """Positions refer to committed tokens only; a rewind never reaches them."""
+    def process(self, batch: Decoded) -> None:
+        pass
 
-    def observe(self, n_accepted: int) -> None:
-        if self._last is not None:
+    def accept(self, outcome: Outcome) -> None:
+        """Positions refer to committed tokens only (a rewind never reaches them); a verified
+        proposal's accepted length is remembered for its key."""
+        if outcome.tree is not None and self._last is not None:
+            n_accepted = outcome.n_accepted
             key, value, n_draft, cut_by_k = self._last
             # a draft that k cut short and the target accepted whole says nothing against the
             # longer one (llama.cpp never cuts n-gram drafts, so it has no such case)

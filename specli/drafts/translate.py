@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Proposal
+from specli.drafts.base import Decoded, Outcome, Proposal
 from specli.verify import finite_argmax
 
 if TYPE_CHECKING:
@@ -127,11 +127,11 @@ class TranslateDraft:
         full = before + b"".join(m.token_bytes(t) for t in drafted)
         return Proposal(self._to_target(gen, text, full, eog)[:k], None, self.name)
 
-    def rewind(self, n_keep: int) -> None:
-        """Nothing to do: the next proposal keeps what still spells the committed text."""
-
-    def observe(self, n_accepted: int) -> None:
+    def process(self, batch: Decoded) -> None:
         pass
+
+    def accept(self, outcome: Outcome) -> None:
+        """Nothing to do: the next proposal keeps what still spells the committed text."""
 
     def end(self) -> None:
         pass

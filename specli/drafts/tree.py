@@ -16,7 +16,7 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.verify import Dist, NonFinite, sampling_dist, transform
 
 if TYPE_CHECKING:
-    from specli.drafts.model import ModelDraft
+    from specli.backend import Model
 
 ROOT = -1  # the parent of depth-1 nodes: the last committed token, not yet verified
 _SPLIT_CANDIDATES = 8  # llama-speculative looks at the draft's top 8 for splits
@@ -42,6 +42,21 @@ class Tree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @classmethod
+    def chain(cls, tokens: Sequence[int], q: Sequence[Dist] | None = None,
+              source: str = "") -> Tree:
+        """A drafted sequence as a tree of one branch: node i's only child is node i + 1, and
+        q[i] the distribution node i was drawn from (None: a deterministic proposal)."""
+        n = len(tokens)
+        return cls(list(tokens), list(range(-1, n - 1)), list(range(1, n + 1)), [[0]] * n,
+                   {i - 1: [i] for i in range(n)},
+                   {i - 1: d for i, d in enumerate(q)} if q else {}, source=source)
+
+    @property
+    def branched(self) -> bool:
+        """Whether any node lives outside the committed branch (0): a chain never does."""
+        return any(ss != [0] for ss in self.seqs)
 
     def add(self, parent: int, token: int, seq: int) -> int:
         """The child of `parent` spelling `token` (made in branch `seq` if new); records the
@@ -150,13 +165,13 @@ class _Branch:
     decoded: int = 0  # how many of its nodes the draft's cache holds
 
 
-def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams,
-               rng: np.random.Generator, policy: DraftPolicy,
-               calib: Calibration | None = None) -> Tree:
-    """Up to k nodes over at most policy.n_seq branches, a draft decode per depth for all the
-    branches still drafting; a branch splits where its next candidates beyond the first are
-    above p_split, and stops at p_min (its best candidate less likely) or at an
-    end-of-generation token.
+def draft_tree(m: Model, rows: np.ndarray, n_vocab: int, context: Sequence[int], k: int,
+               sp: SamplingParams, rng: np.random.Generator, policy: DraftPolicy,
+               calib: Calibration | None = None, source: str = "draft") -> Tree:
+    """Up to k nodes over at most policy.n_seq branches of draft model m, from `rows` (its row
+    after the context) on, a draft decode per depth for all the branches still drafting; a
+    branch splits where its next candidates beyond the first are above p_split, and stops
+    at p_min (its best candidate less likely) or at an end-of-generation token.
 
     Greedy, the k nodes are those most likely accepted, a path's chance estimated from the
     draft's probabilities calibrated by what the target chose before (`calib`; EAGLE-2
@@ -166,9 +181,7 @@ def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams
     a doubtful one spreads. At
     temperature > 0, where the children must be independent draws whose number does not
     depend on what was drawn, the nodes are taken as drafted, up to k (llama-speculative)."""
-    m = d.model
-    tree = Tree(source=d.name)
-    rows = d.feed(context)
+    tree = Tree(source=source)
     branches = [_Branch(0)]
     n_past = len(context)  # the position of the depth-1 nodes
     tail = _tail(context, sp)
@@ -186,7 +199,7 @@ def draft_tree(d: ModelDraft, context: Sequence[int], k: int, sp: SamplingParams
         new: list[_Branch] = []  # the branches that grew a node this depth
         for b in [b for b in branches if b.drafting]:
             v = tree.value[b.node] if b.node != ROOT else 1.0
-            logits = rows[b.row][: d.n_vocab]
+            logits = rows[b.row][:n_vocab]
             if sp.transforms:
                 logits = transform(logits, sp, [*tail, *(tree.tokens[i]
                                                           for i in tree.path(b.node))])
