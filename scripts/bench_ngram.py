@@ -30,7 +30,8 @@ from specli import config, defaults  # noqa: E402
 from specli.backend import Model  # noqa: E402
 from specli.chat import render_chat  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
-from specli.engine import Engine, combine, ngram_drafts  # noqa: E402
+from specli.engine import Engine  # noqa: E402
+from specli.plan import combine, ngram_drafts  # noqa: E402
 
 CODE = '''def load_scores(path):
     tmp = {}

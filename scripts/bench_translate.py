@@ -25,6 +25,7 @@ from bench_tree import made  # noqa: E402
 from specli import defaults  # noqa: E402
 from specli.config import DraftPolicy, ModelParams, SamplingParams  # noqa: E402
 from specli.engine import Engine  # noqa: E402
+from specli.plan import load  # noqa: E402
 
 PROMPTS = (
     "The history of the printing press begins in",
@@ -68,7 +69,7 @@ def main() -> None:
     for label, target, draft, translate in setups:
         p = ModelParams(target, n_threads=args.threads)
         d = ModelParams(draft, n_threads=args.threads) if draft else None
-        e = Engine.load(p, d, DraftPolicy(n_max=args.k, translate=translate))
+        e = load(p, d, DraftPolicy(n_max=args.k, translate=translate))
         tps, drafted, accepted, steps, same = [], 0, 0, 0, True
         try:
             ids = [e.tokenize(text) for text in PROMPTS]

@@ -1,4 +1,5 @@
-"""THE engine: speculative decoding over a target Model and an optional DraftSource.
+"""THE engine: speculative decoding over a target Model and an optional DraftSource, the
+loop only (plan.py assembles engines, prompt.py renders prompts).
 
 Three layers, after mlx-lm: `steps()` yields raw (token, from_draft) events, `stream()` yields
 text chunks with finish reasons, `complete()` returns the text and its Stats. Nothing here
@@ -12,56 +13,28 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
-from specli import loadable, pairing
-from specli.backend import (
-    Model,
-    apply_builtin_template,
-    builtin_templates,
-    check_placement,
-    knows_template,
-)
-from specli.batching import Gate, SharedContext
-from specli.config import (
-    MAX_DRAFT_SEQ,
-    SPEC_TYPES,
-    DraftPolicy,
-    ModelParams,
-    NgramParams,
-    SamplingParams,
-    SpecRequest,
-)
-from specli.drafts import (
-    Adaptive,
-    Chain,
-    DraftSource,
-    ModelDraft,
-    NgramCache,
-    NgramMap,
-    NgramMod,
-    NgramSimple,
-    Proposal,
-    VerifyCost,
-)
+from specli import prompt as prompts
+from specli.backend import Model
+from specli.config import DraftPolicy, SamplingParams, SpecRequest
+from specli.drafts import DraftSource, ModelDraft, Proposal
 from specli.drafts.base import Decoded, Outcome, Reads, rules_kw
-from specli.drafts.translate import TranslateDraft
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
+from specli.meter import Meter, prompt_progress
 from specli.rules import Rules
-from specli.stats import ModelPerf, Stats
+from specli.stats import Stats
 from specli.verify import (
     NonFinite,
     NoToken,
     TokenProbs,
     TransformError,
     need_for,
-    sampled_probs,
-    sampling_dist,
-    token_probs,
+    path_probs,
     transform,
     verify_tree,
 )
@@ -85,111 +58,25 @@ class Completion:
     stats: Stats = field(default_factory=Stats)
 
 
+class Sources(Protocol):
+    """A plan's draft sources (plan.Drafts)."""
+
+    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None: ...
+
+    def expect(self, draft_prompt: Sequence[int] | None) -> None: ...
+
+
 class Engine:
+    """The loop over a target model and a draft source (plan.py assembles both: load,
+    load_slots). drafts: the sources for a request's own --spec-type list, when the plan
+    gave them (a server slot's)."""
+
     def __init__(self, target: Model, draft: DraftSource | None = None,
-                 draft_params: DraftPolicy | None = None, ngram: NgramParams | None = None):
+                 draft_params: DraftPolicy | None = None, *, drafts: Sources | None = None):
         self.target = target
         self.draft = draft
         self.draft_params = draft_params or DraftPolicy()
-        self.ngram = ngram or NgramParams()
-        self._sources: dict[tuple[str, ...], DraftSource | None] = {}  # per-request types
-        self._draft_prompts: dict[tuple[int, ...], list[int]] = {}  # draft-translate's
-
-    @classmethod
-    def load(cls, target: ModelParams, draft: ModelParams | None = None,
-             draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-             ngram: NgramParams | None = None) -> Engine:
-        """Check the pair from GGUF metadata first (refuse before loading weights), then load.
-
-        spec_types: llama.cpp's --spec-type names; n-gram types take precedence over the draft
-        model, which is used whenever `draft` is given."""
-        draft_params = draft_params or DraftPolicy()
-        ngram = ngram or NgramParams()
-        n_vocab = check_files(target, draft, spec_types, draft_params.translate)
-        tree = check_tree(draft_params, draft, spec_types)
-        t = Model(target, n_seq_max=draft_params.n_seq, tree=True) if tree else Model(target)
-        try:
-            dm = (None if draft is None else
-                  Model(draft, n_seq_max=draft_params.n_seq, tree=True) if tree else Model(draft))
-        except BaseException:
-            t.close()
-            raise
-        try:
-            return cls._assemble(t, dm, draft_params, spec_types, ngram, n_vocab)
-        except BaseException:
-            t.close()
-            if dm is not None:
-                dm.close()
-            raise
-
-    @classmethod
-    def load_slots(cls, n: int, target: ModelParams, draft: ModelParams | None = None,
-                   draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-                   ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
-        """n engines (server slots) over one target context and one draft context, a sequence
-        each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
-        engines and the shared contexts, which the caller closes. A generation on a slot runs
-        between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
-        draft_params = draft_params or DraftPolicy()
-        ngram = ngram or NgramParams()
-        n_vocab = check_files(target, draft, spec_types, draft_params.translate)
-        width = draft_params.n_seq if check_tree(draft_params, draft, spec_types) else 1
-        if n * width > MAX_SEQUENCES:
-            raise UsageError(f"{n} slots of {width} draft sequences are {n * width} sequences; "
-                             f"llama.cpp holds at most {MAX_SEQUENCES}",
-                             hint="fewer -np slots or a smaller --draft-n-seq")
-        # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
-        cells = width * (draft_params.n_max + 1) if width > 1 else 0
-        gate = Gate()
-        shared = [SharedContext(target, n, gate, width=width, tree_cells=cells)]
-        try:
-            if draft is not None:
-                shared.append(SharedContext(draft, n, gate, first=True, width=width,
-                                            tree_cells=cells))
-            prompts: dict = {}  # a translating draft's prompts: tokenized on any slot
-            engines = [cls._assemble(shared[0].view(i), shared[1].view(i) if draft else None,
-                                     draft_params, spec_types, ngram, n_vocab, prompts)
-                       for i in range(n)]
-        except BaseException:
-            for c in shared:
-                c.close()
-            raise
-        return engines, shared
-
-    @classmethod
-    def _assemble(cls, t: Model, dm: Model | None, draft_params: DraftPolicy,
-                  spec_types: Sequence[str], ngram: NgramParams, n_vocab: int | None,
-                  prompts: dict | None = None) -> Engine:
-        sources = ngram_drafts(spec_types, ngram, n_vocab)
-        prompts = {} if prompts is None else prompts  # a translating draft's, by the target's
-        if dm is not None:
-            sources.append(TranslateDraft(dm, t, prompts) if draft_params.translate
-                           else ModelDraft(dm, n_vocab_target=t.n_vocab))
-        source = combine(sources, draft_params.adaptive, draft_params.n_min)
-        engine = cls(t, source, draft_params, ngram)
-        engine._draft_prompts = prompts
-        engine._sources[spec_key([*spec_types, *(["draft-simple"] if dm else [])])] = source
-        return engine
-
-    def source_for(self, spec_types: Sequence[str]) -> DraftSource | None:
-        """The draft source for a request's own --spec-type list, built once per engine (an
-        n-gram type's memory lasts across requests, as in llama.cpp); the draft model, if
-        loaded, is shared. UsageError for a type this engine cannot serve."""
-        key = spec_key(spec_types)
-        if key not in self._sources:
-            dm = self.draft_model
-            if "draft-simple" in key and dm is None:
-                raise UsageError("speculative type draft-simple needs a draft model",
-                                 hint="start the server with -md")
-            sources = ngram_drafts(key, self.ngram, self.target.n_vocab)
-            if dm is not None and "draft-simple" in key:
-                sources.append(
-                    TranslateDraft(dm, self.target, self._draft_prompts)
-                    if self.draft_params.translate
-                    else ModelDraft(dm, n_vocab_target=self.target.n_vocab))
-            self._sources[key] = combine(sources, self.draft_params.adaptive,
-                                         self.draft_params.n_min)
-        return self._sources[key]
+        self.drafts = drafts
 
     @property
     def draft_model(self) -> Model | None:
@@ -207,83 +94,23 @@ class Engine:
         if self.draft_model is not None:
             self.draft_model.close()
 
-    # -- prompt -----------------------------------------------------------------------------
-    def tokenize(self, prompt: str, chat: bool = False) -> list[int]:
+    # -- prompts (prompt.py) ----------------------------------------------------------------
+    def tokenize(self, text: str, chat: bool = False) -> list[int]:
         if chat:
-            return self.tokenize_messages([{"role": "user", "content": prompt}])
-        return self.target.tokenize(self._fits(prompt))
+            return self.tokenize_messages([{"role": "user", "content": text}])
+        return prompts.tokenize(self.target, text)
 
     def tokenize_messages(self, messages: list[dict], continue_final: bool = False) -> list[int]:
-        """A conversation rendered with the target's chat template (sandboxed, within a time
-        and size budget; ChatML when the file has none), tokenized with special tokens
-        parsed. What cannot fit the context is refused before the full work: more messages
-        than the context has tokens, or more bytes than its tokens could spell.
-        continue_final: continue the final assistant message (a prefill)."""
-        text = self.render_messages(messages, continue_final)
-        bos = self.target.special_text("bos")
-        ids = self.target.tokenize(self._fits(text),
-                                   add_special=not (bos and text.startswith(bos)))
-        if self.draft_params.translate and self.draft_model is not None:
-            self._remember_draft_prompt(ids, messages, continue_final)
-        return ids
-
-    def _remember_draft_prompt(self, ids: list[int], messages: list[dict],
-                               continue_final: bool) -> None:
-        """A draft with another tokenizer reads the conversation through its own chat
-        template and special tokens (drafts/translate.py looks it up by the target's ids)."""
-        from specli.chat import render_messages
-
-        dm = self.draft_model
-        template, builtin = chat_renderer(dm.chat_template(), self.target.params.jinja)
-        bos = dm.special_text("bos")
-        try:
-            text = render_messages(template, messages, bos=bos, eos=dm.special_text("eos"),
-                                   continue_final=continue_final, builtin=builtin)
-        except UsageError:  # the draft's template refuses what the target's takes (roles):
-            return  # the draft reads the prompt's text instead (TranslateDraft.begin)
-        if len(self._draft_prompts) >= 64:  # recent prompts only (slots tokenize at once)
-            self._draft_prompts.pop(next(iter(self._draft_prompts), None), None)
-        self._draft_prompts[tuple(ids)] = dm.tokenize(
-            text, add_special=not (bos and text.startswith(bos)))
+        """The target's tokens; for a draft that translates, they carry the draft's own
+        (prompt.Tokens: the chat through the draft's template)."""
+        ids = prompts.tokenize_messages(self.target, messages, continue_final)
+        if not (self.draft_params.translate and self.draft_model is not None):
+            return ids
+        return prompts.Tokens(ids, prompts.draft_prompt(self.target, self.draft_model,
+                                                        messages, continue_final))
 
     def render_messages(self, messages: list[dict], continue_final: bool = False) -> str:
-        """The conversation as the prompt text tokenize_messages tokenizes."""
-        from specli.chat import render_messages
-
-        n_ctx = self.target.n_ctx
-        if len(messages) > n_ctx:
-            raise ContextOverflowError(
-                f"{len(messages)} messages cannot fit a context of {n_ctx} tokens",
-                hint="send fewer messages or raise -c/--ctx-size",
-                n_prompt_tokens=len(messages), n_ctx=n_ctx)
-        bos = self.target.special_text("bos")
-        # the context's own bound on the output when the contents could reach it; short ones
-        # skip measuring the vocabulary (RENDER_BYTES still bounds the template)
-        size = sum(len(str(m.get("content") or "")) for m in messages)
-        longest = self.target.max_token_bytes if size > n_ctx else None
-        template, builtin = chat_renderer(self.target.chat_template(), self.target.params.jinja)
-        try:
-            return render_messages(template, messages, bos=bos,
-                                   eos=self.target.special_text("eos"),
-                                   max_bytes=n_ctx * longest if longest else None,
-                                   continue_final=continue_final, builtin=builtin)
-        except ContextOverflowError as e:  # more bytes than n_ctx tokens can spell
-            e.n_prompt_tokens, e.n_ctx = n_ctx + 1, n_ctx  # a lower bound
-            raise
-
-    def _fits(self, text: str) -> str:
-        """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
-        max_token_bytes): then ContextOverflowError, before tokenizing megabytes."""
-        n_ctx = self.target.n_ctx
-        if len(text) <= n_ctx:  # fits whatever the vocabulary: no need to measure it
-            return text
-        longest = self.target.max_token_bytes
-        if len(text) > n_ctx * longest:  # a character is at least a byte
-            raise ContextOverflowError(
-                f"the prompt is {len(text)} characters: at most {longest} bytes a token, it "
-                f"cannot fit a context of {n_ctx} tokens", hint="shorten the prompt or raise "
-                "-c/--ctx-size", n_prompt_tokens=-(-len(text) // longest), n_ctx=n_ctx)
-        return text
+        return prompts.render_messages(self.target, messages, continue_final)
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
@@ -299,7 +126,7 @@ class Engine:
         time_ms) before and after each batch of the prompt.
         """
         tgt, policy = self.target, self.draft_params.overlay(spec)
-        draft = self._source(spec) if speculative else None
+        draft = self._source(spec, getattr(prompt, "draft", None)) if speculative else None
         self._check(prompt, sp)
         rules = Rules.start(tgt, sp, prompt)  # a grammar is parsed before any work
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
@@ -308,7 +135,7 @@ class Engine:
         if draft is None or not self._tree(draft, policy, rules):
             policy = replace(policy, n_seq=1)  # this generation drafts one sequence a step
         stats.n_seq_dft = policy.n_seq
-        meter = _Meter(stats, tgt, draft.model if draft else None)
+        meter = Meter(stats, tgt, draft.model if draft else None)
         reads = None
         try:
             with meter.prompt():
@@ -317,7 +144,7 @@ class Engine:
                     if reads and reads.hidden:
                         tgt.set_hidden(True)
                 # the last prompt token opens the first verification batch
-                tgt.sync(prompt[:-1], _progress(progress, len(prompt)) if progress else None,
+                tgt.sync(prompt[:-1], prompt_progress(progress, len(prompt)) if progress else None,
                          span=len(prompt), each=self._teller(draft, reads),
                          outputs=bool(reads and reads.hidden))
             context = list(prompt)  # committed; context[-1] is not yet in the target cache
@@ -373,7 +200,7 @@ class Engine:
                 rules.accept(token)
             path, token = _cut_at_eog(tree, path, token, self.target.is_eog)
             if probs is not None and sp.n_probs is not None:
-                _record_probs(probs, rows, row, tree, path, token, sp, self.target.is_eog)
+                probs.extend(path_probs(rows, row, tree, path, token, sp, self.target.is_eog))
         except (NonFinite, NoToken, TransformError) as e:
             raise _error(e, tree, stats.n_predict) from None
         finally:
@@ -399,9 +226,9 @@ class Engine:
         proposal = draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
                                  **rules_kw(rules))
         if isinstance(proposal, Proposal):
-            if rules is not None and rules.grammar is not None and proposal.tokens:
-                proposal = _fit(proposal, rules)
-            proposal = Tree.chain(proposal.tokens, proposal.q, proposal.source)
+            n = rules.allowed_prefix(proposal.tokens) if rules is not None else None
+            proposal = Tree.chain(proposal.tokens[:n], proposal.q[:n] if proposal.q else None,
+                                  proposal.source)
         return proposal if len(proposal) >= n_min or proposal.q else _EMPTY
 
     def _verify_batch(self, context: list[int], tree: Tree, draft: DraftSource | None,
@@ -463,8 +290,15 @@ class Engine:
                 and min(getattr(m, "n_branch", 1) for m in (self.target, draft.model))
                 >= policy.n_seq)
 
-    def _source(self, spec: SpecRequest | None) -> DraftSource | None:
-        return self.draft if spec is None or spec.types is None else self.source_for(spec.types)
+    def _source(self, spec: SpecRequest | None,
+                draft_prompt: Sequence[int] | None) -> DraftSource | None:
+        """The request's own draft types' source, else the engine's."""
+        if self.drafts is None:
+            if spec is not None and spec.types is not None:
+                raise UsageError("this engine drafts with its own source only")
+            return self.draft
+        self.drafts.expect(draft_prompt)
+        return self.drafts(spec.types if spec is not None else None)
 
     def _check(self, prompt: Sequence[int], sp: SamplingParams) -> None:
         n_vocab = self.target.n_vocab
@@ -509,163 +343,6 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
-def check_files(target: ModelParams, draft: ModelParams | None,
-                spec_types: Sequence[str], translate: bool = False) -> int | None:
-    """The target's header is read once, before any weights: a damaged one is one clear error,
-    metadata llama.cpp would abort on is refused (loadable.py), an incompatible draft is
-    refused (unless it drafts through text: translate). Devices and buffer types are
-    checked last. Returns the target's vocabulary size when it was read."""
-    header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
-    info = pairing.tokenizer_info(header)
-    if draft is not None:
-        draft_header = loadable.check_file(draft.path)
-        if not translate:
-            pairing.ensure_compatible(info, pairing.tokenizer_info(draft_header))
-    n_vocab = info.n_vocab if draft is not None or "ngram-cache" in spec_types else None
-    for params in (target, draft):
-        if params is not None:
-            check_placement(params)
-    return n_vocab
-
-
-MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
-
-
-def check_tree(policy: DraftPolicy, draft: ModelParams | None,
-               spec_types: Sequence[str]) -> bool:
-    """Whether the engine drafts trees (more than one draft sequence); UsageError when the
-    setting cannot: a tree needs a draft model, alone, and a fixed --draft."""
-    if not 1 <= policy.n_seq <= MAX_DRAFT_SEQ:
-        raise UsageError(f"--draft-n-seq {policy.n_seq} is out of range",
-                         hint=f"1 to {MAX_DRAFT_SEQ} draft sequences")
-    if not 0.0 <= policy.p_split <= 1.0:
-        raise UsageError(f"--draft-p-split {policy.p_split} is not a probability",
-                         hint="a value from 0 to 1 (default 0.1)")
-    if policy.n_seq == 1:
-        return False
-    if draft is None:
-        raise UsageError("draft trees (-np/--draft-n-seq > 1) need a draft model",
-                         hint="give -md FILE")
-    if any(t != "draft-simple" for t in spec_types):
-        raise UsageError("draft trees (-np/--draft-n-seq > 1) draft with the model alone",
-                         hint="drop the n-gram --spec-type, or use -np 1")
-    if policy.translate:
-        raise UsageError("draft trees (-np/--draft-n-seq > 1) need the draft's own tokenizer",
-                         hint="use -np 1 with --spec-type draft-translate")
-    if policy.adaptive:
-        raise UsageError("draft trees (-np/--draft-n-seq > 1) take a fixed --draft",
-                         hint="give --draft N instead of auto")
-    return True
-
-
-def chat_renderer(template: str | None, jinja: bool = True
-                  ) -> tuple[str | None, Callable[[list[dict], bool], str] | None]:
-    """How a chat template renders, as llama-server decides it: (Jinja source, None), or
-    (None, llama.cpp's own renderer). With Jinja (the default) a template's source goes
-    through the sandbox, "chatml" is ChatML and another llama.cpp built-in name (llama3,
-    command-r...) is llama.cpp's renderer; without Jinja every template is llama.cpp's,
-    recognised by its name or its text."""
-    from specli.chat import FALLBACK_TEMPLATE
-
-    if jinja and template == "chatml":
-        return FALLBACK_TEMPLATE, None
-    if jinja and template not in builtin_templates():
-        return template, None
-    # one llama.cpp does not recognise is ChatML, as llama-server falls back (serve warns)
-    source = template if template and knows_template(template) else "chatml"
-    return None, lambda messages, add: apply_builtin_template(source, messages, add)
-
-
-def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
-    """A --spec-type list in llama.cpp's order of precedence, each type once."""
-    return tuple(t for t in SPEC_TYPES if t in spec_types)
-
-
-def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
-                 n_vocab: int | None = None) -> list[DraftSource]:
-    """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
-    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod) and ngram-cache, like
-    llama-lookup, up to --draft: the step's DraftPolicy decides (k_for). Lookup-cache files
-    are read here, token ids checked against n_vocab (the target's)."""
-    unknown = set(spec_types) - set(SPEC_TYPES)
-    if unknown:
-        raise UsageError(f"unknown speculation type {', '.join(sorted(unknown))}",
-                         hint=f"one of {', '.join(SPEC_TYPES)}")
-    sources: list[DraftSource] = []
-    if "ngram-simple" in spec_types:
-        sources.append(NgramSimple(ngram.size_n, ngram.size_m))
-    if "ngram-map-k" in spec_types:
-        sources.append(NgramMap(ngram.map_k_size_n, ngram.map_k_size_m, ngram.map_k_min_hits,
-                                key_only=True))
-    if "ngram-map-k4v" in spec_types:
-        sources.append(NgramMap(ngram.map_k4v_size_n, ngram.map_k4v_size_m,
-                                ngram.map_k4v_min_hits, key_only=False))
-    if "ngram-mod" in spec_types:
-        sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
-    if "ngram-cache" in spec_types:
-        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab))
-    return sources
-
-
-def combine(sources: Sequence[DraftSource], adaptive: bool = False,
-            n_min: int = 0) -> DraftSource | None:
-    """One source, a Chain of several (first proposal wins), or None; with `adaptive`
-    (--draft auto) each gets its own k, over one shared verification-cost model."""
-    if adaptive:
-        cost = VerifyCost()
-        # an n-gram proposal exists only when a long context matched: usually right
-        sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9,
-                            n_min=max(n_min, 1)) for i, s in enumerate(sources)]
-    return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
-
-
-class _Meter:
-    """Wall-clock buckets per model, for the prompt and for the generation: the seconds inside
-    each model's decodes, its decode calls and tokens (llama_perf_context would bill one
-    context's work to the other when two are interleaved)."""
-
-    def __init__(self, stats: Stats, target: Model, draft: Model | None):
-        stats.target = ModelPerf(load_ms=target.load_ms)
-        stats.draft = ModelPerf(load_ms=draft.load_ms) if draft is not None else None
-        self.stats = stats
-        self.models = [(target, stats.target)] + ([(draft, stats.draft)] if draft else [])
-
-    @contextmanager
-    def prompt(self) -> Iterator[None]:
-        t0, before = time.perf_counter(), [_usage(m) for m, _ in self.models]
-        yield
-        self.stats.t_encode_s = time.perf_counter() - t0
-        for (m, perf), b in zip(self.models, before, strict=True):
-            secs, _, perf.prompt_n = _since(m, b)
-            perf.prompt_ms = 1e3 * secs
-
-    @contextmanager
-    def decode(self) -> Iterator[None]:
-        t0, before = time.perf_counter(), [_usage(m) for m, _ in self.models]
-        try:
-            yield
-        finally:
-            s = self.stats
-            s.t_decode_s = time.perf_counter() - t0
-            for (m, perf), b in zip(self.models, before, strict=True):
-                secs, perf.eval_runs, perf.eval_n = _since(m, b)
-                perf.eval_ms = 1e3 * secs
-            s.t_target_decode_s = s.target.eval_ms / 1e3
-            s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
-
-
-def _progress(report: Callable[[dict], None], total: int) -> Callable[[int, int], None]:
-    """sync's progress as llama-server reports it, batches cut over the whole prompt: the
-    last prompt token, decoded at once by the first verification, counts in the last."""
-    t0 = time.perf_counter()
-
-    def on_progress(cache: int, done: int) -> None:
-        report({"total": total, "cache": cache, "processed": done,
-                "time_ms": 1e3 * (time.perf_counter() - t0)})
-
-    return on_progress
-
-
 def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
           rules: Rules | None = None) -> Callable[[int, list[int]], np.ndarray]:
     """Row r of a verification batch as the sampler sees it: transformed with the history it
@@ -708,23 +385,6 @@ def _cut_at_eog(tree: Tree, path: list[int], token: int,
     return (path, token) if cut is None else (path[:cut], tree.tokens[path[cut]])
 
 
-def _record_probs(probs: list[TokenProbs], rows: np.ndarray,
-                  row: Callable[[int, list[int]], np.ndarray], tree: Tree, path: list[int],
-                  token: int, sp: SamplingParams, is_eog: Callable[[int], bool]) -> None:
-    """Each emitted token's probabilities, from the rows verify used: exactly the target's at
-    each emitted position."""
-    for i, t in enumerate([*(tree.tokens[j] for j in path), token]):
-        if is_eog(t):
-            continue
-        r = 0 if i == 0 else path[i - 1] + 1
-        if not sp.post_sampling_probs:  # the raw row's softmax
-            probs.append(token_probs(rows[r], t, sp.n_probs))
-        elif sp.greedy:  # the greedy chain keeps one token
-            probs.append(TokenProbs(t, 1.0, ((t, 1.0),) if sp.n_probs else ()))
-        else:  # the distribution the chain drew from
-            probs.append(sampled_probs(sampling_dist(row(r, path[:i]), sp, r), t, sp.n_probs))
-
-
 def _error(e: Exception, tree: Tree, n_predict: int) -> Exception:
     """A failed step's error as the user reads it, naming the token it was choosing."""
     if isinstance(e, TransformError):
@@ -739,31 +399,3 @@ def _error(e: Exception, tree: Tree, n_predict: int) -> Exception:
     return BackendError(f"{who} produced NaN or infinite logits at token "
                         f"{n_predict + depth + 1}", hint="its weights may be damaged: try "
                         "another file or quantization")
-
-
-def _fit(proposal: Proposal, rules: Rules) -> Proposal:
-    """The proposal up to its first token the grammar refuses (checked on a fork)."""
-    g = rules.fork()
-    try:
-        n = 0
-        for t in proposal.tokens:
-            if not g.allows(t):
-                break
-            g.accept(t)
-            n += 1
-    finally:
-        g.close()
-    if n == len(proposal.tokens):
-        return proposal
-    return Proposal(proposal.tokens[:n], proposal.q[:n] if proposal.q is not None else None,
-                    proposal.source)
-
-
-def _usage(m: Model | None) -> tuple[float, int, int]:
-    """(seconds inside llama_decode, decode calls, tokens decoded) so far."""
-    return (m.t_decode_s, m.n_decode_calls, m.n_decode_tokens) if m is not None else (0.0, 0, 0)
-
-
-def _since(m: Model | None, before: tuple[float, int, int]) -> tuple[float, int, int]:
-    now = _usage(m)
-    return now[0] - before[0], now[1] - before[1], now[2] - before[2]

@@ -63,12 +63,12 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
     on_text receives the text as it is decoded; on_note one-line remarks for a person (no
     draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal);
     interrupt, once hit, ends the generation at the next token (no baseline then)."""
-    from specli.engine import Engine
+    from specli.plan import load
 
     phase = phase or (lambda _name: nullcontext())
     with phase("loading models"):
-        engine = Engine.load(req.target, req.draft, req.policy, spec_types=req.spec_types,
-                             ngram=req.ngram)
+        engine = load(req.target, req.draft, req.policy, spec_types=req.spec_types,
+                      ngram=req.ngram)
     try:
         if on_note and engine.draft is None and req.speculative:
             on_note("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

@@ -60,6 +60,21 @@ class Rules:
     def allows(self, token: int) -> bool:
         return self.grammar is None or bool(self.grammar.allowed(np.array([token]))[0])
 
+    def allowed_prefix(self, tokens: Sequence[int]) -> int | None:
+        """How many of `tokens` the grammar allows in a row (checked on a fork); None when
+        it allows them all."""
+        if self.grammar is None or not tokens:
+            return None
+        g = self.fork()
+        try:
+            for n, t in enumerate(tokens):
+                if not g.allows(t):
+                    return n
+                g.accept(t)
+        finally:
+            g.close()
+        return None
+
     def accept(self, token: int) -> None:
         for s in (self.dry, self.grammar):
             if s is not None:

@@ -239,3 +239,24 @@ def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: Sa
             r = residual(r, q, x)
         else:
             return path, r.sample(rng)
+
+
+def path_probs(rows: np.ndarray, row: Callable[[int, list[int]], np.ndarray], tree,
+               path: list[int], token: int, sp: SamplingParams,
+               is_eog: Callable[[int], bool]) -> list[TokenProbs]:
+    """The probabilities of each token a step emits (the accepted path, then `token`), from
+    the rows verify_tree used: exactly the target's at each emitted position. rows: the
+    raw batch; row(r, path): row r as the sampler saw it. End-of-generation tokens have
+    none."""
+    out = []
+    for i, t in enumerate([*(tree.tokens[j] for j in path), token]):
+        if is_eog(t):
+            continue
+        r = 0 if i == 0 else path[i - 1] + 1
+        if not sp.post_sampling_probs:  # the raw row's softmax
+            out.append(token_probs(rows[r], t, sp.n_probs))
+        elif sp.greedy:  # the greedy chain keeps one token
+            out.append(TokenProbs(t, 1.0, ((t, 1.0),) if sp.n_probs else ()))
+        else:  # the distribution the chain drew from
+            out.append(sampled_probs(sampling_dist(row(r, path[:i]), sp, r), t, sp.n_probs))
+    return out

@@ -13,6 +13,7 @@ from specli.config import DraftPolicy, ModelParams, SamplingParams
 from specli.drafts.base import Reads
 from specli.drafts.ngram import NgramSimple
 from specli.engine import Engine
+from specli.plan import load_slots
 
 GREEDY = SamplingParams(temp=0.0)
 # input-grounded: the n-gram source drafts often, so verification batches are long
@@ -111,7 +112,7 @@ def test_a_draft_that_reads_nothing_gets_no_hidden_states(target):
 def test_server_slots_read_their_own_hidden_states(f32):
     """Slots share one context: each gets a copy of its own rows, and a slot that reads
     nothing keeps nothing."""
-    engines, shared = Engine.load_slots(2, ModelParams(f32, n_ctx=512))
+    engines, shared = load_slots(2, ModelParams(f32, n_ctx=512))
     try:
         readers = [Reader(hidden=True), Reader(hidden=False)]
         for e, r in zip(engines, readers, strict=True):

@@ -13,6 +13,7 @@ from specli.backend import Model
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft
 from specli.engine import Engine
+from specli.plan import load
 from specli.stats import Stats
 
 GREEDY = SamplingParams(temp=0.0)
@@ -21,7 +22,7 @@ K = 8
 
 @pytest.fixture(scope="module")
 def spec(f32, q4_1):
-    e = Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=K))
+    e = load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=K))
     yield e
     e.close()
 
@@ -58,7 +59,7 @@ def plain_top2_gaps(model: Model, prompt: list[int], tokens: list[int]) -> list[
 @pytest.mark.parametrize("target_q,draft_q", [("q8_0", "q4_1"), ("q4_1", "q8_0")])
 def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q):
     target, draft = request.getfixturevalue(target_q), request.getfixturevalue(draft_q)
-    e = Engine.load(ModelParams(target), ModelParams(draft), DraftParams(n_max=K))
+    e = load(ModelParams(target), ModelParams(draft), DraftParams(n_max=K))
     try:
         for prompt in PROMPTS[::2]:  # five: a near-tie shows up in some of them
             ids = e.tokenize(prompt, chat=True)

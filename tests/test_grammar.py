@@ -18,6 +18,7 @@ from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
 from specli.errors import UsageError
+from specli.plan import load
 from specli.verify import grammar_mask, need_for
 
 
@@ -96,7 +97,7 @@ def test_sampling_follows_the_masked_target(draft):
 
 @pytest.fixture(scope="module")
 def family(f32, q4_1):
-    e = Engine.load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6), spec_types=("ngram-simple",))
     yield e
     e.close()

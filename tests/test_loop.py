@@ -9,8 +9,9 @@ from fakes import EOG, FakeModel
 
 from specli.config import DraftPolicy, NgramParams, SamplingParams, SpecRequest
 from specli.drafts import ModelDraft
-from specli.engine import Engine, combine, ngram_drafts
+from specli.engine import Engine
 from specli.errors import BackendError, ContextOverflowError
+from specli.plan import combine, ngram_drafts
 from specli.stats import Stats
 
 GREEDY = SamplingParams(temp=0.0)

@@ -107,7 +107,8 @@ def engines(f32, q4_1):
     from specli.backend import Model
     from specli.config import DRAFT_AUTO_MAX, DraftParams, ModelParams, NgramParams
     from specli.drafts import ModelDraft
-    from specli.engine import Engine, combine, ngram_drafts
+    from specli.engine import Engine
+    from specli.plan import combine, ngram_drafts
 
     target = Model(ModelParams(f32))
     draft_model = Model(ModelParams(q4_1))

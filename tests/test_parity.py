@@ -19,6 +19,7 @@ from conftest import PROMPTS
 
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.engine import Engine
+from specli.plan import load
 from specli.stats import Stats
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
@@ -75,7 +76,7 @@ def rendered_prompts() -> list[str]:
 
 def test_acceptance_within_two_points_of_native(f32, q4_1, tmp_path):
     nat = native_steps(f32, q4_1, tmp_path)
-    e = Engine.load(ModelParams(f32, n_threads=2), ModelParams(q4_1, n_threads=2),
+    e = load(ModelParams(f32, n_threads=2), ModelParams(q4_1, n_threads=2),
                     DraftParams(n_max=K))
     ours_acc = theirs_acc = total = 0
     try:

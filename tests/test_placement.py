@@ -23,7 +23,7 @@ from specli import backend
 from specli.cli import options as o
 from specli.cli.app import app
 from specli.config import DraftParams, ModelParams, SamplingParams
-from specli.engine import Engine
+from specli.plan import load
 from specli.stats import Stats
 
 CLI = get_command(app)
@@ -295,7 +295,7 @@ def test_devices_in_process():
 # -- 2. timing buckets ------------------------------------------------------------------------
 
 def test_eval_times_and_overhead_add_up_to_the_wall_time(f16, q4_1):
-    e = Engine.load(ModelParams(f16, n_ctx=1024, n_threads=2),
+    e = load(ModelParams(f16, n_ctx=1024, n_threads=2),
                     ModelParams(q4_1, n_ctx=1024, n_threads=2), DraftParams(n_max=6))
     try:
         ids = e.tokenize(PROMPTS[0], chat=True)
@@ -325,7 +325,7 @@ def test_the_wait_for_the_device_lands_in_the_model_bucket(f16, monkeypatch):
         time.sleep(delay)
         real(ctx)
 
-    e = Engine.load(ModelParams(f16, n_ctx=512, n_threads=2))
+    e = load(ModelParams(f16, n_ctx=512, n_threads=2))
     try:
         ids = e.tokenize(PROMPTS[1])
         monkeypatch.setattr(backend.ll, "llama_synchronize", slow_sync)
@@ -342,7 +342,7 @@ def test_an_offloaded_draft_decodes_one_token_at_a_time(f16, q4_1):
     """On a GPU (Model.offloaded) the draft never decodes a 2-token batch (each new batch shape
     costs a CUDA graph capture), and the output is still the target's."""
     def generate(offloaded: bool) -> tuple[list[int], list[int]]:
-        e = Engine.load(ModelParams(f16, n_ctx=1024, n_threads=2),
+        e = load(ModelParams(f16, n_ctx=1024, n_threads=2),
                         ModelParams(q4_1, n_ctx=1024, n_threads=2), DraftParams(n_max=4))
         try:
             dm = e.draft_model

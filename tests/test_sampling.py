@@ -21,6 +21,7 @@ from specli import verify
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
+from specli.plan import load
 from specli.verify import sampling_dist
 
 SP = SamplingParams(temp=0.8, top_k=40, top_p=0.95, min_p=0.05)
@@ -34,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def engine(f32, q4_1):
-    e = Engine.load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=4))
+    e = load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=4))
     yield e
     e.close()
 

@@ -128,7 +128,7 @@ def test_timings_are_numbers_and_the_rate_starts_after_the_first_step():
 
 def test_without_jinja_a_template_llama_cpp_does_not_know_is_chatml():
     from specli.backend import apply_builtin_template
-    from specli.engine import chat_renderer
+    from specli.prompt import chat_renderer
 
     msgs = [{"role": "user", "content": "hi"}]
     source, builtin = chat_renderer("{{ 'a template no heuristic knows' }}", jinja=False)

@@ -18,6 +18,7 @@ from specli import engine as engine_mod
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
+from specli.plan import load
 from specli.verify import transform
 
 BIAS = ((3, 4.0), (7, -2.5), (3, 1.0), (11, float("-inf")))
@@ -96,7 +97,7 @@ def test_greedy_speculation_equals_plain_decoding_under_the_transform(draft, ext
 
 
 def test_greedy_speculation_equals_plain_on_a_real_f32_target(f32, q4_1):
-    e = Engine.load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6))
     try:
         prompt = e.tokenize("List the days of the week, one per line:", chat=True)
@@ -191,7 +192,7 @@ def test_dry_penalizes_the_token_that_extends_a_repetition(f32):
 
 @pytest.mark.parametrize("types", [(), ("ngram-simple",)])
 def test_dry_keeps_greedy_speculation_exact(f32, q4_1, types):
-    e = Engine.load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6), spec_types=types)
     try:
         prompt = e.tokenize("Repeat after me ten times: I like green apples.", chat=True)

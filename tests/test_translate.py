@@ -19,6 +19,7 @@ from specli.backend import quantize
 from specli.config import DraftPolicy, ModelParams, SamplingParams
 from specli.drafts.translate import TranslateDraft, _complete
 from specli.engine import Engine
+from specli.plan import load
 
 GREEDY = SamplingParams(temp=0.0)
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -157,15 +158,14 @@ def gemma_f16(gemma, model_dir) -> str:
 
 @pytest.fixture(scope="module")
 def smollm2_target(f32, gemma):
-    e = Engine.load(ModelParams(f32), ModelParams(gemma), DraftPolicy(n_max=6, translate=True))
+    e = load(ModelParams(f32), ModelParams(gemma), DraftPolicy(n_max=6, translate=True))
     yield e
     e.close()
 
 
 @pytest.fixture(scope="module")
 def gemma_target(gemma_f16, q4_1):
-    e = Engine.load(ModelParams(gemma_f16), ModelParams(q4_1),
-                    DraftPolicy(n_max=6, translate=True))
+    e = load(ModelParams(gemma_f16), ModelParams(q4_1), DraftPolicy(n_max=6, translate=True))
     yield e
     e.close()
 
@@ -223,6 +223,28 @@ def test_the_drafts_end_of_generation_becomes_the_targets(gemma_target, monkeypa
     out = e.complete(ids, 40, GREEDY)
     assert out.tokens == plain.tokens
     assert any(p and p[-1] == e.target.eos_token for p in proposals), proposals
+
+
+def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
+    """A chat's tokens carry the draft's own rendering of it, not the engine: past 64 chats
+    tokenized at once (a busy server's), the first still reaches the draft through the
+    draft's template (the engine once kept the last 64 in a dict shared by every slot)."""
+    e = gemma_target
+    chats = [e.tokenize(f"Reply with one word: what colour is thing {i}?", chat=True)
+             for i in range(70)]
+    seen = []
+    real = TranslateDraft.begin
+
+    def spy(self, prompt):
+        seen.append(self.draft_prompt)
+        return real(self, prompt)
+
+    monkeypatch.setattr(TranslateDraft, "begin", spy)
+    e.complete(chats[0], 2, GREEDY)
+    assert seen == [chats[0].draft] and seen[0]
+    # SmolLM2's own template, not Gemma's turn markers
+    assert "<|im_start|>" in "".join(e.draft_model.token_bytes(t, special=True).decode()
+                                     for t in seen[0])
 
 
 def test_run_translates_where_llama_cpp_refuses(f32, gemma):

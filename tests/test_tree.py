@@ -27,6 +27,7 @@ from specli.drafts import ModelDraft
 from specli.drafts.tree import ROOT, Tree
 from specli.engine import Engine
 from specli.errors import UsageError
+from specli.plan import load
 from specli.stats import Stats, format_llama
 from specli.verify import verify_tree
 
@@ -127,22 +128,22 @@ def test_a_failure_mid_tree_leaves_the_caches_committed():
 
 def test_trees_are_refused_where_they_cannot_run(f32, q4_1):
     with pytest.raises(UsageError, match="need a draft model"):
-        Engine.load(ModelParams(f32), None, DraftPolicy(n_seq=2))
+        load(ModelParams(f32), None, DraftPolicy(n_seq=2))
     with pytest.raises(UsageError, match="model alone"):
-        Engine.load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2),
+        load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2),
                     spec_types=("ngram-simple", "draft-simple"))
-    with pytest.raises(UsageError, match="fixed --draft"):
-        Engine.load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, adaptive=True))
+    with pytest.raises(UsageError, match="fixed draft length"):
+        load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, adaptive=True))
     with pytest.raises(UsageError, match="out of range"):
-        Engine.load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=0))
+        load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=0))
     with pytest.raises(UsageError, match="not a probability"):
-        Engine.load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, p_split=1.5))
+        load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, p_split=1.5))
 
 
 @pytest.fixture(scope="module")
 def tree4(f32, q4_1):
     """A weak draft (SmolLM2 requantized to Q2_K: about a third accepted), so trees branch."""
-    e = Engine.load(ModelParams(f32), ModelParams(defaults.derived("q2_k", q4_1)),
+    e = load(ModelParams(f32), ModelParams(defaults.derived("q2_k", q4_1)),
                     DraftPolicy(n_max=8, n_seq=4, p_split=0.05))
     yield e
     e.close()

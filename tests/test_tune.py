@@ -61,8 +61,8 @@ def test_plot_without_matplotlib_fails_before_any_model_loads(f16, q4_1, tmp_pat
 
     from typer.testing import CliRunner
 
+    from specli import plan
     from specli.cli.app import app
-    from specli.engine import Engine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -71,7 +71,7 @@ def test_plot_without_matplotlib_fails_before_any_model_loads(f16, q4_1, tmp_pat
     def load(*_a, **_k):
         raise AssertionError("the models were loaded before --plot was checked")
 
-    monkeypatch.setattr(Engine, "load", load)
+    monkeypatch.setattr(plan, "load", load)
     r = CliRunner().invoke(app, ["tune-draft", "-m", f16, "-md", q4_1,
                                  "--plot", str(tmp_path / "p.png")])
     assert isinstance(r.exception, UsageError), r.output  # exit 2 through specli's main

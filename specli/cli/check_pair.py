@@ -76,13 +76,13 @@ def check_pair(
 def _probe(report: PairReport, n_predict: int, k: int, resources: o.Resources,
            gpu: o.GpuFlags, verbose: bool, quiet: bool) -> ProbeResult:
     from specli.config import DraftPolicy
-    from specli.engine import Engine
+    from specli.plan import load
     from specli.tuning import probe
 
     target, draft = resources.model_params(report.target.path, report.draft.path,
                                            verbose=verbose, gpu=gpu)
     with spinner("loading both models", quiet):
-        engine = Engine.load(target, draft, DraftPolicy(n_max=k))
+        engine = load(target, draft, DraftPolicy(n_max=k))
     try:
         with spinner("probing", quiet) as status:
             def progress(msg: str) -> None:

@@ -15,13 +15,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from specli import config, rpc
 from specli.cli.console import err
 from specli.errors import UsageError
+
+if TYPE_CHECKING:
+    from specli.plan import SpecPlan
 
 MODELS = "Models"
 DRAFTING = "Drafting"
@@ -160,6 +163,25 @@ class Drafting:
     types: tuple[str, ...] = ()
     params: config.DraftPolicy = config.DraftPolicy()
     ngram: config.NgramParams = config.NgramParams()
+
+
+# what a flag says about each of a plan's fields (plan.PlanError.field)
+PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
+              "n_seq": f"-np/--draft-n-seq takes 1 to {config.MAX_DRAFT_SEQ}",
+              "p_split": "--draft-p-split takes 0 to 1", "n_max": "give --draft N, not auto",
+              "slots": "fewer -np slots or a smaller --draft-n-seq"}
+
+
+def plan(drafting: Drafting, model_draft: str | None) -> SpecPlan:
+    """The drafting flags as one plan, checked before any model loads; its errors name the
+    flags."""
+    from specli.plan import PlanError, SpecPlan
+
+    try:
+        return SpecPlan.resolve(drafting.types, model_draft is not None, drafting.params,
+                                drafting.ngram)
+    except PlanError as e:
+        raise UsageError(e.message, hint=PLAN_HINTS[e.field]) from None
 
 
 def _ngram_opt(*names: str, help: str):

@@ -97,9 +97,7 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
     text, chat = _prompt(prompt, file, chat)
     types = list(drafting.types)
     model, model_draft = models.resolve(quiet=quiet)
-    if ("draft-simple" in types or drafting.params.translate) and model_draft is None:
-        raise UsageError("--spec-type draft-simple or draft-translate needs a draft model",
-                         hint="add -md FILE")
+    o.plan(drafting, model_draft)
     if no_spec:
         model_draft, types = None, []
         drafting = o.with_n_seq(drafting, 1, "-np")

@@ -127,9 +127,7 @@ def serve(
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
     model, model_draft = models.resolve()
-    if ("draft-simple" in types or drafting.params.translate) and model_draft is None:
-        raise UsageError("--spec-type draft-simple or draft-translate needs a draft model",
-                         hint="add -md FILE")
+    plan = o.plan(drafting, model_draft)
     keys = _keys(api_key or [], api_key_file)
 
     try:
@@ -138,14 +136,13 @@ def serve(
     except ImportError:
         raise SpecliError("specli serve needs the server extra",
                           hint="pip install 'specli[server]'") from None
-    from specli.engine import check_files, check_tree
+    from specli.plan import check_files
     from specli.server import ServerConfig
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     target = replace(target, chat_template=template, jinja=jinja)
     # a bad pair or file is refused before listening
-    check_files(target, draft_model, types, drafting.params.translate)
-    check_tree(drafting.params, draft_model, types)
+    check_files(target, draft_model, plan)
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
@@ -184,7 +181,7 @@ def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
         return None
     from specli.backend import knows_template
     from specli.chat import render_messages
-    from specli.engine import chat_renderer
+    from specli.prompt import chat_renderer
 
     source, builtin = chat_renderer(value, jinja)
     try:

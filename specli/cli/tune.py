@@ -105,12 +105,12 @@ def tune_draft(
     texts = _prompts(file, task)
     loaded = sorted({t for combo in types for t in combo if t != "draft-simple"})
 
-    from specli.engine import Engine
+    from specli.plan import load
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
-        engine = Engine.load(target, draft_model,
-                             DraftPolicy(n_max=max(ks), n_seq=max(seqs)), spec_types=loaded)
+        engine = load(target, draft_model,
+                      DraftPolicy(n_max=max(ks), n_seq=max(seqs)), spec_types=loaded)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
         with _progress(len(settings) + 1, repeat, quiet) as advance:
@@ -155,14 +155,16 @@ def _types(text: str | None, model_draft: str | None) -> list[tuple[str, ...]]:
         if model_draft is None:
             raise UsageError("nothing to sweep: give a draft model (-md) or --spec-type")
         return [("draft-simple",)]
-    from specli.engine import spec_key
+    from specli.plan import PlanError, SpecPlan
 
+    plan = SpecPlan.resolve(draft=model_draft is not None)  # what the loaded models serve
     combos = []
     for item in text.split(","):  # settings by commas, the types of one setting by +
-        parts = spec_key(o.spec_types(item.replace("+", ",")))
-        if "draft-simple" in parts and model_draft is None:
-            raise UsageError("--spec-type draft-simple needs a draft model (-md)")
-        combos.append(parts)
+        try:
+            combos.append(plan.request(o.spec_types(item.replace("+", ","))))
+        except PlanError as e:
+            raise UsageError(f"--spec-type {item}: {e.message}",
+                             hint=o.PLAN_HINTS[e.field]) from None
     return combos
 
 

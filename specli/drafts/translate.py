@@ -64,15 +64,16 @@ class TranslateDraft:
     """The draft's cache holds its own tokenization of the prompt and of the committed text;
     before each proposal its tokens that still spell a prefix of the committed text are kept
     (those past the first difference dropped) and the rest of the text is tokenized and fed.
-    `prompts` maps a target prompt (its ids) to the draft's own (the engine renders a chat
-    through each model's template); other prompts go through their text."""
+    draft_prompt: the draft's own tokens for the next prompt (a chat rendered through its
+    own template, prompt.draft_prompt), used by the next begin; else it reads the prompt's
+    text."""
 
     name = "draft-translate"
     own_length = False  # --draft caps it (in target tokens)
 
-    def __init__(self, model: Model, target: Model, prompts: dict | None = None):
+    def __init__(self, model: Model, target: Model):
         self.model, self.target = model, target
-        self.prompts: dict[tuple[int, ...], list[int]] = prompts if prompts is not None else {}
+        self.draft_prompt: list[int] | None = None
         self._prompt: list[int] = []  # the draft's prompt
         self._n_prompt = 0  # the target's prompt length
         self._text = bytearray()  # the generated text committed so far
@@ -81,7 +82,7 @@ class TranslateDraft:
 
     # -- the protocol -----------------------------------------------------------------------
     def begin(self, prompt: Sequence[int]) -> None:
-        draft_prompt = self.prompts.get(tuple(prompt))
+        draft_prompt, self.draft_prompt = self.draft_prompt, None
         if draft_prompt is None:  # the prompt's text, the target's control tokens left out
             text = b"".join(self.target.token_bytes(t) for t in prompt)
             draft_prompt = self.model.tokenize_bytes(text, add_special=True,

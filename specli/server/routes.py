@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse, Response
 
 from specli import __version__, grammar_host
 from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
-from specli.engine import spec_key
 from specli.errors import UsageError
+from specli.plan import PlanError
 from specli.server import formats as f
 from specli.server.errors import APIError, envelope, overflow, refuse
 from specli.server.metrics import CONTENT_TYPE
@@ -626,10 +626,11 @@ def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest
         except ValueError as e:
             raise APIError(400, f"unknown speculative type {e}: one or more of "
                            f"{', '.join(SPEC_TYPES)}", param="speculative.type") from None
-        if "draft-simple" in names and st.config.draft is None:
-            raise APIError(400, "speculative type draft-simple needs a draft model: start the "
-                           "server with -md", param="speculative.type")
-        types = spec_key(names)
+        try:
+            types = st.plan.request(names)
+        except PlanError as e:
+            raise APIError(400, f"{e.message}: start the server with -md",
+                           param="speculative.type") from None
     if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
         raise APIError(400, "speculative.n_min is larger than speculative.n_max",
                        param="speculative.n_min")
@@ -638,10 +639,7 @@ def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest
 
 def _types(st: State, spec: SpecRequest | None = None) -> tuple[str, ...]:
     """The --spec-type names a request drafts with: its own, else the server's."""
-    if spec is not None and spec.types is not None:
-        return spec.types
-    c = st.config
-    return spec_key([*c.spec_types, *(["draft-simple"] if c.draft else [])])
+    return st.plan.request(spec.types if spec is not None else None)
 
 
 def _settings(st: State, job: Job) -> dict:

@@ -17,6 +17,7 @@ from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
 from specli.grammar_host import Checkers, GrammarHost
+from specli.plan import SpecPlan, load_slots
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
 
@@ -74,6 +75,12 @@ class State:
         # threads that tokenizing and templates use (asyncio's default executor)
         self._jobs = ThreadPoolExecutor(max_workers=32, thread_name_prefix="specli-job")
 
+    @functools.cached_property
+    def plan(self) -> SpecPlan:
+        """What the server drafts with (checked before it listened: cli/serve.py)."""
+        c = self.config
+        return SpecPlan.resolve(c.spec_types, c.draft is not None, c.draft_params, c.ngram)
+
     @property
     def engine(self) -> Engine:
         """Slot 0's engine, for tokenizing and templates (read-only, thread-safe calls)."""
@@ -84,8 +91,8 @@ class State:
         n_ctx = max(c.target.n_ctx // c.parallel, 16)  # llama-server divides -c among slots
         target = replace(c.target, n_ctx=n_ctx)
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
-        engines, shared = Engine.load_slots(c.parallel, target, draft, c.draft_params,
-                                            c.spec_types, c.ngram)
+        engines, shared = load_slots(c.parallel, target, draft, c.draft_params, c.spec_types,
+                                     c.ngram)
         for e in engines:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open

@@ -1,0 +1,257 @@
+"""The speculative plan, resolved once: which sources draft (llama.cpp's --spec-type names, the
+draft model, its trees) and how much, checked before any weights load; then the engines
+built from it. run, serve, tune-draft and the server's routes resolve their plans here.
+Errors are about the plan (PlanError.field names the setting at fault): each front end
+names its own flag or request parameter for it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specli import loadable, pairing
+from specli.backend import Model, check_placement
+from specli.batching import Gate, SharedContext
+from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
+from specli.drafts import (
+    Adaptive,
+    Chain,
+    DraftSource,
+    ModelDraft,
+    NgramCache,
+    NgramMap,
+    NgramMod,
+    NgramSimple,
+    VerifyCost,
+)
+from specli.drafts.translate import TranslateDraft
+from specli.engine import Engine
+from specli.errors import UsageError
+
+MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
+
+
+class PlanError(UsageError):
+    """A plan that cannot run. field: the setting at fault, one of "types", "draft" (the draft
+    model), "n_seq", "p_split", "n_max" (a fixed draft length), "slots"."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class SpecPlan:
+    """What drafts and how much. types: the sources in llama.cpp's order of precedence,
+    "draft-simple" for the draft model, which drafts whenever one is loaded (draft: whether
+    one is); policy: the draft lengths, trees and translation; ngram: the n-gram types'
+    settings."""
+
+    types: tuple[str, ...] = ()
+    policy: DraftPolicy = field(default_factory=DraftPolicy)
+    ngram: NgramParams = field(default_factory=NgramParams)
+    draft: bool = False
+
+    @classmethod
+    def resolve(cls, spec_types: Sequence[str] = (), draft: bool = False,
+                policy: DraftPolicy | None = None, ngram: NgramParams | None = None) -> SpecPlan:
+        """The plan for these settings, or PlanError for one that cannot run."""
+        policy, ngram = policy or DraftPolicy(), ngram or NgramParams()
+        types = spec_key(spec_types)
+        if ("draft-simple" in types or policy.translate) and not draft:
+            raise PlanError("drafting with a model (draft-simple, draft-translate) needs a "
+                            "draft model", "draft")
+        plan = cls(spec_key([*types, *(["draft-simple"] if draft else [])]), policy, ngram, draft)
+        plan._check_tree()
+        return plan
+
+    def _check_tree(self) -> None:
+        """A tree (more than one draft sequence) needs a draft model, alone, with its own
+        tokenizer and a fixed length."""
+        p = self.policy
+        if not 1 <= p.n_seq <= MAX_DRAFT_SEQ:
+            raise PlanError(f"{p.n_seq} draft sequences is out of range: 1 to {MAX_DRAFT_SEQ}",
+                            "n_seq")
+        if not 0.0 <= p.p_split <= 1.0:
+            raise PlanError(f"the tree split threshold {p.p_split} is not a probability",
+                            "p_split")
+        if p.n_seq == 1:
+            return
+        if not self.draft:
+            raise PlanError("draft trees (more than one draft sequence) need a draft model",
+                            "draft")
+        if self.types != ("draft-simple",):
+            raise PlanError("draft trees draft with the model alone, not n-gram types too",
+                            "types")
+        if p.translate:
+            raise PlanError("draft trees need the draft's own tokenizer, not translation",
+                            "types")
+        if p.adaptive:
+            raise PlanError("draft trees take a fixed draft length, not auto", "n_max")
+
+    @property
+    def tree(self) -> bool:
+        """Whether it drafts trees: more than one draft sequence."""
+        return self.policy.n_seq > 1
+
+    def request(self, spec_types: Sequence[str] | None) -> tuple[str, ...]:
+        """A request's own type list in order of precedence (None: the plan's); PlanError
+        for one the loaded models cannot serve."""
+        if spec_types is None:
+            return self.types
+        types = spec_key(spec_types)
+        if "draft-simple" in types and not self.draft:
+            raise PlanError("speculative type draft-simple needs a draft model", "draft")
+        return types
+
+
+def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
+    """A --spec-type list in llama.cpp's order of precedence, each type once; PlanError names
+    a type specli does not have."""
+    unknown = set(spec_types) - set(SPEC_TYPES)
+    if unknown:
+        raise PlanError(f"unknown speculation type {', '.join(sorted(unknown))}: one of "
+                        f"{', '.join(SPEC_TYPES)}", "types")
+    return tuple(t for t in SPEC_TYPES if t in spec_types)
+
+
+class Drafts:
+    """One engine's draft sources (a server slot's own): for each type list, built once (an
+    n-gram type's memory lasts across requests, as in llama.cpp) around one draft-model
+    source, whose model the slot's draft sequence is."""
+
+    def __init__(self, plan: SpecPlan, target: Model, draft: Model | None):
+        self.plan, self.target = plan, target
+        self.model_draft = (None if draft is None else
+                            TranslateDraft(draft, target) if plan.policy.translate else
+                            ModelDraft(draft, n_vocab_target=target.n_vocab))
+        self._sources: dict[tuple[str, ...], DraftSource | None] = {}
+
+    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None:
+        """The source for a type list (None: the plan's)."""
+        key = self.plan.request(spec_types)
+        if key not in self._sources:
+            sources = ngram_drafts(key, self.plan.ngram, self.target.n_vocab)
+            if "draft-simple" in key:
+                sources.append(self.model_draft)
+            self._sources[key] = combine(sources, self.plan.policy.adaptive,
+                                         self.plan.policy.n_min)
+        return self._sources[key]
+
+    def expect(self, draft_prompt: Sequence[int] | None) -> None:
+        """The draft's own tokens for the next prompt (a chat rendered through its own
+        template), for a draft that translates; None: it reads the prompt's text."""
+        if isinstance(self.model_draft, TranslateDraft):
+            self.model_draft.draft_prompt = None if draft_prompt is None else list(draft_prompt)
+
+
+def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
+                 n_vocab: int | None = None) -> list[DraftSource]:
+    """The n-gram sources the --spec-type names ask for, in llama.cpp's order of precedence.
+    As in llama.cpp, each drafts up to its own m (n_max for ngram-mod) and ngram-cache, like
+    llama-lookup, up to --draft: the step's DraftPolicy decides (k_for). Lookup-cache files
+    are read here, token ids checked against n_vocab (the target's)."""
+    spec_key(spec_types)
+    sources: list[DraftSource] = []
+    if "ngram-simple" in spec_types:
+        sources.append(NgramSimple(ngram.size_n, ngram.size_m))
+    if "ngram-map-k" in spec_types:
+        sources.append(NgramMap(ngram.map_k_size_n, ngram.map_k_size_m, ngram.map_k_min_hits,
+                                key_only=True))
+    if "ngram-map-k4v" in spec_types:
+        sources.append(NgramMap(ngram.map_k4v_size_n, ngram.map_k4v_size_m,
+                                ngram.map_k4v_min_hits, key_only=False))
+    if "ngram-mod" in spec_types:
+        sources.append(NgramMod(ngram.mod_n_match, ngram.mod_n_max, ngram.mod_n_min))
+    if "ngram-cache" in spec_types:
+        sources.append(NgramCache.from_files(ngram.lookup_static, ngram.lookup_dynamic, n_vocab))
+    return sources
+
+
+def combine(sources: Sequence[DraftSource], adaptive: bool = False,
+            n_min: int = 0) -> DraftSource | None:
+    """One source, a Chain of several (first proposal wins), or None; with `adaptive`
+    (--draft auto) each gets its own k, over one shared verification-cost model."""
+    if adaptive:
+        cost = VerifyCost()
+        # an n-gram proposal exists only when a long context matched: usually right
+        sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9,
+                            n_min=max(n_min, 1)) for i, s in enumerate(sources)]
+    return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
+
+
+def check_files(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) -> None:
+    """The target's header is read once, before any weights: a damaged one is one clear error,
+    metadata llama.cpp would abort on is refused (loadable.py), an incompatible draft is
+    refused (unless it drafts through text: translate). Devices and buffer types are
+    checked last."""
+    header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
+    info = pairing.tokenizer_info(header)
+    if draft is not None:
+        draft_header = loadable.check_file(draft.path)
+        if not plan.policy.translate:
+            pairing.ensure_compatible(info, pairing.tokenizer_info(draft_header))
+    for params in (target, draft):
+        if params is not None:
+            check_placement(params)
+
+
+def load(target: ModelParams, draft: ModelParams | None = None,
+         draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
+         ngram: NgramParams | None = None) -> Engine:
+    """An engine: the plan resolved and the pair checked from GGUF metadata first (refused
+    before loading weights), then the models loaded. spec_types: llama.cpp's --spec-type
+    names; n-gram types take precedence over the draft model, which drafts whenever `draft`
+    is given."""
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram)
+    check_files(target, draft, plan)
+    n_seq = plan.policy.n_seq
+    t = Model(target, n_seq_max=n_seq, tree=True) if plan.tree else Model(target)
+    try:
+        dm = (None if draft is None else
+              Model(draft, n_seq_max=n_seq, tree=True) if plan.tree else Model(draft))
+    except BaseException:
+        t.close()
+        raise
+    try:
+        return _engine(plan, t, dm)
+    except BaseException:
+        t.close()
+        if dm is not None:
+            dm.close()
+        raise
+
+
+def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
+               draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
+               ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
+    """n engines (server slots) over one target context and one draft context, a sequence
+    each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
+    engines and the shared contexts, which the caller closes. A generation on a slot runs
+    between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram)
+    check_files(target, draft, plan)
+    width = plan.policy.n_seq
+    if n * width > MAX_SEQUENCES:
+        raise PlanError(f"{n} slots of {width} draft sequences are {n * width} sequences; "
+                        f"llama.cpp holds at most {MAX_SEQUENCES}", "slots")
+    # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
+    cells = width * (plan.policy.n_max + 1) if width > 1 else 0
+    gate = Gate()
+    shared = [SharedContext(target, n, gate, width=width, tree_cells=cells)]
+    try:
+        if draft is not None:
+            shared.append(SharedContext(draft, n, gate, first=True, width=width,
+                                        tree_cells=cells))
+        engines = [_engine(plan, shared[0].view(i), shared[1].view(i) if draft else None)
+                   for i in range(n)]
+    except BaseException:
+        for c in shared:
+            c.close()
+        raise
+    return engines, shared
+
+
+def _engine(plan: SpecPlan, target: Model, draft: Model | None) -> Engine:
+    drafts = Drafts(plan, target, draft)
+    return Engine(target, drafts(), plan.policy, drafts=drafts)
