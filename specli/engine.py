@@ -14,7 +14,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 import numpy as np
 
@@ -22,7 +21,7 @@ from specli import prompt as prompts
 from specli.backend import Model
 from specli.config import DraftPolicy, SamplingParams, SpecRequest
 from specli.drafts import DraftSource, ModelDraft, Proposal
-from specli.drafts.base import Decoded, Outcome, Reads, rules_kw
+from specli.drafts.base import Decoded, Outcome, Reads, Sources, rules_kw
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.meter import Meter, prompt_progress
@@ -56,14 +55,6 @@ class Completion:
     text: str
     tokens: list[int] = field(default_factory=list)
     stats: Stats = field(default_factory=Stats)
-
-
-class Sources(Protocol):
-    """A plan's draft sources (plan.Drafts)."""
-
-    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None: ...
-
-    def expect(self, draft_prompt: Sequence[int] | None) -> None: ...
 
 
 class Engine:

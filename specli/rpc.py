@@ -1,11 +1,12 @@
 """llama.cpp's RPC backend, the Python side: endpoints, reaching workers, and what happens
-when one is lost. The ctypes calls (add a server, start one) live in backend.py.
+when one is lost. The ctypes calls (add a server, start one) live in backend/devices.py.
 
 llama.cpp aborts the process when an RPC worker stops answering mid-call (GGML_ABORT:
-"Remote RPC server crashed or returned malformed response"). backend.py turns that abort into
-a call to `lost()`, on whichever thread noticed; the handler decides what the process does:
-a command prints one line naming the worker and exits 2 (the default), a server fails its
-requests in flight and keeps answering 503 until the worker is back (server/state.py).
+"Remote RPC server crashed or returned malformed response"). backend/devices.py turns that
+abort into a call to `lost()`, on whichever thread noticed; the handler decides what the
+process does: a command prints one line naming the worker and exits 2 (the default), a server
+fails its requests in flight and keeps answering 503 until the worker is back
+(server/state.py).
 """
 
 from __future__ import annotations
@@ -241,7 +242,7 @@ def diagnose(message: str, eps: Sequence[str],
 
 
 def lost(message: str, eps: Sequence[str], logged: str | None = None) -> None:
-    """Called by backend.py instead of llama.cpp's abort, with the workers added. Never
+    """Called by backend/devices.py instead of llama.cpp's abort, with the workers added. Never
     returns: the thread that noticed cannot go on (llama.cpp aborts the moment this
     returns)."""
     error, gone = diagnose(message, eps, logged)

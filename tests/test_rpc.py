@@ -144,8 +144,9 @@ def test_without_the_rpc_registry_rpc_is_refused_with_the_install_line(monkeypat
     """The registry lookup answering nothing, as in a build without RPC (the test below runs
     a real one where .ci/run built it)."""
     from specli import backend
+    from specli.backend import devices
 
-    monkeypatch.setattr(backend, "_reg_by_name", lambda name: None)
+    monkeypatch.setattr(devices, "_reg_by_name", lambda name: None)
     assert not backend.rpc_available()
     with pytest.raises(rpc.RpcUnavailable) as e:
         backend.connect_rpc(["127.0.0.1:50052"])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
 import sys
 
 AUDITOR_ENV = "SPECLI_AUDIT_AUDITOR"
@@ -25,9 +26,7 @@ def main() -> None:
     cfg = json.loads(os.environ[AUDITOR_ENV])
     sys.path[:] = cfg["path"]
     sys.argv[:] = cfg["argv"]
-    from specli.cli.app import main as specli
-
-    specli()
+    runpy.run_module("specli", run_name="__main__")  # as `python -m specli ARGV`
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from specli.cli import options as o
-from specli.cli.console import err, out, spinner
+from specli.cli.console import err, out
 from specli.errors import UsageError
 
 HUB = "Hugging Face"
@@ -125,34 +125,3 @@ def _pair(p, revision, token, local_dir, progress: bool, json_out: bool) -> None
         sys.stdout.write(f"{got['target']}\n{got['draft']}\n")
     if not report.verdict.ok:
         raise typer.Exit(1)
-
-
-def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
-                   hf_file: str | None, hf_draft: str | None, hf_file_draft: str | None,
-                   token: str | None, quiet: bool = False) -> tuple[str, str | None]:
-    """-m/-md, or -hf/-hff and -hfd/-hffd resolved through the hub (llama.cpp's spellings);
-    with neither, the embedded SmolLM2 pair."""
-    from specli import hub
-
-    progress = not quiet and err.is_terminal
-    if hf is not None or hf_file is not None:
-        if model is not None:
-            raise UsageError("give -m or -hf, not both")
-        if hf is None:
-            raise UsageError("-hff/--hf-file needs -hf REPO")
-        model = str(hub.fetch(hub.parse_ref(hf), hf_file, token=token, progress=progress)[0])
-    if hf_draft is not None or hf_file_draft is not None:
-        if model_draft is not None:
-            raise UsageError("give -md or -hfd, not both")
-        if hf_draft is None:
-            raise UsageError("-hffd/--hf-file-draft needs -hfd REPO")
-        model_draft = str(hub.fetch(hub.parse_ref(hf_draft), hf_file_draft, token=token,
-                                    progress=progress)[0])
-    if model is None:
-        if model_draft is not None:
-            raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
-        from specli.defaults import default_pair
-
-        with spinner("preparing the embedded SmolLM2 pair", quiet):
-            model, model_draft = default_pair()
-    return model, model_draft

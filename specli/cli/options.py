@@ -108,7 +108,7 @@ class ModelFiles:
     def resolve(self, quiet: bool = False) -> tuple[str, str | None]:
         """The target's and the draft's paths: downloaded through the hub for -hf/-hfd, the
         embedded SmolLM2 pair when neither -m nor -hf is given."""
-        from specli.cli.download import resolve_models
+        from specli.cli.models import resolve_models
 
         return resolve_models(self.model, self.model_draft, self.hf_repo, self.hf_file,
                               self.hf_repo_draft, self.hf_file_draft, self.hf_token,

@@ -106,6 +106,15 @@ class DraftSource(Protocol):
         """The generation is over (finished, failed or abandoned): flush what was learnt."""
 
 
+class Sources(Protocol):
+    """The sources an engine drafts with for each --spec-type list (plan.Drafts)."""
+
+    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None: ...
+
+    def expect(self, draft_prompt: Sequence[int] | None) -> None:
+        """The draft's own tokens for the next prompt, for a source that translates."""
+
+
 def rules_kw(rules: Rules | None) -> dict:
     """The rules keyword, only when there are rules: a source written before them keeps
     working for requests without any."""

@@ -1,0 +1,451 @@
+"""GGUF models on llama-cpp-python's low-level ctypes API.
+
+`Model` is one GGUF with one context and one sequence. It remembers which tokens its KV cache
+holds (`tokens`), decodes new ones at the next positions, returns zero-copy numpy views of only
+the logits rows asked for, and rewinds. Each model accumulates the wall time spent inside
+llama_decode, so the engine can split draft from target time without llama_perf_context (which
+bills two interleaved contexts' work to whichever reads logits first).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specli import rpc
+from specli.backend._lib import ll, set_verbose
+from specli.backend.devices import kv_type, local_gpu, placement
+from specli.backend.files import check_gguf
+from specli.backend.samplers import Dry, Grammar
+from specli.config import ModelParams
+from specli.errors import BackendError, ContextOverflowError, ModelFileError, UsageError
+
+_FLASH_ATTN = {
+    "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": ll.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": ll.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+def _tokenize(vocab, text: str | bytes, add_special: bool, parse_special: bool) -> list[int]:
+    try:
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate: from JSON's "\ud800" or argv bytes
+        raise UsageError(f"the text is not valid Unicode: a lone surrogate "
+                         f"(U+{ord(text[e.start]):04X}) at character {e.start}") from None
+    n_max = len(data) + 16
+    buf = (ll.llama_token * n_max)()
+    n = ll.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, parse_special)
+    if n < 0:
+        n_max = -n
+        buf = (ll.llama_token * n_max)()
+        n = ll.llama_tokenize(vocab, data, len(data), buf, n_max, add_special,
+                              parse_special)
+    return list(buf[:n])
+
+
+class Tokenizer:
+    """A model's vocabulary alone (no weights, no context): for tokenizing corpora."""
+
+    def __init__(self, path: str, verbose: bool = False):
+        check_gguf(path)
+        set_verbose(verbose)
+        mp = ll.llama_model_default_params()
+        mp.vocab_only = True
+        self._model = ll.llama_model_load_from_file(path.encode(), mp)
+        if not self._model:
+            raise ModelFileError(f"llama.cpp could not read the vocabulary of {path}",
+                                 hint="rerun with -v")
+        self.vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return _tokenize(self.vocab, text, add_special, parse_special)
+
+    def close(self) -> None:
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        self.close()
+
+
+class Model:
+    """One GGUF model, one context, one sequence. A context may hold n_seq_max sequences (a
+    server's slots, batching.SharedContext): `share` makes a Model for sequence `seq` of
+    another Model's context, with its own tokens and timings, that frees nothing on close."""
+
+    def __init__(self, params: ModelParams, n_seq_max: int = 1, *, share: Model | None = None,
+                 seq: int = 0, tree: bool = False):
+        self.params, self.seq = params, seq  # the sequence id this model's tokens live in
+        # tree: n_seq_max sequences over one unified cache of n_ctx cells, the branches of a
+        # draft tree (branch 0 holds the committed tokens; decode_tree, keep)
+        self.n_branch = n_seq_max if tree else 1
+        self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
+        self.t_decode_s = 0.0  # wall time inside llama_decode (and the wait for the device)
+        self.n_decode_calls = 0
+        self.n_decode_tokens = 0
+        self._local = threading.local()
+        self._views: dict[tuple[int, int], np.ndarray] = {}
+        self._owner = share is None
+        if share is not None:
+            self._model, self._ctx, self.vocab, self._mem = (share._model, share._ctx,
+                                                              share.vocab, share._mem)
+            self._batch = None  # its decodes go through whoever owns the context
+            self.load_ms, self.offloaded = share.load_ms, share.offloaded
+            self.n_vocab, self.n_batch, self.n_ctx = share.n_vocab, share.n_batch, share.n_ctx_seq
+            self.n_embd = share.n_embd
+            return
+        check_gguf(params.path)
+        set_verbose(params.verbose)
+        t0 = time.perf_counter()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        keep = placement(mp, params)
+        self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
+        self._keep = keep  # llama.cpp keeps the device and override arrays' pointers
+        if not self._model:
+            placed = (params.devices is not None or params.tensor_overrides
+                      or params.split_mode != "layer" or params.main_gpu or params.tensor_split)
+            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
+                                 "GGUF, an unsupported architecture" +
+                                 (", or a placement it refused: -dev/-sm/-ts/-mg/-ot"
+                                  if placed else "") + ")", hint="rerun with -v")
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch, params.n_batch)
+        cp.n_seq_max = n_seq_max  # > 1: a SharedContext's sequences, n_ctx / n_seq_max each
+        cp.kv_unified = tree  # a tree's branches share cells and the whole context
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads_batch or params.n_threads
+        cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
+        if params.type_k:
+            cp.type_k = kv_type(params.type_k)
+        if params.type_v:
+            cp.type_v = kv_type(params.type_v)
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            ll.llama_model_free(self._model)
+            self._model = None
+            raise BackendError(f"llama.cpp could not create a context for {params.path}",
+                               hint="try a smaller -c or another KV cache type; rerun with -v")
+        self.load_ms = 1e3 * (time.perf_counter() - t0)
+        self.vocab = ll.llama_model_get_vocab(self._model)
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_layer = ll.llama_model_n_layer(self._model)
+        self.n_embd = ll.llama_model_n_embd(self._model)
+        self.n_ctx = ll.llama_n_ctx(self._ctx)
+        self.n_batch = ll.llama_n_batch(self._ctx)  # llama.cpp caps n_batch at n_ctx
+        # layers on a GPU: there each distinct batch shape costs a CUDA graph capture
+        self.offloaded = (local_gpu() and params.n_gpu_layers != 0
+                          and params.devices != ())
+        self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
+        if params.rpc:  # its connections to the workers are open now: notice a vanished one
+            rpc.keepalive(params.rpc)
+
+    # -- vocabulary -------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return _tokenize(self.vocab, text, add_special, parse_special)
+
+    def tokenize_bytes(self, data: bytes, add_special: bool = False,
+                       parse_special: bool = False) -> list[int]:
+        """UTF-8 text as bytes (what token_bytes spells), tokenized."""
+        return _tokenize(self.vocab, bytes(data), add_special, parse_special)
+
+    @property
+    def eos_token(self) -> int | None:
+        """The end-of-sequence token, if the vocabulary has one."""
+        t = ll.llama_vocab_eos(self.vocab)
+        return int(t) if t >= 0 else None
+
+    def dry(self, sp) -> Dry:
+        """llama.cpp's DRY sampler with the request's settings, over this vocabulary."""
+        return Dry(self, sp)
+
+    # where this model's grammars live: None here, in this process; a server gives each
+    # slot a process of its own (grammar_host.GrammarHost.open), bounded in time and memory
+    grammar_source = None
+
+    def grammar(self, gbnf: str) -> Grammar:
+        """A GBNF grammar's parse state over this vocabulary; UsageError if it is invalid."""
+        if self.grammar_source is not None:
+            return self.grammar_source(gbnf)
+        return Grammar(self, gbnf)
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        # a buffer per thread: a server tokenizes requests while a slot thread decodes
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(self.vocab, token, buf, 256, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self.vocab, token, buf, -n, 0, special)
+            return buf.raw[:n]
+        return buf.raw[:n]
+
+    @functools.cached_property
+    def eog(self) -> tuple[int, ...]:
+        """Every end-of-generation token of the vocabulary (once per model)."""
+        return tuple(t for t in range(self.n_vocab) if ll.llama_vocab_is_eog(self.vocab, t))
+
+    @functools.cached_property
+    def max_token_bytes(self) -> int:
+        """The longest text one token spells (special tokens included): n tokens never spell
+        more than n times this, which bounds a prompt before it is tokenized."""
+        buf = ctypes.create_string_buffer(1024)
+        longest = 1
+        for t in range(self.n_vocab):
+            n = ll.llama_token_to_piece(self.vocab, t, buf, 1024, 0, True)
+            longest = max(longest, -n if n < 0 else n)
+        return longest
+
+    def is_eog(self, token: int) -> bool:
+        return bool(ll.llama_vocab_is_eog(self.vocab, token))
+
+    def special_text(self, which: str) -> str:
+        tok = {"bos": ll.llama_vocab_bos, "eos": ll.llama_vocab_eos}[which](self.vocab)
+        return self.token_bytes(tok, special=True).decode("utf-8", "replace") if tok >= 0 else ""
+
+    def chat_template(self) -> str | None:
+        """The chat template: --chat-template's, else the file's (None if it has none)."""
+        if self.params.chat_template is not None:
+            return self.params.chat_template
+        t = ll.llama_model_chat_template(self._model, None)
+        return t.decode("utf-8") if t else None
+
+    # -- the KV cache -----------------------------------------------------------------------
+    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
+        """Decode `tokens` at the next positions; return a (rows, n_vocab) view of their logits.
+
+        logits: "last" (one row), "all" (a row per token), "none", or an int n for the last n.
+        The view is only valid until the next decode on this model.
+        """
+        n_out = self._plan(tokens, logits)
+        try:
+            secs, calls = self.decode_chunked(tokens, len(self.tokens), self.seq, n_out)
+        except BackendError:
+            self._truncate(len(self.tokens))  # drop what a failed chunk left in the cache
+            raise
+        self.t_decode_s += secs
+        self.n_decode_calls += calls
+        self.n_decode_tokens += len(tokens)
+        self.tokens.extend(tokens)
+        return self.rows(n_out)
+
+    def _plan(self, tokens: Sequence[int], logits: str | int) -> int:
+        """The number of logits rows a decode returns, after checking that it can run."""
+        n = len(tokens)
+        if n == 0:
+            raise BackendError("internal: decode of zero tokens")
+        if len(self.tokens) + n > self.n_ctx:
+            raise ContextOverflowError(
+                f"context full: {len(self.tokens) + n} tokens do not fit -c {self.n_ctx}",
+                hint="raise -c/--ctx-size",
+            )
+        n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
+        if n_out > (n - 1) % self.n_batch + 1:  # llama.cpp keeps only the last chunk's rows
+            raise BackendError(f"internal: {n_out} logits rows asked of a {n}-token decode "
+                               f"larger than n_batch {self.n_batch}")
+        return n_out
+
+    def decode_chunked(self, tokens: Sequence[int], pos0: int, seq: int,
+                        n_out: int) -> tuple[float, int]:
+        """One sequence's tokens in chunks of n_batch; only the last chunk asks for rows.
+        Returns (seconds inside llama_decode, decode calls)."""
+        n, secs, calls, start = len(tokens), 0.0, 0, 0
+        while start < n:
+            end = min(start + self.n_batch, n)
+            secs += self.decode_segments([(tokens[start:end], pos0 + start, seq,
+                                            n_out if end == n else 0)])
+            calls += 1
+            start = end
+        return secs, calls
+
+    def decode_segments(self, segments: Sequence[tuple[Sequence[int], int, int, int]]) -> float:
+        """One llama_decode of (tokens, first position, sequence, rows wanted) segments that
+        fit one batch together; the rows come back in segment order. Returns the seconds."""
+        return self.decode_items([(t, pos0 + i, (seq,), i >= len(tokens) - n_out)
+                                  for tokens, pos0, seq, n_out in segments
+                                  for i, t in enumerate(tokens)])
+
+    # -- draft trees: branches in sequences seq..seq+n_seq_max-1 of a unified cache ----------
+    # (branch ids are relative to the model's own sequence; branch 0 holds what is committed)
+    def branch(self, seqs: Sequence[int]) -> None:
+        """Each of the branches `seqs` but 0 starts as a copy of the committed tokens (no
+        data moves: in a unified cache a copy tags the same cells)."""
+        for s in seqs:
+            if s != 0:
+                self.fork(0, s)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Branch dst becomes a copy of branch src."""
+        ll.llama_memory_seq_rm(self._mem, self.seq + dst, -1, -1)
+        ll.llama_memory_seq_cp(self._mem, self.seq + src, self.seq + dst, -1, -1)
+
+    def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
+                    seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        """One llama_decode of tree nodes: token i at position pos[i], in every branch of
+        seqs[i] (the branches that pass through it), a logits row each. Nodes come parents
+        first; `tokens` (branch 0's) is unchanged until `keep`."""
+        n = self._check_tree(tokens, pos)
+        items = [(t, p, [self.seq + s for s in ss], True)
+                 for t, p, ss in zip(tokens, pos, seqs, strict=True)]
+        self.t_decode_s += self.decode_items(items)
+        self.n_decode_calls += 1
+        self.n_decode_tokens += n
+        return self.rows(n)
+
+    def _check_tree(self, tokens: Sequence[int], pos: Sequence[int]) -> int:
+        """The number of nodes, after checking that one batch and the context take them."""
+        n = len(tokens)
+        if not 0 < n <= self.n_batch:
+            raise BackendError(f"internal: a tree of {n} nodes (n_batch {self.n_batch})")
+        if max(pos) >= self.n_ctx:
+            raise ContextOverflowError(f"context full: position {max(pos)} does not fit "
+                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        return n
+
+    def decode_items(self, items: Sequence[tuple[int, int, Sequence[int], bool]]) -> float:
+        """One llama_decode of (token, position, sequences, wants logits) items. Returns the
+        seconds it took."""
+        b = self._batch
+        for j, (t, p, ss, out) in enumerate(items):
+            b.token[j], b.pos[j], b.logits[j], b.n_seq_id[j] = t, p, int(out), len(ss)
+            for i, s in enumerate(ss):
+                b.seq_id[j][i] = s
+        b.n_tokens = len(items)
+        t0 = time.perf_counter()
+        rc = ll.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
+        ll.llama_synchronize(self._ctx)  # a GPU returns early: wait, or reading pays for it
+        return time.perf_counter() - t0
+
+    def keep(self, seq: int, tokens: Sequence[int]) -> None:
+        """Branch `seq` up to len(tokens) becomes the committed branch 0, holding `tokens`
+        (its cells, which the caller knows spell them); every other branch and every cell
+        past them is dropped. Other models' sequences of a shared context are untouched."""
+        n, base = len(tokens), self.seq
+        ll.llama_memory_seq_rm(self._mem, base + seq, n, -1)
+        if seq != 0:
+            ll.llama_memory_seq_rm(self._mem, base, -1, -1)
+            ll.llama_memory_seq_cp(self._mem, base + seq, base, -1, -1)
+        for s in range(1, self.n_branch):
+            ll.llama_memory_seq_rm(self._mem, base + s, -1, -1)
+        self.tokens[:] = tokens
+
+    def seq_pos_range(self, seq: int) -> tuple[int, int]:
+        """The lowest and highest position branch `seq` holds ((-1, -1) when empty)."""
+        return (int(ll.llama_memory_seq_pos_min(self._mem, self.seq + seq)),
+                int(ll.llama_memory_seq_pos_max(self._mem, self.seq + seq)))
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """The context each of its sequences gets (n_ctx / n_seq_max)."""
+        return int(ll.llama_n_ctx_seq(self._ctx))
+
+    def rows(self, n_out: int) -> np.ndarray:
+        """A zero-copy view of the last decode's n_out logits rows."""
+        if n_out == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        ptr = ll.llama_get_logits(self._ctx)
+        # one view per (buffer, rows): llama.cpp moves the buffer only when it grows it, and
+        # building a view costs as much as a GPU-side argmax (every draft token pays it)
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
+        return view
+
+    def rewind(self, n_keep: int) -> None:
+        """Drop every cached token from position n_keep on."""
+        if n_keep < len(self.tokens):
+            self._truncate(n_keep)
+
+    def _truncate(self, n_keep: int) -> None:
+        if not ll.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
+            # partial removal refused (recurrent models): start over rather than lie
+            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+            self.tokens.clear()
+            raise BackendError("this model's cache cannot be rolled back partially",
+                               hint="speculative decoding needs a transformer KV cache")
+        del self.tokens[n_keep:]
+
+    def kv_pos_max(self) -> int:
+        """The highest position llama.cpp holds for the sequence (-1 when empty)."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
+
+    def sync(self, tokens: Sequence[int],
+             on_progress: Callable[[int, int], None] | None = None,
+             span: int | None = None, each: Callable[[Sequence[int], int], None] | None = None,
+             outputs: bool = False) -> int:
+        """Make the cache hold exactly `tokens`, reusing the common prefix, a batch of n_batch
+        at a time. on_progress(reused, processed) is called before and after each batch, the
+        batches cut as if `span` tokens were evaluated (the caller decodes the rest right
+        after); each(batch, first position) after each batch is decoded. outputs: every token
+        gets an output row (its logits, and its hidden state when set_hidden), else none.
+
+        Returns how many tokens were reused."""
+        n = 0
+        limit = min(len(self.tokens), len(tokens))
+        while n < limit and self.tokens[n] == tokens[n]:
+            n += 1
+        self.rewind(n)
+        if len(tokens) > self.n_ctx:  # refused whole, before any batch is decoded
+            raise ContextOverflowError(f"context full: {len(tokens)} tokens do not fit "
+                                       f"-c {self.n_ctx}", hint="raise -c/--ctx-size")
+        if on_progress is not None:
+            on_progress(n, n)
+        total = max(span or 0, len(tokens)) if on_progress is not None else len(tokens)
+        for start in range(n, total, self.n_batch):
+            end = min(start + self.n_batch, total)
+            batch = tokens[start:min(end, len(tokens))]
+            if batch:
+                self.decode(batch, logits="all" if outputs else "none")
+                if each is not None:
+                    each(batch, start)
+            if on_progress is not None:
+                on_progress(n, end)
+        return n
+
+    # -- what a draft reads of the target's decodes -----------------------------------------
+    def set_hidden(self, on: bool) -> None:
+        """Whether decodes also keep the last hidden state of each output row (hidden())."""
+        ll.llama_set_embeddings(self._ctx, on)
+
+    def hidden(self, n_out: int) -> np.ndarray:
+        """The last decode's n_out hidden states (n_out, n_embd), as a view valid until the
+        next decode; the decode must have run with set_hidden(True)."""
+        ptr = ll.llama_get_embeddings(self._ctx)
+        if not ptr:
+            raise BackendError("internal: hidden states read from a decode that kept none")
+        return np.ctypeslib.as_array(ptr, shape=(n_out, self.n_embd))
+
+    def close(self) -> None:
+        if not getattr(self, "_owner", True):  # a sequence of another's context
+            self._ctx = self._model = None
+            return
+        if getattr(self, "_ctx", None):
+            if getattr(self, "_batch", None) is not None:
+                ll.llama_batch_free(self._batch)
+                self._batch = None
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,163 @@
+"""llama.cpp's samplers that hold state: a GBNF grammar (used as a test of which tokens may
+come next) and DRY; and the bounds a grammar is checked against before llama.cpp parses it."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import Protocol
+
+import numpy as np
+
+from specli.backend._lib import clear_error, last_error, ll
+from specli.errors import UsageError
+
+
+class Vocabulary(Protocol):
+    """A model or a tokenizer: what a sampler is made over."""
+
+    vocab: object  # its llama_vocab
+
+
+class Context(Vocabulary, Protocol):
+    n_ctx: int
+
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+
+
+class _Sampler:
+    """A llama.cpp sampler whose state moves with accepted tokens: apply it to candidates,
+    accept a token, fork (clone) the state, free it."""
+
+    _s = None
+
+    def _apply(self, data: np.ndarray) -> None:
+        """Run the sampler over a _TOKEN_DATA array, in place."""
+        arr = ll.llama_token_data_array(
+            data.ctypes.data_as(ctypes.POINTER(ll.llama_token_data)), len(data), -1, False)
+        ll.llama_sampler_apply(self._s, ctypes.byref(arr))
+
+    def _clone(self):
+        return ll.llama_sampler_clone(self._s)
+
+    def accept(self, token: int) -> None:
+        ll.llama_sampler_accept(self._s, token)
+
+    def close(self) -> None:
+        if self._s:
+            ll.llama_sampler_free(self._s)
+            self._s = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Grammar(_Sampler):
+    """A GBNF grammar's parse state over a model's vocabulary (llama.cpp's grammar sampler).
+    `allowed` asks which candidate tokens may come next; `accept` moves past a token, which
+    must be one it allowed (llama.cpp aborts the process otherwise); `fork` copies the state,
+    for a draft or a verification to walk ahead without moving the committed one."""
+
+    def __init__(self, model: Vocabulary | None, gbnf: str | None,
+                 root: str = "root", _handle=None):
+        if _handle is None:
+            _check_nesting(gbnf)
+            clear_error()
+            _handle = ll.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
+            if not _handle:
+                why = last_error() or "llama.cpp could not parse it"
+                raise UsageError(f"the grammar is not valid GBNF: {why}",
+                                 hint="see llama.cpp's grammars/README.md")
+        self._s = _handle
+
+    def fork(self) -> Grammar:
+        return Grammar(None, None, _handle=self._clone())
+
+    def allowed(self, ids: np.ndarray) -> np.ndarray:
+        """A mask over `ids`: True where the grammar lets the token come next."""
+        data = np.zeros(len(ids), dtype=_TOKEN_DATA)
+        data["id"] = ids
+        self._apply(data)
+        return np.isfinite(data["logit"])
+
+
+class Dry(_Sampler):
+    """llama.cpp's DRY sampler ("don't repeat yourself"): penalizes the token that would
+    extend a repetition of what it has accepted. `apply` returns the row changed (the
+    sampler neither reorders nor resizes the candidates); `fork` copies the state."""
+
+    def __init__(self, model: Context | None, sp=None, _handle=None):
+        if _handle is None:
+            breakers = [b.encode() for b in sp.dry_sequence_breakers]
+            arr = (ctypes.c_char_p * max(len(breakers), 1))(*breakers)
+            n_last = sp.dry_penalty_last_n if sp.dry_penalty_last_n >= 0 else model.n_ctx
+            _handle = ll.llama_sampler_init_dry(model.vocab, sp.dry_multiplier, sp.dry_base,
+                                                sp.dry_allowed_length, n_last, arr,
+                                                len(breakers))
+            if not _handle:
+                raise UsageError("llama.cpp refused the DRY settings")
+        self._s = _handle
+
+    def fork(self) -> Dry:
+        return Dry(None, _handle=self._clone())
+
+    def apply(self, row: np.ndarray) -> np.ndarray:
+        data = np.empty(row.shape[0], dtype=_TOKEN_DATA)
+        data["id"] = _ids(row.shape[0])
+        data["logit"] = row
+        data["p"] = 0.0
+        self._apply(data)
+        return data["logit"].copy()
+
+
+@functools.lru_cache(maxsize=4)
+def _ids(n: int) -> np.ndarray:
+    """0..n-1, made once per vocabulary size."""
+    return np.arange(n, dtype=np.int32)
+
+
+GRAMMAR_MAX_NESTING = 256
+GRAMMAR_MAX_RULES = 4096
+
+
+def _check_nesting(gbnf: str) -> None:
+    """Refuse a grammar nested deeper than GRAMMAR_MAX_NESTING parentheses: llama.cpp's parser
+    recurses once per level, and a hostile depth would overflow the C stack. Likewise more
+    than GRAMMAR_MAX_RULES rules (a chain of rules is walked recursively)."""
+    if gbnf.count("::=") > GRAMMAR_MAX_RULES:
+        raise UsageError(f"the grammar has more than {GRAMMAR_MAX_RULES} rules")
+    depth, quote, i = 0, None, 0
+    while i < len(gbnf):
+        c = gbnf[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"[":
+            quote = "]" if c == "[" else c
+        elif c == "#":  # a comment runs to the end of the line
+            j = gbnf.find("\n", i)
+            i = len(gbnf) if j < 0 else j
+        elif c == "(":
+            depth += 1
+            if depth > GRAMMAR_MAX_NESTING:
+                raise UsageError(f"the grammar nests parentheses more than "
+                                 f"{GRAMMAR_MAX_NESTING} deep")
+        elif c == ")":
+            depth = max(depth - 1, 0)
+        i += 1
+
+
+def schema_grammar(schema: dict) -> str:
+    """A JSON schema as GBNF, by llama-cpp-python's converter (llama.cpp's own, in Python);
+    UsageError naming what it cannot convert."""
+    import json
+
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    try:
+        return json_schema_to_gbnf(json.dumps(schema))
+    except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError,
+            RecursionError) as e:
+        raise UsageError(f"the JSON schema cannot be turned into a grammar: {e}") from None
