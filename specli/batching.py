@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from specli.backend import Model
+from specli.backend.model import Model, Ran
 from specli.config import ModelParams
 from specli.errors import BackendError
 
@@ -92,7 +92,7 @@ class SharedContext:
                               n_seq_max=n_seq * width, tree=True)
             self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
-        self._hidden = 0  # slots whose draft reads the hidden states (Model.set_hidden)
+        self._hidden: set[Model] = set()  # slots whose draft reads hidden states (set_hidden)
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
         self.decoding = False
@@ -100,8 +100,47 @@ class SharedContext:
         # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
         self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
 
-    def view(self, seq: int) -> SeqModel:
-        return SeqModel(self, seq * self.width)
+    def view(self, seq: int) -> Model:
+        """Slot seq's sequence (its tree branches after it), a Model whose decodes and edits
+        run here."""
+        return Model(self.params, share=self.base, seq=seq * self.width, runner=self,
+                     n_branch=self.width, n_ctx=self.n_ctx_seq)
+
+    # -- Runner (backend.model): what a slot's Model asks of the shared context -----------
+    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+            nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
+        req = _Request(m.seq, tokens, pos0, n_out, nodes=nodes, hidden_of=m)
+        self.decode(req)
+        if req.error is not None:
+            raise req.error
+        rows = req.rows if n_out else np.empty((0, m.n_vocab), dtype=np.float32)
+        return Ran(rows, req.hidden, req.seconds, 1)
+
+    @contextmanager
+    def editing(self):
+        """llama.cpp contexts are not thread-safe: a slot edits the cache between decodes."""
+        g = self.gate
+        with g.cond:
+            while self.decoding:
+                g.cond.wait()
+            yield not self.closed
+
+    @contextmanager
+    def generation(self):
+        """A slot generating: decodes wait for it to join them (Gate.gather)."""
+        self.gate.enter()
+        try:
+            yield
+        finally:
+            self.gate.leave()
+
+    def keep_hidden(self, m: Model, on: bool) -> None:
+        """The context keeps hidden states while any of its slots reads them."""
+        with self.editing() as live:
+            if on != (m in self._hidden):
+                self._hidden.add(m) if on else self._hidden.discard(m)
+                if live:
+                    self.base.keep_hidden(self.base, bool(self._hidden))
 
     def close(self) -> None:
         with self.gate.cond:  # never under a decode; later decodes are refused
@@ -175,8 +214,8 @@ class SharedContext:
                     else:
                         r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.rows = np.array(m.rows(r.n_out))  # a copy: see below
-                    if self._hidden:
-                        r.hidden = np.array(m.hidden(r.n_out))
+                    if r.hidden_of in self._hidden:
+                        r.hidden = np.array(m.hidden_rows(r.n_out))
                 except BackendError as e:
                     r.error = e
             return
@@ -187,13 +226,13 @@ class SharedContext:
                 r.error = e
             return
         rows = m.rows(sum(r.n_out for r in batch))
-        hidden = m.hidden(rows.shape[0]) if self._hidden else None
+        hidden = m.hidden_rows(rows.shape[0]) if self._hidden else None
         off = 0
         for r in batch:
             # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
             # before this slot has read its rows
             r.rows = np.array(rows[off:off + r.n_out])
-            if hidden is not None:
+            if hidden is not None and r.hidden_of in self._hidden:
                 r.hidden = np.array(hidden[off:off + r.n_out])
             off += r.n_out
             r.seconds = dt
@@ -211,7 +250,8 @@ class _Request:
     rows: np.ndarray | None = None
     error: Exception | None = None
     seconds: float = 0.0
-    hidden: np.ndarray | None = None  # the rows' hidden states, when a slot reads them
+    hidden: np.ndarray | None = None  # the rows' hidden states, when its slot reads them
+    hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
 
     def items(self) -> list[tuple[int, int, Sequence[int], bool]]:
@@ -222,100 +262,3 @@ class _Request:
         first_out = len(self.tokens) - self.n_out
         return [(t, self.pos0 + i, (self.seq,), i >= first_out)
                 for i, t in enumerate(self.tokens)]
-
-
-class SeqModel(Model):
-    """One sequence of a SharedContext, with Model's interface (a slot's target or draft):
-    its decodes are queued at the SharedContext, and its cache edits wait for them."""
-
-    def __init__(self, shared: SharedContext, seq: int):
-        super().__init__(shared.params, share=shared.base, seq=seq)
-        self._shared, self.gate = shared, shared.gate
-        self.n_branch = shared.width
-        self.n_ctx = shared.n_ctx_seq
-        self._reads_hidden = False
-        self._hidden: np.ndarray | None = None  # its last decode's, when it reads them
-
-    def set_hidden(self, on: bool) -> None:
-        """The shared context keeps hidden states while any of its slots reads them."""
-        if on == self._reads_hidden:
-            return
-        self._reads_hidden = on
-        with self._between():
-            shared = self._shared
-            shared._hidden += 1 if on else -1
-            if not shared.closed:
-                shared.base.set_hidden(shared._hidden > 0)
-
-    def hidden(self, n_out: int) -> np.ndarray:
-        if self._hidden is None:
-            raise BackendError("internal: hidden states read from a decode that kept none")
-        return self._hidden[:n_out]
-
-    def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
-                    seqs: Sequence[Sequence[int]]) -> np.ndarray:
-        n = self._check_tree(tokens, pos)
-        req = _Request(self.seq, list(tokens), pos[0], n,
-                       nodes=(list(pos), [[self.seq + s for s in ss] for ss in seqs]))
-        self._shared.decode(req)
-        self.t_decode_s += req.seconds
-        self.n_decode_calls += 1
-        self.n_decode_tokens += n
-        if req.error is not None:
-            raise req.error
-        self._hidden = req.hidden
-        return req.rows
-
-    def fork(self, src: int, dst: int) -> None:
-        with self._between():
-            if self._shared.closed:
-                raise BackendError("the model's context is closed (the server is stopping)")
-            super().fork(src, dst)
-
-    def keep(self, seq: int, tokens: Sequence[int]) -> None:
-        with self._between():
-            if self._shared.closed:
-                self.tokens[:] = tokens
-                return
-            super().keep(seq, tokens)
-
-    @contextmanager
-    def _between(self):
-        """llama.cpp contexts are not thread-safe: edit the cache only between decodes."""
-        g, shared = self._shared.gate, self._shared
-        with g.cond:
-            while shared.decoding:
-                g.cond.wait()
-            yield
-
-    def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray:
-        n_out = self._plan(tokens, logits)
-        req = _Request(self.seq, list(tokens), len(self.tokens), n_out)
-        self._shared.decode(req)
-        self.t_decode_s += req.seconds
-        self.n_decode_calls += 1
-        self.n_decode_tokens += len(tokens)
-        if req.error is not None:
-            self._truncate(len(self.tokens))
-            raise req.error
-        self._hidden = req.hidden
-        self.tokens.extend(tokens)
-        return req.rows if n_out else np.empty((0, self.n_vocab), dtype=np.float32)
-
-    def _truncate(self, n_keep: int) -> None:
-        # llama.cpp contexts are not thread-safe: edit the cache only between decodes
-        g, shared = self._shared.gate, self._shared
-        with g.cond:
-            while shared.decoding:
-                g.cond.wait()
-            if shared.closed:  # freed: nothing left to rewind
-                del self.tokens[n_keep:]
-                return
-            super()._truncate(n_keep)
-
-    def kv_pos_max(self) -> int:
-        g, shared = self._shared.gate, self._shared
-        with g.cond:
-            while shared.decoding:
-                g.cond.wait()
-            return super().kv_pos_max()

@@ -1,5 +1,5 @@
-"""THE engine: speculative decoding over a target Model and an optional DraftSource, the
-loop only (plan.py assembles engines, prompt.py renders prompts).
+"""THE engine: speculative decoding over a target model (backend.Backend) and an optional
+DraftSource, the loop only (plan.py assembles engines, prompt.py renders prompts).
 
 Three layers, after mlx-lm: `steps()` yields raw (token, from_draft) events, `stream()` yields
 text chunks with finish reasons, `complete()` returns the text and its Stats. Nothing here
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from specli import prompt as prompts
-from specli.backend import Model
+from specli.backend import Backend
 from specli.config import DraftPolicy, SamplingParams, SpecRequest
 from specli.drafts import DraftSource, ModelDraft, Proposal
 from specli.drafts.base import Decoded, Outcome, Reads, Sources, rules_kw
@@ -62,7 +62,7 @@ class Engine:
     load_slots). drafts: the sources for a request's own --spec-type list, when the plan
     gave them (a server slot's)."""
 
-    def __init__(self, target: Model, draft: DraftSource | None = None,
+    def __init__(self, target: Backend, draft: DraftSource | None = None,
                  draft_params: DraftPolicy | None = None, *, drafts: Sources | None = None):
         self.target = target
         self.draft = draft
@@ -70,7 +70,7 @@ class Engine:
         self.drafts = drafts
 
     @property
-    def draft_model(self) -> Model | None:
+    def draft_model(self) -> Backend | None:
         """The draft model, whichever types the engine was loaded with."""
         return self.draft.model if self.draft is not None else None
 
@@ -128,46 +128,50 @@ class Engine:
         stats.n_seq_dft = policy.n_seq
         meter = Meter(stats, tgt, draft.model if draft else None)
         reads = None
-        try:
-            with meter.prompt():
+        with tgt.generating():  # slots batched with this one wait for its decodes
+            try:
+                with meter.prompt():
+                    if draft:
+                        reads = draft.begin(prompt)
+                        if reads and reads.hidden:
+                            tgt.set_hidden(True)
+                    # the last prompt token opens the first verification batch
+                    tgt.sync(prompt[:-1],
+                             prompt_progress(progress, len(prompt)) if progress else None,
+                             span=len(prompt), each=self._teller(draft, reads),
+                             outputs=bool(reads and reads.hidden))
+                context = list(prompt)  # committed; context[-1] is not yet in the target cache
+                n_left = n_predict if n_predict >= 0 else tgt.n_ctx
+                stats.finish_reason = "length"
+                with meter.decode():
+                    t0 = time.perf_counter()
+                    while n_left > 0 and len(context) <= tgt.n_ctx:
+                        # draft at most what the budget, the context and one batch can take
+                        k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
+                                tgt.n_ctx if policy.limit is None else policy.limit
+                                ) if draft else 0
+                        tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
+                                                            stats, rules, probs, reads)
+                        if not stats.n_first:  # llama-server's rates start after the first
+                            stats.n_first = len(tokens)
+                            stats.t_first_s = time.perf_counter() - t0
+                        for i, t in enumerate(tokens):
+                            context.append(t)
+                            stats.n_predict += 1
+                            n_left -= 1
+                            yield t, i < n_drafted
+                        if eog:
+                            stats.finish_reason = "stop"
+                            return
+            finally:
+                # a consumer that stopped inside the first step took fewer of its tokens
+                stats.n_first = min(stats.n_first, stats.n_predict)
+                if reads and reads.hidden:
+                    tgt.set_hidden(False)
                 if draft:
-                    reads = draft.begin(prompt)
-                    if reads and reads.hidden:
-                        tgt.set_hidden(True)
-                # the last prompt token opens the first verification batch
-                tgt.sync(prompt[:-1], prompt_progress(progress, len(prompt)) if progress else None,
-                         span=len(prompt), each=self._teller(draft, reads),
-                         outputs=bool(reads and reads.hidden))
-            context = list(prompt)  # committed; context[-1] is not yet in the target cache
-            n_left = n_predict if n_predict >= 0 else tgt.n_ctx
-            stats.finish_reason = "length"
-            with meter.decode():
-                t0 = time.perf_counter()
-                while n_left > 0 and len(context) <= tgt.n_ctx:
-                    # draft at most what the budget, the context and one batch can take
-                    k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
-                            tgt.n_ctx if policy.limit is None else policy.limit) if draft else 0
-                    tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats, rules, probs, reads)
-                    if not stats.n_first:  # llama-server's rates start after the first token
-                        stats.n_first, stats.t_first_s = len(tokens), time.perf_counter() - t0
-                    for i, t in enumerate(tokens):
-                        context.append(t)
-                        stats.n_predict += 1
-                        n_left -= 1
-                        yield t, i < n_drafted
-                    if eog:
-                        stats.finish_reason = "stop"
-                        return
-        finally:
-            # a consumer that stopped inside the first step took fewer of its tokens
-            stats.n_first = min(stats.n_first, stats.n_predict)
-            if reads and reads.hidden:
-                tgt.set_hidden(False)
-            if draft:
-                draft.end()
-            if rules is not None:
-                rules.close()
+                    draft.end()
+                if rules is not None:
+                    rules.close()
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,

@@ -12,7 +12,7 @@ from specli.backend import apply_builtin_template, builtin_templates, knows_temp
 from specli.errors import ContextOverflowError, UsageError
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.backend import Backend
 
 
 class Tokens(list):
@@ -24,11 +24,11 @@ class Tokens(list):
         self.draft = draft
 
 
-def tokenize(target: Model, prompt: str) -> list[int]:
+def tokenize(target: Backend, prompt: str) -> list[int]:
     return target.tokenize(fits(target, prompt))
 
 
-def tokenize_messages(target: Model, messages: list[dict],
+def tokenize_messages(target: Backend, messages: list[dict],
                       continue_final: bool = False) -> list[int]:
     """A conversation rendered with the target's chat template (ChatML when the file has
     none), tokenized with special tokens parsed. What cannot fit the context is refused
@@ -39,7 +39,7 @@ def tokenize_messages(target: Model, messages: list[dict],
     return target.tokenize(fits(target, text), add_special=not (bos and text.startswith(bos)))
 
 
-def render_messages(target: Model, messages: list[dict], continue_final: bool = False) -> str:
+def render_messages(target: Backend, messages: list[dict], continue_final: bool = False) -> str:
     """The conversation as the prompt text tokenize_messages tokenizes."""
     from specli.chat import render_messages as render
 
@@ -64,7 +64,7 @@ def render_messages(target: Model, messages: list[dict], continue_final: bool = 
         raise
 
 
-def draft_prompt(target: Model, draft: Model, messages: list[dict],
+def draft_prompt(target: Backend, draft: Backend, messages: list[dict],
                  continue_final: bool = False) -> list[int] | None:
     """A draft with another tokenizer reads a conversation through its own chat template
     and special tokens (drafts/translate.py); None where its template refuses what the
@@ -81,7 +81,7 @@ def draft_prompt(target: Model, draft: Model, messages: list[dict],
     return draft.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
 
-def fits(target: Model, text: str) -> str:
+def fits(target: Backend, text: str) -> str:
     """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
     max_token_bytes): then ContextOverflowError, before tokenizing megabytes."""
     n_ctx = target.n_ctx

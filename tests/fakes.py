@@ -11,6 +11,7 @@ Real-model tests (test_engine.py, test_parity.py) keep fidelity against llama.cp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -45,6 +46,7 @@ class FakeModel:
         self.fail_on_call: int | None = None  # the decode call number that raises
         self.n_branch = 1  # > 1: draft-tree branches (set by the tests that use them)
         self.cells: dict[int, dict[int, int]] = {}  # branch -> {position: token} past tokens
+        self.keeps_hidden, self.last_rows = False, np.empty((0, n_vocab), dtype=np.float32)
 
     # -- vocabulary: one token per character --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -82,7 +84,8 @@ class FakeModel:
         start = len(self.tokens)
         self.tokens.extend(tokens)
         n_out = min(int({"last": 1, "all": n, "none": 0}.get(logits, logits)), n)
-        return self.rows_after(tokens[n - n_out:], start + n - n_out)
+        self.last_rows = self.rows_after(tokens, start)
+        return self.last_rows[n - n_out:]
 
     def rows_after(self, tokens: Sequence[int], pos0: int) -> np.ndarray:
         """The logits that follow each token, the first at position pos0."""
@@ -113,7 +116,9 @@ class FakeModel:
         for t, p, ss in zip(tokens, pos, seqs, strict=True):
             for s in ss:
                 self.cells.setdefault(s, {})[p] = t
-        return np.stack([self.rows_after([t], p)[0] for t, p in zip(tokens, pos, strict=True)])
+        self.last_rows = np.stack([self.rows_after([t], p)[0]
+                                   for t, p in zip(tokens, pos, strict=True)])
+        return self.last_rows
 
     def keep(self, seq: int, tokens: Sequence[int]) -> None:
         """As llama.cpp would: what branch `seq` holds past the committed tokens must be
@@ -125,6 +130,17 @@ class FakeModel:
         self.tokens[:] = tokens
 
     sync = Model.sync  # the real one: it needs only tokens, rewind and decode
+
+    def generating(self) -> nullcontext:
+        return nullcontext()
+
+    def set_hidden(self, on: bool) -> None:
+        self.keeps_hidden = on
+
+    def hidden(self, n_out: int) -> np.ndarray:
+        """A fake's hidden state is its logits row: what the last decode returned."""
+        assert self.keeps_hidden, "hidden states read from a decode that kept none"
+        return self.last_rows[-n_out:]
 
     def kv_pos_max(self) -> int:
         return len(self.tokens) - 1

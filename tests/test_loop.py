@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from fakes import EOG, FakeModel
 
+from specli.backend import Backend
 from specli.config import DraftPolicy, NgramParams, SamplingParams, SpecRequest
 from specli.drafts import ModelDraft
 from specli.engine import Engine
@@ -201,3 +202,9 @@ def test_prompt_longer_than_context_is_an_error_and_a_full_context_stops():
     out = e.complete(ids, -1, GREEDY)
     assert out.stats.finish_reason in ("length", "stop")
     assert len(ids) + len(out.tokens) <= 64 + 1
+
+
+def test_the_fake_is_a_backend():
+    """The fake implements the interface the engine uses of a model (backend.Backend), as
+    the real Model and a server slot's sequence do (test_shared_context.py)."""
+    assert isinstance(FakeModel(), Backend)

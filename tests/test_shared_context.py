@@ -72,3 +72,15 @@ def test_a_failed_combined_decode_reaches_every_slot(shared, monkeypatch):
     monkeypatch.setattr(Model, "decode_items", broken)
     out = two_slots(shared, steps=0)
     assert all(isinstance(e, BackendError) and "(test)" in e.message for e in out), out
+
+
+def test_a_slots_sequence_and_its_context_are_backends(shared):
+    """A slot's sequence is a Model like any other (its decodes and edits run through the
+    shared context), and both are what the engine takes (backend.Backend)."""
+    from specli.backend import Backend
+
+    view = shared.view(1)
+    assert isinstance(view, Model) and isinstance(view, Backend)
+    assert isinstance(shared.base, Backend)
+    view.decode([1, 2, 3])
+    assert view.kv_pos_max() == 2 and shared.view(0).kv_pos_max() == -1

@@ -16,6 +16,7 @@ from specli.backend.devices import (
     supports_gpu_offload,
 )
 from specli.backend.model import Model, Tokenizer
+from specli.backend.protocol import Backend
 from specli.backend.quantize import QUANT_TYPES, quantize
 from specli.backend.samplers import (
     GRAMMAR_MAX_NESTING,
@@ -26,7 +27,8 @@ from specli.backend.samplers import (
 )
 from specli.backend.templates import apply_builtin_template, builtin_templates, knows_template
 
-__all__ = ["GRAMMAR_MAX_NESTING", "GRAMMAR_MAX_RULES", "QUANT_TYPES", "SPLIT_MODES", "Device",
+__all__ = ["GRAMMAR_MAX_NESTING", "GRAMMAR_MAX_RULES", "QUANT_TYPES", "SPLIT_MODES", "Backend",
+           "Device",
            "Dry", "Grammar", "Model", "Tokenizer", "apply_builtin_template",
            "builtin_templates", "check_placement", "connect_rpc", "knows_template",
            "kv_type", "list_devices", "ll", "local_gpu", "quantize", "rpc_available",

@@ -14,6 +14,8 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -76,17 +78,51 @@ class Tokenizer:
         self.close()
 
 
+class Ran(NamedTuple):
+    """A decode's outcome: its logits rows, their hidden states (when kept), the seconds
+    inside llama_decode and the llama_decode calls."""
+
+    rows: np.ndarray
+    hidden: np.ndarray | None
+    seconds: float
+    calls: int
+
+
+class Runner(Protocol):
+    """Where a Model's decodes and cache edits run: its own context (the Model itself: at
+    once, on the caller's thread), or a sequence of a shared one (batching.SharedContext:
+    batched with the other slots' decodes, edits between them)."""
+
+    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+            nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
+        """m's tokens from position pos0 (or a tree's nodes: their positions and absolute
+        sequence ids), the last n_out rows kept."""
+
+    def editing(self) -> AbstractContextManager[bool]:
+        """Around an edit of the cache: between decodes; False once the context is gone
+        (only the bookkeeping changes then)."""
+
+    def generation(self) -> AbstractContextManager[None]:
+        """Around a generation: decodes batched with others wait for this one's."""
+
+    def keep_hidden(self, m: Model, on: bool) -> None:
+        """Whether m's decodes keep their hidden states."""
+
+
 class Model:
     """One GGUF model, one context, one sequence. A context may hold n_seq_max sequences (a
     server's slots, batching.SharedContext): `share` makes a Model for sequence `seq` of
-    another Model's context, with its own tokens and timings, that frees nothing on close."""
+    another Model's context, with its own tokens and timings, that frees nothing on close;
+    its decodes and edits go through `runner`, n_branch draft-tree branches and n_ctx
+    cells its own."""
 
     def __init__(self, params: ModelParams, n_seq_max: int = 1, *, share: Model | None = None,
-                 seq: int = 0, tree: bool = False):
+                 seq: int = 0, tree: bool = False, runner: Runner | None = None,
+                 n_branch: int = 1, n_ctx: int | None = None):
         self.params, self.seq = params, seq  # the sequence id this model's tokens live in
         # tree: n_seq_max sequences over one unified cache of n_ctx cells, the branches of a
         # draft tree (branch 0 holds the committed tokens; decode_tree, keep)
-        self.n_branch = n_seq_max if tree else 1
+        self.n_branch = n_seq_max if tree else n_branch
         self.tokens: list[int] = []  # what the KV cache holds, position i = tokens[i]
         self.t_decode_s = 0.0  # wall time inside llama_decode (and the wait for the device)
         self.n_decode_calls = 0
@@ -94,12 +130,16 @@ class Model:
         self._local = threading.local()
         self._views: dict[tuple[int, int], np.ndarray] = {}
         self._owner = share is None
+        self._runner: Runner = runner or self
+        self._hidden: np.ndarray | None = None  # the last decode's, when kept
+        self._keeps_hidden = False
         if share is not None:
             self._model, self._ctx, self.vocab, self._mem = (share._model, share._ctx,
                                                               share.vocab, share._mem)
             self._batch = None  # its decodes go through whoever owns the context
             self.load_ms, self.offloaded = share.load_ms, share.offloaded
-            self.n_vocab, self.n_batch, self.n_ctx = share.n_vocab, share.n_batch, share.n_ctx_seq
+            self.n_vocab, self.n_batch = share.n_vocab, share.n_batch
+            self.n_ctx = n_ctx or share.n_ctx_seq
             self.n_embd = share.n_embd
             return
         check_gguf(params.path)
@@ -232,15 +272,19 @@ class Model:
         """
         n_out = self._plan(tokens, logits)
         try:
-            secs, calls = self.decode_chunked(tokens, len(self.tokens), self.seq, n_out)
-        except BackendError:
+            ran = self._runner.run(self, list(tokens), len(self.tokens), n_out)
+        except BaseException:
             self._truncate(len(self.tokens))  # drop what a failed chunk left in the cache
             raise
-        self.t_decode_s += secs
-        self.n_decode_calls += calls
-        self.n_decode_tokens += len(tokens)
+        self._count(ran, len(tokens))
         self.tokens.extend(tokens)
-        return self.rows(n_out)
+        return ran.rows
+
+    def _count(self, ran: Ran, n_tokens: int) -> None:
+        self.t_decode_s += ran.seconds
+        self.n_decode_calls += ran.calls
+        self.n_decode_tokens += n_tokens
+        self._hidden = ran.hidden
 
     def _plan(self, tokens: Sequence[int], logits: str | int) -> int:
         """The number of logits rows a decode returns, after checking that it can run."""
@@ -289,8 +333,11 @@ class Model:
 
     def fork(self, src: int, dst: int) -> None:
         """Branch dst becomes a copy of branch src."""
-        ll.llama_memory_seq_rm(self._mem, self.seq + dst, -1, -1)
-        ll.llama_memory_seq_cp(self._mem, self.seq + src, self.seq + dst, -1, -1)
+        with self._runner.editing() as live:
+            if not live:
+                raise BackendError("the model's context is closed (the server is stopping)")
+            ll.llama_memory_seq_rm(self._mem, self.seq + dst, -1, -1)
+            ll.llama_memory_seq_cp(self._mem, self.seq + src, self.seq + dst, -1, -1)
 
     def decode_tree(self, tokens: Sequence[int], pos: Sequence[int],
                     seqs: Sequence[Sequence[int]]) -> np.ndarray:
@@ -298,12 +345,10 @@ class Model:
         seqs[i] (the branches that pass through it), a logits row each. Nodes come parents
         first; `tokens` (branch 0's) is unchanged until `keep`."""
         n = self._check_tree(tokens, pos)
-        items = [(t, p, [self.seq + s for s in ss], True)
-                 for t, p, ss in zip(tokens, pos, seqs, strict=True)]
-        self.t_decode_s += self.decode_items(items)
-        self.n_decode_calls += 1
-        self.n_decode_tokens += n
-        return self.rows(n)
+        ran = self._runner.run(self, list(tokens), pos[0], n,
+                               (list(pos), [[self.seq + s for s in ss] for ss in seqs]))
+        self._count(ran, n)
+        return ran.rows
 
     def _check_tree(self, tokens: Sequence[int], pos: Sequence[int]) -> int:
         """The number of nodes, after checking that one batch and the context take them."""
@@ -336,18 +381,21 @@ class Model:
         (its cells, which the caller knows spell them); every other branch and every cell
         past them is dropped. Other models' sequences of a shared context are untouched."""
         n, base = len(tokens), self.seq
-        ll.llama_memory_seq_rm(self._mem, base + seq, n, -1)
-        if seq != 0:
-            ll.llama_memory_seq_rm(self._mem, base, -1, -1)
-            ll.llama_memory_seq_cp(self._mem, base + seq, base, -1, -1)
-        for s in range(1, self.n_branch):
-            ll.llama_memory_seq_rm(self._mem, base + s, -1, -1)
-        self.tokens[:] = tokens
+        with self._runner.editing() as live:
+            if live:
+                ll.llama_memory_seq_rm(self._mem, base + seq, n, -1)
+                if seq != 0:
+                    ll.llama_memory_seq_rm(self._mem, base, -1, -1)
+                    ll.llama_memory_seq_cp(self._mem, base + seq, base, -1, -1)
+                for s in range(1, self.n_branch):
+                    ll.llama_memory_seq_rm(self._mem, base + s, -1, -1)
+            self.tokens[:] = tokens
 
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         """The lowest and highest position branch `seq` holds ((-1, -1) when empty)."""
-        return (int(ll.llama_memory_seq_pos_min(self._mem, self.seq + seq)),
-                int(ll.llama_memory_seq_pos_max(self._mem, self.seq + seq)))
+        with self._runner.editing():
+            return (int(ll.llama_memory_seq_pos_min(self._mem, self.seq + seq)),
+                    int(ll.llama_memory_seq_pos_max(self._mem, self.seq + seq)))
 
     @property
     def n_ctx_seq(self) -> int:
@@ -375,17 +423,19 @@ class Model:
             self._truncate(n_keep)
 
     def _truncate(self, n_keep: int) -> None:
-        if not ll.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
-            # partial removal refused (recurrent models): start over rather than lie
-            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
-            self.tokens.clear()
-            raise BackendError("this model's cache cannot be rolled back partially",
-                               hint="speculative decoding needs a transformer KV cache")
-        del self.tokens[n_keep:]
+        with self._runner.editing() as live:
+            if live and not ll.llama_memory_seq_rm(self._mem, self.seq, n_keep, -1):
+                # partial removal refused (recurrent models): start over rather than lie
+                ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+                self.tokens.clear()
+                raise BackendError("this model's cache cannot be rolled back partially",
+                                   hint="speculative decoding needs a transformer KV cache")
+            del self.tokens[n_keep:]
 
     def kv_pos_max(self) -> int:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
-        return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
+        with self._runner.editing() as live:
+            return int(ll.llama_memory_seq_pos_max(self._mem, self.seq)) if live else -1
 
     def sync(self, tokens: Sequence[int],
              on_progress: Callable[[int, int], None] | None = None,
@@ -423,11 +473,42 @@ class Model:
     # -- what a draft reads of the target's decodes -----------------------------------------
     def set_hidden(self, on: bool) -> None:
         """Whether decodes also keep the last hidden state of each output row (hidden())."""
-        ll.llama_set_embeddings(self._ctx, on)
+        self._runner.keep_hidden(self, on)
 
     def hidden(self, n_out: int) -> np.ndarray:
-        """The last decode's n_out hidden states (n_out, n_embd), as a view valid until the
-        next decode; the decode must have run with set_hidden(True)."""
+        """The last decode's n_out hidden states (n_out, n_embd), valid until the next decode;
+        the decode must have run with set_hidden(True)."""
+        if self._hidden is None:
+            raise BackendError("internal: hidden states read from a decode that kept none")
+        return self._hidden[:n_out]
+
+    def generating(self) -> AbstractContextManager[None]:
+        """Around a generation (the engine's steps): see Runner.generation."""
+        return self._runner.generation()
+
+    # -- Runner, for its own context: decodes at once, on the caller's thread -----------------
+    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+            nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
+        if nodes is None:
+            secs, calls = self.decode_chunked(tokens, pos0, m.seq, n_out)
+        else:
+            secs, calls = self.decode_items(
+                [(t, p, ss, True) for t, p, ss in zip(tokens, *nodes, strict=True)]), 1
+        return Ran(self.rows(n_out), self.hidden_rows(n_out) if self._keeps_hidden else None,
+                   secs, calls)
+
+    def editing(self) -> AbstractContextManager[bool]:
+        return nullcontext(True)
+
+    def generation(self) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def keep_hidden(self, m: Model, on: bool) -> None:
+        self._keeps_hidden = on
+        ll.llama_set_embeddings(self._ctx, on)
+
+    def hidden_rows(self, n_out: int) -> np.ndarray:
+        """A view of the last decode's n_out hidden states, on the context that ran it."""
         ptr = ll.llama_get_embeddings(self._ctx)
         if not ptr:
             raise BackendError("internal: hidden states read from a decode that kept none")

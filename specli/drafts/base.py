@@ -14,7 +14,7 @@ from specli.drafts.tree import Tree
 from specli.verify import Dist
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.backend import Backend
     from specli.rules import Rules
 
 
@@ -80,7 +80,7 @@ class DraftSource(Protocol):
 
     name: str
     own_length: bool  # drafts up to a length of its own (an n-gram type's m), not --draft
-    model: Model | None  # the draft model it decodes with, if any (for timing)
+    model: Backend | None  # the draft model it decodes with, if any (for timing)
 
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         """A new generation starts from `prompt` (its last token is not yet verified).

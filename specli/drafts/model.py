@@ -13,7 +13,7 @@ from specli.drafts.tree import Calibration, Tree, draft_tree
 from specli.verify import NoToken, finite_argmax, need_for, sampling_dist, transform
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.backend import Backend
     from specli.rules import Rules
 
 # llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
@@ -31,7 +31,7 @@ class ModelDraft:
     name = "draft"
     own_length = False  # --draft caps it
 
-    def __init__(self, model: Model, *, n_vocab_target: int | None = None):
+    def __init__(self, model: Backend, *, n_vocab_target: int | None = None):
         self.model = model
         self.calib = Calibration()  # how often the target takes its top candidate
         # a draft vocabulary may be up to 128 tokens larger: never propose (or give q mass to)

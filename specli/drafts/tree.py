@@ -16,7 +16,7 @@ from specli.config import DraftPolicy, SamplingParams
 from specli.verify import Dist, NonFinite, sampling_dist, transform
 
 if TYPE_CHECKING:
-    from specli.backend import Model
+    from specli.backend import Backend
 
 ROOT = -1  # the parent of depth-1 nodes: the last committed token, not yet verified
 _SPLIT_CANDIDATES = 8  # llama-speculative looks at the draft's top 8 for splits
@@ -165,7 +165,7 @@ class _Branch:
     decoded: int = 0  # how many of its nodes the draft's cache holds
 
 
-def draft_tree(m: Model, rows: np.ndarray, n_vocab: int, context: Sequence[int], k: int,
+def draft_tree(m: Backend, rows: np.ndarray, n_vocab: int, context: Sequence[int], k: int,
                sp: SamplingParams, rng: np.random.Generator, policy: DraftPolicy,
                calib: Calibration | None = None, source: str = "draft") -> Tree:
     """Up to k nodes over at most policy.n_seq branches of draft model m, from `rows` (its row

@@ -172,6 +172,10 @@ class Generation:
         finally:
             self._cancel.set()  # the reader left (or finished): stop at the next token
 
+    def fail(self, error: BaseException) -> None:
+        """End the generation with `error`, from any thread: its reader raises it."""
+        self._push(error)
+
     def _push(self, item) -> None:
         self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
 
@@ -180,9 +184,6 @@ class Generation:
         if self._pool.down:  # started after the pool failed: fail() did not see it
             self._push(self._pool.unavailable())
             return
-        gate = getattr(engine.target, "gate", None)
-        if gate is not None:
-            gate.enter()  # batched decodes wait for this slot while it runs
         try:
             if not job.cache_prompt:
                 engine.forget()
@@ -193,10 +194,7 @@ class Generation:
                 if not self._choice(engine, job, sp, index):
                     break
         except BaseException as e:  # handed to the event loop, which answers the client
-            self._push(e)
-        finally:
-            if gate is not None:
-                gate.leave()
+            self.fail(e)
 
     def _choice(self, engine: Engine, job: Job, sp: SamplingParams, index: int) -> bool:
         """One choice, streamed as Pieces and ended by its Done; False if cancelled."""
@@ -325,7 +323,7 @@ class SlotPool:
         flight ends with a 503; their slot threads stay where llama.cpp stopped them."""
         self.down = message  # first: a generation starting from now on sees it
         for g in list(self.active):
-            g._push(self.unavailable())
+            g.fail(self.unavailable())
 
     def unavailable(self) -> APIError:
         return APIError(503, self.down or "unavailable", "unavailable_error",
