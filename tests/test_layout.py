@@ -1,4 +1,4 @@
-"""The architecture's import rules (design.md), checked by reading the imports."""
+"""The architecture (docs/architecture.md): its import rules and its map of the modules."""
 
 from __future__ import annotations
 
@@ -57,3 +57,79 @@ def test_the_audit_recorder_is_self_contained():
         names = imports(PKG / "_audit_site" / name)
         assert {n.split(".")[0] for n in names} - {"__future__"} <= \
             set(sys.stdlib_module_names), name
+
+
+DOC = Path(__file__).parents[1] / "docs" / "architecture.md"
+
+
+def test_every_module_is_on_the_map():
+    """docs/architecture.md names every module (a package's under the package's name)."""
+    doc = DOC.read_text()
+    missing = []
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG)
+        if p.name == "__init__.py" and len(rel.parts) > 1:
+            continue
+        if f"`{p.name}`" not in doc or len(rel.parts) > 1 and f"`{rel.parts[0]}/`" not in doc:
+            missing.append(str(rel))
+    assert not missing, f"not in docs/architecture.md: {missing}"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if p.name == "__init__.py" else parts)] = p
+    return out
+
+
+def _edges(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the specli modules it imports (type-only imports too). A package stands
+    for the modules its __init__ imports (its face); a package's face is no node itself."""
+    faces = {m for m, p in mods.items() if p.name == "__init__.py"}
+
+    def targets(name: str) -> set[str]:
+        return set(expand(name)) if name in mods else set()
+
+    def expand(name: str, seen: frozenset = frozenset()) -> set[str]:
+        if name not in faces or name == "specli":
+            return {name} - faces
+        out: set[str] = set()
+        for t in raw(name):
+            if t not in seen and t.startswith(name + "."):
+                out |= expand(t, seen | {name})
+        return out
+
+    def raw(name: str) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(mods[name].read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("specli")}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specli"):
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    found.add(sub if sub in mods else node.module)
+        return found
+
+    return {m: set().union(*(targets(t) for t in raw(m))) - {m} for m in mods if m not in faces}
+
+
+def test_no_import_circle():
+    """No two modules import each other, directly or around a loop, not even for a type."""
+    graph = _edges(_modules())
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(
+                    [*path[path.index(n):], n] if n in path else [m, n]))
+            if n not in state:
+                visit(n, [*path, n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert graph["specli.engine"], "the graph must hold the imports for this to test anything"
