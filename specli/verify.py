@@ -222,10 +222,13 @@ def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: Sa
         draws = tree.draws.get(node, [])
         if sp.greedy:
             best = finite_argmax(row, node + 1)
-            node = next((c for c in draws if tree.tokens[c] == best), None)
-            if node is None:
+            for c in draws:
+                if tree.tokens[c] == best:
+                    node = c
+                    path.append(c)
+                    break
+            else:
                 return path, best
-            path.append(node)
             continue
         r = sampling_dist(row, sp, node + 1)
         q = tree.q.get(node)

@@ -6,6 +6,7 @@ it) and the longest path it agrees with is kept."""
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -53,9 +54,10 @@ class Tree:
                    {i - 1: [i] for i in range(n)},
                    {i - 1: d for i, d in enumerate(q)} if q else {}, source=source)
 
-    @property
+    @functools.cached_property
     def branched(self) -> bool:
-        """Whether any node lives outside the committed branch (0): a chain never does."""
+        """Whether any node lives outside the committed branch (0): a chain never does
+        (asked once the tree is drafted)."""
         return any(ss != [0] for ss in self.seqs)
 
     def add(self, parent: int, token: int, seq: int) -> int:
