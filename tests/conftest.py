@@ -24,6 +24,17 @@ PROMPTS = [  # code, prose, chat-style, structured
 ]
 
 
+# the fixtures that hand out real GGUF files: a test that uses one (directly or through
+# another fixture) is marked `models`; `pytest -m "not models"` runs the rest
+MODEL_FIXTURES = {"model_dir", "q4_1", "f32", "f16", "q8_0", "gemma"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.models)
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("models")

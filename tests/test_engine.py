@@ -56,6 +56,7 @@ def plain_top2_gaps(model: Model, prompt: list[int], tokens: list[int]) -> list[
     return gaps
 
 
+@pytest.mark.models  # its files come through request.getfixturevalue
 @pytest.mark.parametrize("target_q,draft_q", [("q8_0", "q4_1"), ("q4_1", "q8_0")])
 def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q):
     target, draft = request.getfixturevalue(target_q), request.getfixturevalue(draft_q)
