@@ -153,6 +153,20 @@ def test_an_unknown_key_is_named_as_the_client_wrote_it(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == key, r.text
 
 
+def test_a_type_the_loaded_models_cannot_serve_is_a_400(server):
+    """A request's own speculative.type goes through the server's plan (SpecPlan.request):
+    draft-simple without a draft model names the parameter and the flag; n-gram types
+    alone are served."""
+    body = {"prompt": "x", "n_predict": 2, "speculative": {"type": "ngram-simple,draft-simple"}}
+    r = post(server, "/completion", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "speculative.type" and "needs a draft model" in err["message"] \
+        and "-md" in err["message"], err
+    r = post(server, "/completion", {**body, "speculative": {"type": "ngram-simple"}})
+    assert r.status_code == 200, r.text
+
+
 def test_a_body_that_is_not_utf8_is_a_400(server):
     r = post(server, "/completion", b'{"prompt": "\xed\xa0\x80"}')
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"], r.text
