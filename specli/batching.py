@@ -107,9 +107,9 @@ class SharedContext:
                      n_branch=self.width, n_ctx=self.n_ctx_seq)
 
     # -- Runner (backend.model): what a slot's Model asks of the shared context -----------
-    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+    def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
             nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
-        req = _Request(m.seq, tokens, pos0, n_out, nodes=nodes, hidden_of=m)
+        req = _Request(m.seq, list(tokens), pos0, n_out, nodes=nodes, hidden_of=m)  # queued
         self.decode(req)
         if req.error is not None:
             raise req.error
@@ -138,7 +138,10 @@ class SharedContext:
         """The context keeps hidden states while any of its slots reads them."""
         with self.editing() as live:
             if on != (m in self._hidden):
-                self._hidden.add(m) if on else self._hidden.discard(m)
+                if on:
+                    self._hidden.add(m)
+                else:
+                    self._hidden.discard(m)
                 if live:
                     self.base.keep_hidden(self.base, bool(self._hidden))
 

@@ -93,7 +93,7 @@ class Runner(Protocol):
     once, on the caller's thread), or a sequence of a shared one (batching.SharedContext:
     batched with the other slots' decodes, edits between them)."""
 
-    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+    def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
             nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
         """m's tokens from position pos0 (or a tree's nodes: their positions and absolute
         sequence ids), the last n_out rows kept."""
@@ -272,7 +272,7 @@ class Model:
         """
         n_out = self._plan(tokens, logits)
         try:
-            ran = self._runner.run(self, list(tokens), len(self.tokens), n_out)
+            ran = self._runner.run(self, tokens, len(self.tokens), n_out)
         except BaseException:
             self._truncate(len(self.tokens))  # drop what a failed chunk left in the cache
             raise
@@ -345,7 +345,7 @@ class Model:
         seqs[i] (the branches that pass through it), a logits row each. Nodes come parents
         first; `tokens` (branch 0's) is unchanged until `keep`."""
         n = self._check_tree(tokens, pos)
-        ran = self._runner.run(self, list(tokens), pos[0], n,
+        ran = self._runner.run(self, tokens, pos[0], n,
                                (list(pos), [[self.seq + s for s in ss] for ss in seqs]))
         self._count(ran, n)
         return ran.rows
@@ -487,7 +487,7 @@ class Model:
         return self._runner.generation()
 
     # -- Runner, for its own context: decodes at once, on the caller's thread -----------------
-    def run(self, m: Model, tokens: list[int], pos0: int, n_out: int,
+    def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
             nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
         if nodes is None:
             secs, calls = self.decode_chunked(tokens, pos0, m.seq, n_out)
