@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+
+from specli.errors import UsageError
 
 # llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
@@ -26,6 +29,114 @@ MAX_DRAFT_SEQ = 64  # draft-tree branches (llama.cpp's contexts take up to 256 s
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
 DEFAULT_THREADS = min(os.cpu_count() or 1, 8)  # llama.cpp: the physical cores
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One sampling parameter, declared once: SamplingParams' field, its llama.cpp flags, its
+    name in a request and in generation_settings (`name`), its environment variable and help,
+    and the values it takes: a number from `low` (excluded when `above`) to `high`. A value
+    below `unset` is no value (a negative seed: a random one; dry_base below 1, as llama.cpp
+    reads it: the value it had). The CLI's flags, the server's request schema, a request's
+    overlay on the server's settings and generation_settings are all derived from SAMPLING;
+    the checks run in one place, SamplingParams itself."""
+
+    field: str
+    flags: tuple[str, ...]
+    help: str
+    kind: type = float
+    api: str | None = None
+    envvar: str | None = None
+    low: float | None = None
+    above: bool = False
+    high: float | None = None
+    unset: float | None = None
+
+    @property
+    def name(self) -> str:
+        """Its name in a request and in generation_settings."""
+        return self.api or self.field
+
+    def read(self, value, base: SamplingParams | None = None):
+        """A value as a flag or a request gives it, as the field holds it over `base` (the
+        defaults, or a server's settings): below `unset`, base's value, or None where the
+        default is None (the seed: a random one, whatever the server's)."""
+        if self.unset is not None and value < self.unset:
+            default = getattr(SamplingParams, self.field)
+            return None if default is None else getattr(base or SamplingParams, self.field)
+        return value
+
+    def rule(self) -> str:
+        """What its values must be, in words (bounds in their own type: 2 not 2.0)."""
+        low, high = (None if b is None else f"{b:g}" if self.kind is float else str(int(b))
+                     for b in (self.low, self.high))
+        if low is not None and high is not None:
+            return f"from {low} to {high}"
+        if low is not None:
+            return f"above {low}" if self.above else f"{low} or more"
+        return "a finite number" if self.kind is float else "an integer"
+
+    def complaint(self, value) -> str | None:
+        """Why value cannot be this field's, or None."""
+        if value is None and getattr(SamplingParams, self.field) is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int if self.kind is int
+                                                      else (int, float)):
+            return "must be a number" if self.kind is float else "must be an integer"
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if (self.low is not None and (value < self.low or (value == self.low and self.above))) \
+                or (self.high is not None and value > self.high):
+            return f"must be {self.rule()}"
+        return None
+
+
+class SamplingError(UsageError):
+    """A sampling value out of its range: knob names the parameter; each face says it with
+    its own name for it (`named`)."""
+
+    def __init__(self, knob: Knob, value, complaint: str):
+        self.knob, self.value, self.complaint = knob, value, complaint
+        super().__init__(self.named(knob.field))
+
+    def named(self, name: str) -> str:
+        return f"{name} {self.complaint}, got {self.value!r}"
+
+
+# in the order of llama.cpp's --help; temp <= 0 is greedy
+SAMPLING = (
+    Knob("temp", ("--temp", "--temperature"), "Temperature; 0 is greedy.", api="temperature",
+         envvar="LLAMA_ARG_TEMPERATURE", low=0),
+    Knob("top_k", ("--top-k",), "Top-k; 0 disables.", int, envvar="LLAMA_ARG_TOP_K", low=0),
+    Knob("top_p", ("--top-p",), "Top-p; 1.0 disables.", envvar="LLAMA_ARG_TOP_P", low=0,
+         high=1),
+    Knob("min_p", ("--min-p",), "Min-p; 0.0 disables.", envvar="LLAMA_ARG_MIN_P", low=0,
+         high=1),
+    Knob("seed", ("-s", "--seed"), "RNG seed; -1 picks one at random.", int, low=0,
+         high=2**63 - 1, unset=0),
+    Knob("repeat_last_n", ("--repeat-last-n",),
+         "Last n tokens to penalize; 0 disables, -1 the context.", int,
+         envvar="LLAMA_ARG_REPEAT_LAST_N", low=-1),
+    Knob("repeat_penalty", ("--repeat-penalty",), "Penalize repeated tokens; 1.0 disables.",
+         envvar="LLAMA_ARG_REPEAT_PENALTY", low=0, above=True),
+    Knob("presence_penalty", ("--presence-penalty",),
+         "Subtracted once from a token seen in the last n; 0 disables.",
+         envvar="LLAMA_ARG_PRESENCE_PENALTY"),
+    Knob("frequency_penalty", ("--frequency-penalty",),
+         "Subtracted per occurrence in the last n; 0 disables.",
+         envvar="LLAMA_ARG_FREQUENCY_PENALTY"),
+    Knob("dry_multiplier", ("--dry-multiplier",),
+         "DRY repetition penalty multiplier; 0.0 disables.", envvar="LLAMA_ARG_DRY_MULTIPLIER",
+         low=0),
+    Knob("dry_base", ("--dry-base",), "DRY base value.", envvar="LLAMA_ARG_DRY_BASE", unset=1),
+    Knob("dry_allowed_length", ("--dry-allowed-length",),
+         "DRY: repetitions longer than this are penalized.", int,
+         envvar="LLAMA_ARG_DRY_ALLOWED_LENGTH", low=0),
+    Knob("dry_penalty_last_n", ("--dry-penalty-last-n",),
+         "DRY: tokens to scan; 0 disables, -1 the context.", int,
+         envvar="LLAMA_ARG_DRY_PENALTY_LAST_N", low=-1),
+)
+DRY_BREAKERS_MAX = 64  # --dry-sequence-breaker / dry_sequence_breakers
 
 
 @dataclass(frozen=True)
@@ -56,6 +167,23 @@ class SamplingParams:
     n_probs: int | None = None
     post_sampling_probs: bool = False
 
+    def __post_init__(self):
+        """Every value in its range (SAMPLING's), so that a bad one is refused here, before
+        anything runs, with the parameter's name: SamplingError."""
+        for knob in SAMPLING:
+            value = getattr(self, knob.field)
+            complaint = knob.complaint(value)
+            if complaint is not None:
+                raise SamplingError(knob, value, complaint)
+        for token, bias in self.logit_bias:
+            if not isinstance(token, int) or token < 0 or math.isnan(bias):
+                raise SamplingError(_BIAS, (token, bias), "must be a token id and a number")
+        if len(self.dry_sequence_breakers) > DRY_BREAKERS_MAX:
+            raise SamplingError(_BREAKERS, len(self.dry_sequence_breakers),
+                                f"must be at most {DRY_BREAKERS_MAX} strings")
+        if self.n_probs is not None and not 0 <= self.n_probs <= 100:
+            raise SamplingError(_N_PROBS, self.n_probs, "must be from 0 to 100")
+
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
@@ -71,6 +199,13 @@ class SamplingParams:
     def transforms(self) -> bool:
         """Whether rows are transformed before the chain (verify.transform)."""
         return bool(self.logit_bias) or self.penalized
+
+
+# the checks on SamplingParams' other fields, named for the error
+_BIAS = Knob("logit_bias", ("-l", "--logit-bias"), "")
+_BREAKERS = Knob("dry_sequence_breakers", ("--dry-sequence-breaker",), "")
+_N_PROBS = Knob("n_probs", ("--n-probs",), "")
+assert {k.field for k in SAMPLING} <= {f.name for f in fields(SamplingParams)}
 
 
 @dataclass(frozen=True)

@@ -310,84 +310,52 @@ DRAFTING_FLAGS = Group(_drafting_flags)
 _SP = config.SamplingParams
 
 
-def _sampling_flags(
-    temp: Annotated[float, typer.Option(
-        "--temp", "--temperature", help="Temperature; 0 is greedy.",
-        envvar="LLAMA_ARG_TEMPERATURE", rich_help_panel=SAMPLING)] = _SP.temp,
-    top_k: Annotated[int, typer.Option(
-        "--top-k", help="Top-k; 0 disables.", envvar="LLAMA_ARG_TOP_K",
-        rich_help_panel=SAMPLING)] = _SP.top_k,
-    top_p: Annotated[float, typer.Option(
-        "--top-p", help="Top-p; 1.0 disables.", envvar="LLAMA_ARG_TOP_P",
-        rich_help_panel=SAMPLING)] = _SP.top_p,
-    min_p: Annotated[float, typer.Option(
-        "--min-p", help="Min-p; 0.0 disables.", envvar="LLAMA_ARG_MIN_P",
-        rich_help_panel=SAMPLING)] = _SP.min_p,
-    seed: Annotated[int, typer.Option(
-        "-s", "--seed", help="RNG seed; -1 picks one at random.",
-        rich_help_panel=SAMPLING)] = -1,
-    repeat_last_n: Annotated[int, typer.Option(
-        "--repeat-last-n", help="Last n tokens to penalize; 0 disables, -1 the context.",
-        envvar="LLAMA_ARG_REPEAT_LAST_N", rich_help_panel=SAMPLING)] = _SP.repeat_last_n,
-    repeat_penalty: Annotated[float, typer.Option(
-        "--repeat-penalty", help="Penalize repeated tokens; 1.0 disables.",
-        envvar="LLAMA_ARG_REPEAT_PENALTY", rich_help_panel=SAMPLING)] = _SP.repeat_penalty,
-    presence_penalty: Annotated[float, typer.Option(
-        "--presence-penalty", help="Subtracted once from a token seen in the last n; 0 "
-        "disables.", envvar="LLAMA_ARG_PRESENCE_PENALTY",
-        rich_help_panel=SAMPLING)] = _SP.presence_penalty,
-    frequency_penalty: Annotated[float, typer.Option(
-        "--frequency-penalty", help="Subtracted per occurrence in the last n; 0 disables.",
-        envvar="LLAMA_ARG_FREQUENCY_PENALTY", rich_help_panel=SAMPLING)] =
-        _SP.frequency_penalty,
-    dry_multiplier: Annotated[float, typer.Option(
-        "--dry-multiplier", help="DRY repetition penalty multiplier; 0.0 disables.",
-        envvar="LLAMA_ARG_DRY_MULTIPLIER", rich_help_panel=SAMPLING)] = _SP.dry_multiplier,
-    dry_base: Annotated[float, typer.Option(
-        "--dry-base", help="DRY base value.", envvar="LLAMA_ARG_DRY_BASE",
-        rich_help_panel=SAMPLING)] = _SP.dry_base,
-    dry_allowed_length: Annotated[int, typer.Option(
-        "--dry-allowed-length", help="DRY: repetitions longer than this are penalized.",
-        envvar="LLAMA_ARG_DRY_ALLOWED_LENGTH", rich_help_panel=SAMPLING)] =
-        _SP.dry_allowed_length,
-    dry_penalty_last_n: Annotated[int, typer.Option(
-        "--dry-penalty-last-n", help="DRY: tokens to scan; 0 disables, -1 the context.",
-        envvar="LLAMA_ARG_DRY_PENALTY_LAST_N", rich_help_panel=SAMPLING)] =
-        _SP.dry_penalty_last_n,
-    dry_sequence_breaker: Annotated[list[str] | None, typer.Option(
-        "--dry-sequence-breaker", help="DRY sequence breaker, replacing the defaults; "
-        "repeatable; 'none' for none.", rich_help_panel=SAMPLING)] = None,
-    logit_bias: Annotated[list[str] | None, typer.Option(
-        "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
-        help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-inf; repeatable.",
-        rich_help_panel=SAMPLING)] = None,
-) -> config.SamplingParams:
-    """The sampling flags; a negative seed means a fresh random one."""
-    if temp < 0:
-        raise UsageError(f"--temp must be 0 or more, got {temp}")
-    if not (math.isfinite(repeat_penalty) and repeat_penalty > 0):
-        raise UsageError(f"--repeat-penalty must be a number above 0, got {repeat_penalty}")
-    for name, v in (("--presence-penalty", presence_penalty),
-                    ("--frequency-penalty", frequency_penalty)):
-        if not math.isfinite(v):
-            raise UsageError(f"{name} must be a finite number, got {v}")
-    if repeat_last_n < -1:
-        raise UsageError(f"--repeat-last-n must be -1 or more, got {repeat_last_n}")
-    if not (math.isfinite(dry_multiplier) and dry_multiplier >= 0):
-        raise UsageError(f"--dry-multiplier must be 0 or more, got {dry_multiplier}")
-    if not math.isfinite(dry_base) or dry_allowed_length < 0 or dry_penalty_last_n < -1:
-        raise UsageError("--dry-base must be finite, --dry-allowed-length 0 or more and "
-                         "--dry-penalty-last-n -1 or more")
-    breakers = _SP.dry_sequence_breakers if dry_sequence_breaker is None else () \
-        if dry_sequence_breaker == ["none"] else tuple(dry_sequence_breaker)
-    return config.SamplingParams(
-        temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=None if seed < 0 else seed,
-        logit_bias=tuple(_logit_bias(v) for v in logit_bias or ()),
-        repeat_penalty=repeat_penalty, repeat_last_n=repeat_last_n,
-        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
-        dry_multiplier=dry_multiplier, dry_base=dry_base if dry_base >= 1 else _SP.dry_base,
-        dry_allowed_length=dry_allowed_length, dry_penalty_last_n=dry_penalty_last_n,
-        dry_sequence_breakers=breakers)
+def _flag(field: str) -> str:
+    """A sampling field's flag in messages: its first long spelling (--temp, --seed)."""
+    knob = next((k for k in config.SAMPLING if k.field == field), None)
+    flags = knob.flags if knob else {"logit_bias": ("--logit-bias",), "dry_sequence_breakers":
+                                     ("--dry-sequence-breaker",)}.get(field, (field,))
+    return next(f for f in flags if f.startswith("--"))
+
+
+def _sampling_flags(**kw: Any) -> config.SamplingParams:
+    """The sampling flags (config.SAMPLING's, and llama.cpp's list flags) as SamplingParams,
+    which checks them; a negative seed means a fresh random one."""
+    breakers, bias = kw.pop("dry_sequence_breaker"), kw.pop("logit_bias")
+    try:
+        return config.SamplingParams(
+            **{k.field: k.read(kw[k.field]) for k in config.SAMPLING},
+            logit_bias=tuple(_logit_bias(v) for v in bias or ()),
+            dry_sequence_breakers=_SP.dry_sequence_breakers if breakers is None else ()
+            if breakers == ["none"] else tuple(breakers))
+    except config.SamplingError as e:
+        raise UsageError(e.named(_flag(e.knob.field))) from None
+
+
+def _option(knob: config.Knob) -> inspect.Parameter:
+    """A knob's flag as a Typer parameter; a field whose default is None (the seed: a random
+    one) shows -1 there."""
+    default = getattr(_SP, knob.field)
+    return inspect.Parameter(
+        knob.field, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        default=-1 if default is None else default,
+        annotation=Annotated[knob.kind, typer.Option(
+            *knob.flags, help=knob.help, envvar=knob.envvar, rich_help_panel=SAMPLING)])
+
+
+_FLAG = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_sampling_flags.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+    *map(_option, config.SAMPLING),
+    inspect.Parameter("dry_sequence_breaker", _FLAG, default=None,
+                      annotation=Annotated[list[str] | None, typer.Option(
+                          "--dry-sequence-breaker", help="DRY sequence breaker, replacing the "
+                          "defaults; repeatable; 'none' for none.", rich_help_panel=SAMPLING)]),
+    inspect.Parameter("logit_bias", _FLAG, default=None,
+                      annotation=Annotated[list[str] | None, typer.Option(
+                          "-l", "--logit-bias", metavar="TOKEN_ID(+/-)BIAS",
+                          help="Add BIAS to a token's logit, e.g. 15043+1 or 15043-inf; "
+                          "repeatable.", rich_help_panel=SAMPLING)]),
+], return_annotation=config.SamplingParams)
 
 
 def _logit_bias(value: str) -> tuple[int, float]:

@@ -9,8 +9,10 @@ from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import Response, StreamingResponse
 
+from specli.config import SAMPLING
 from specli.errors import BackendError, SpecliError
 from specli.server.errors import APIError
+from specli.server.schemas import ABSENT
 from specli.server.slots import Done, Generation, Piece, Progress
 from specli.stats import Stats
 from specli.verify import TokenProbs
@@ -294,24 +296,16 @@ def settings(sp, n_predict: int, stop=(), policy=None, speculative: bool = True,
     generation_settings, /props' default_generation_settings.params): these sampling
     parameters, this n_predict and stop list, and the draft policy in effect. The samplers
     specli does not have are at their neutral values, the only ones it accepts."""
-    out = {"seed": sp.seed if sp.seed is not None else -1, "temperature": sp.temp,
-           "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-           "top_k": sp.top_k, "top_p": sp.top_p, "min_p": sp.min_p,
-           "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1,
-           "typical_p": 1.0, "repeat_last_n": sp.repeat_last_n,
-           "repeat_penalty": sp.repeat_penalty, "presence_penalty": sp.presence_penalty,
-           "frequency_penalty": sp.frequency_penalty,
-           "dry_multiplier": sp.dry_multiplier, "dry_base": sp.dry_base,
-           "dry_allowed_length": sp.dry_allowed_length,
-           "dry_penalty_last_n": sp.dry_penalty_last_n,
-           "dry_sequence_breakers": list(sp.dry_sequence_breakers),
-           "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
-           "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama-server's: off
-           "stop": list(stop), "max_tokens": n_predict, "n_predict": n_predict,
-           "n_keep": 0, "n_discard": 0, "logit_bias": bias_json(sp.logit_bias),
-           "n_probs": sp.n_probs or 0, "min_keep": 0, "grammar": sp.grammar or "",
-           "post_sampling_probs": sp.post_sampling_probs, "samplers": list(SAMPLERS),
-           "speculative": speculative}
+    out = {k.name: getattr(sp, k.field) for k in SAMPLING}
+    out.update({name: reported for name, (_, reported, _) in ABSENT.items()})
+    out.update({"seed": -1 if sp.seed is None else sp.seed,
+                "dry_sequence_breakers": list(sp.dry_sequence_breakers),
+                "adaptive_target": -1.0, "adaptive_decay": 0.9,  # llama-server's: off
+                "stop": list(stop), "max_tokens": n_predict, "n_predict": n_predict,
+                "n_keep": 0, "n_discard": 0, "logit_bias": bias_json(sp.logit_bias),
+                "n_probs": sp.n_probs or 0, "min_keep": 0, "grammar": sp.grammar or "",
+                "post_sampling_probs": sp.post_sampling_probs, "samplers": list(SAMPLERS),
+                "speculative": speculative})
     if policy is not None:
         out.update({"speculative.n_max": policy.n_draft, "speculative.n_min": policy.n_min,
                     "speculative.p_min": policy.p_min, "speculative.types": ",".join(types)})

@@ -11,19 +11,21 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from specli import __version__, grammar_host
-from specli.config import SPEC_TYPES, SamplingParams, SpecRequest, parse_spec_types
+from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, parse_spec_types
 from specli.errors import UsageError
 from specli.plan import PlanError
 from specli.server import formats as f
 from specli.server.errors import APIError, envelope, overflow, refuse
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
+    ABSENT,
     MEDIA,
     ChatRequest,
     CompletionRequest,
@@ -344,8 +346,7 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
             body.spec_n_max, body.spec_n_min, body.spec_p_min, body.spec_type)):
         spec = Speculative(n_max=body.spec_n_max, n_min=body.spec_n_min,
                            p_min=body.spec_p_min, type=body.spec_type)
-    sampling = Sampling(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                        min_p=body.min_p, seed=body.seed, stop=body.stop, speculative=spec,
+    sampling = Sampling(stop=body.stop, speculative=spec,
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
@@ -520,31 +521,24 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     if len(ids) >= n_ctx:
         raise overflow(f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per slot",
                        len(ids), n_ctx, "messages" if n_param == "max_tokens" else "prompt")
-    for name, neutral in NEUTRAL.items():  # what clients send by default is no request
+    for name, (_, _, neutral) in ABSENT.items():  # what clients send by default is no request
         value = getattr(body, name, None)
-        if value is not None and value not in neutral:
+        if neutral is not None and value is not None and value not in neutral:
             raise refuse(name, "is not supported by specli (its neutral value "
                          f"{neutral[0]} is accepted)")
     s = c.sampling
-    grammar = _grammar(st, body)
-    sampling = SamplingParams(
-        temp=_first(body.temperature, s.temp), top_k=_first(body.top_k, s.top_k),
-        top_p=_first(body.top_p, s.top_p), min_p=_first(body.min_p, s.min_p),
-        seed=s.seed if body.seed is None else None if body.seed < 0 else body.seed,
-        logit_bias=(s.logit_bias if body.logit_bias is None else _logit_bias(
-            st, body.logit_bias)) + (tuple((t, float("-inf")) for t in st.engine.target.eog)
-                                     if body.ignore_eos else ()),
-        repeat_penalty=_first(body.repeat_penalty, s.repeat_penalty),
-        repeat_last_n=_first(body.repeat_last_n, s.repeat_last_n),
-        presence_penalty=_first(body.presence_penalty, s.presence_penalty),
-        frequency_penalty=_first(body.frequency_penalty, s.frequency_penalty),
-        dry_multiplier=_first(body.dry_multiplier, s.dry_multiplier),
-        dry_base=s.dry_base if body.dry_base is None or body.dry_base < 1 else body.dry_base,
-        dry_allowed_length=_first(body.dry_allowed_length, s.dry_allowed_length),
-        dry_penalty_last_n=_first(body.dry_penalty_last_n, s.dry_penalty_last_n),
+    given = {k.field: k.read(v, s) for k in SAMPLING if (v := getattr(body, k.name)) is not None}
+    try:  # the ranges, before the grammar's check takes a checker
+        sampling = replace(s, **given, n_probs=n_probs, post_sampling_probs=post)
+    except SamplingError as e:
+        raise APIError(400, e.named(e.knob.name), param=e.knob.name) from None
+    bias = s.logit_bias if body.logit_bias is None else _logit_bias(st, body.logit_bias)
+    sampling = replace(
+        sampling, grammar=_grammar(st, body),
+        logit_bias=bias + (tuple((t, float("-inf")) for t in st.engine.target.eog)
+                           if body.ignore_eos else ()),
         dry_sequence_breakers=s.dry_sequence_breakers if body.dry_sequence_breakers is None
-        else tuple(body.dry_sequence_breakers),
-        grammar=grammar, n_probs=n_probs, post_sampling_probs=post)
+        else tuple(body.dry_sequence_breakers))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None
@@ -555,11 +549,6 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop,
                n=getattr(body, "n", None) or 1, return_progress=bool(body.return_progress),
                timings_per_token=bool(body.timings_per_token), id_slot=id_slot)
-
-
-# samplers specli does not have, and the values that leave them off (llama.cpp's defaults)
-NEUTRAL = {"mirostat": (0,), "typical_p": (1.0,), "xtc_probability": (0.0,),
-           "top_n_sigma": (-1.0, 0.0), "dynatemp_range": (0.0,)}
 
 
 def _grammar(st: State, body: Sampling) -> str | None:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
 from pydantic_core import PydanticCustomError
 
-from specli.config import SPEC_TYPES
+from specli.config import DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
 
 MAX_MESSAGES = 65536
 
@@ -52,7 +52,6 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-Finite = Annotated[float, Field(allow_inf_nan=False)]
 # llama-server's forms: {"15043": 1.0, "Hello": -2} or [[15043, 1.0], ["Hello", false]]; a
 # string key is the tokens of that text, false bans
 Bias = float | Literal[False]
@@ -61,31 +60,30 @@ Pair = Annotated[list[int | str | float | Literal[False]], Field(min_length=2, m
 LogitBias = dict[str, Bias] | Annotated[list[Pair], at_most(65536), Field(max_length=65536)]
 
 
-class Transforms(Strict):
-    """llama-server's logit transforms, on every generation route (OpenAI's two penalties
-    are these)."""
+# llama-server's samplers specli does not have: name -> (type, what generation_settings
+# reports, the values that leave the sampler off: any other is refused (routes); None: any,
+# a setting of a sampler that is off)
+ABSENT: dict[str, tuple[type, float, tuple[float, ...] | None]] = {
+    "mirostat": (int, 0, (0,)), "mirostat_tau": (float, 5.0, None),
+    "mirostat_eta": (float, 0.1, None), "typical_p": (float, 1.0, (1.0,)),
+    "xtc_probability": (float, 0.0, (0.0,)), "xtc_threshold": (float, 0.1, None),
+    "top_n_sigma": (float, -1.0, (-1.0, 0.0)), "dynatemp_range": (float, 0.0, (0.0,)),
+    "dynatemp_exponent": (float, 1.0, None)}
+
+# config.SAMPLING's parameters by their request names (temperature, top_p, seed...), and the
+# absent samplers: their types here, their ranges where SamplingParams checks them (routes._job)
+Knobs = create_model("Knobs", __base__=Strict, **{
+    k.name: (k.kind | None, Field(default=None, description=f"{k.help} ({k.rule()})"))
+    for k in SAMPLING}, **{name: (kind | None, None) for name, (kind, _, _) in ABSENT.items()})
+
+
+class Transforms(Knobs):
+    """The sampling parameters and llama-server's logit transforms, on every generation route
+    (OpenAI's two penalties are among them)."""
 
     logit_bias: LogitBias | None = None
-    repeat_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
-    repeat_last_n: Annotated[int, Field(ge=-1)] | None = None
-    presence_penalty: Finite | None = None
-    frequency_penalty: Finite | None = None
     ignore_eos: bool | None = None  # generate past the end of generation
-    dry_multiplier: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
-    dry_base: Finite | None = None  # below 1: the default, as llama-server reads it
-    dry_allowed_length: Annotated[int, Field(ge=0)] | None = None
-    dry_penalty_last_n: Annotated[int, Field(ge=-1)] | None = None
-    dry_sequence_breakers: Annotated[list[str], Field(max_length=64)] | None = None
-    # llama-server's samplers specli does not have: accepted at their neutral values only
-    mirostat: int | None = None
-    mirostat_tau: float | None = None
-    mirostat_eta: float | None = None
-    typical_p: float | None = None
-    xtc_probability: float | None = None
-    xtc_threshold: float | None = None
-    top_n_sigma: float | None = None
-    dynatemp_range: float | None = None
-    dynatemp_exponent: float | None = None
+    dry_sequence_breakers: Annotated[list[str], Field(max_length=DRY_BREAKERS_MAX)] | None = None
     # constrained output (llama-server's): a GBNF grammar, or a JSON schema turned into one
     grammar: Annotated[str, Field(max_length=1 << 20)] | None = None
     json_schema: dict | None = None
@@ -95,11 +93,6 @@ class Sampling(Transforms):
     """What every generation route shares."""
 
     model: str | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None  # -1: a random seed
     stop: str | Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -199,11 +192,6 @@ class LlamaCompletionRequest(Transforms):
     prompt: str | JsonPrompt | Annotated[list[int | str | list[int | str] | JsonPrompt],
                                          at_most(65536), Field(min_length=1, max_length=65536)]
     n_predict: int | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    seed: Annotated[int, Field(ge=-1, le=2**63 - 1)] | None = None
     stop: Annotated[list[str], Field(max_length=16)] | None = None
     stream: bool = False
     cache_prompt: bool | None = None  # default true: reuse the slot's cached prefix

@@ -190,7 +190,7 @@ class Generation:
             for index in range(job.n):  # each choice in turn; the next reuses the prompt
                 sp = job.sampling
                 if index and sp.seed is not None:  # each choice its own seed
-                    sp = replace(sp, seed=(sp.seed + index) % 2**64)
+                    sp = replace(sp, seed=(sp.seed + index) % 2**63)
                 if not self._choice(engine, job, sp, index):
                     break
         except BaseException as e:  # handed to the event loop, which answers the client

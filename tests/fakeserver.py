@@ -1,0 +1,72 @@
+"""The server on fake engines: create_app over a State whose slots hold FakeModel targets
+(and drafts), served in process through httpx's ASGI transport (Starlette's TestClient). For
+the protocol and validation tests, where the model's text does not matter: no model file, no
+subprocess, a request answered in milliseconds. Fidelity stays with the real-model tests
+(test_serve.py, test_serve_features.py, test_parity.py)."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import replace
+
+from fakes import EOG, FakeModel
+from fastapi.testclient import TestClient
+
+from specli.config import ModelParams, SamplingParams
+from specli.engine import Engine
+from specli.plan import Drafts
+from specli.server.app import ServerConfig, State, create_app
+from specli.server.slots import Slot, SlotPool
+
+KEY = "sk-fake"
+
+
+class ServerFake(FakeModel):
+    """FakeModel with what a server's slot reads of its target besides the loop: the
+    end-of-generation tokens, its ModelParams, a chat template (none: ChatML)."""
+
+    def __init__(self, n_ctx: int = 512, **kw):
+        super().__init__(n_vocab=64, n_ctx=n_ctx, **kw)
+        self.params = ModelParams(path="fake.gguf", n_ctx=n_ctx)
+        self.eog = (EOG,)
+        self.grammar_source = None
+
+
+class FakeState(State):
+    """State whose load() builds its slots on ServerFake models (a draft of the same table with
+    noise when the config has a draft), through the plan, as State.load does on real ones."""
+
+    def load(self) -> None:
+        c, engines = self.config, []
+        n_ctx = max(c.target.n_ctx // c.parallel, 16)
+        for _ in range(c.parallel):
+            target = ServerFake(n_ctx=n_ctx)
+            draft = ServerFake(n_ctx=n_ctx, noise=0.5) if c.draft else None
+            drafts = Drafts(self.plan, target, draft)
+            engines.append(Engine(target, drafts(), self.plan.policy, drafts=drafts))
+        self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
+                             c.timeout, on_done=self.metrics.observe,
+                             similarity=c.slot_similarity, on_close=self.close_grammars)
+
+
+def config(**kw) -> ServerConfig:
+    """A fake server's config: greedy, 16 tokens, one slot, the key KEY; `draft=True` gives
+    it a draft model."""
+    draft = kw.pop("draft", False)
+    base = ServerConfig(target=ModelParams(path="fake.gguf", n_ctx=512),
+                        draft=ModelParams(path="fake-draft.gguf", n_ctx=512) if draft else None,
+                        spec_types=("draft-simple",) if draft else (),
+                        sampling=SamplingParams(temp=0.0), n_predict=16, api_keys=(KEY,),
+                        aliases=("fake",))
+    return replace(base, **kw)
+
+
+@contextmanager
+def serve(cfg: ServerConfig | None = None, *, key: str | None = KEY):
+    """A client of the app on a fake state, its slots loaded; `key` goes in every request."""
+    st = FakeState(cfg or config())
+    st.load()
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with TestClient(create_app(st.config, state=st), headers=headers) as client:
+        client.state = st
+        yield client
