@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -74,3 +76,58 @@ def specli(*args: str, env: dict | None = None,
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "specli", *args], capture_output=True,
                           text=True, timeout=timeout, env=full_env)
+
+
+def cli(*args: str, env: dict | None = None, input: str | None = None,
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+    """The console entry point (specli.cli.app.main) in this process, its descriptors 0, 1
+    and 2 on files: the exit code, stdout and stderr specli() gives, llama.cpp's own writes
+    included, without a new interpreter's 0.9 s of imports. For a command that ends within
+    its call and does not crash the process (a hostile file stays with specli()). timeout
+    is specli()'s signature; a command here runs to its end. `audit` (which execs itself),
+    `serve` and `rpc-server` (which run until stopped) go to specli()."""
+    from specli.cli.app import main
+
+    if args and args[0] in ("audit", "serve", "rpc-server"):
+        return specli(*args, env=env, timeout=timeout or 300)
+
+    files = [tempfile.TemporaryFile() for _ in range(3)]
+    files[0].write((input or "").encode())
+    files[0].seek(0)
+    streams, argv = (sys.stdin, sys.stdout, sys.stderr), sys.argv
+    sys.argv = ["specli", *args]
+    for s in streams[1:]:
+        s.flush()
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    env_before = dict(os.environ)
+    os.environ.update(env or {})
+    code = 0
+    try:
+        for fd, f in enumerate(files):
+            os.dup2(f.fileno(), fd)
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False),
+                                                   encoding="utf-8", write_through=True)
+                                  for fd in (1, 2))
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        finally:
+            for s in (sys.stdout, sys.stderr):
+                try:
+                    s.flush()
+                except (OSError, ValueError):
+                    pass
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = streams
+        sys.argv = argv
+        for fd, old in enumerate(saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.environ.clear()
+        os.environ.update(env_before)
+    out, err = [(f.seek(0), f.read().decode("utf-8", "replace"))[1] for f in files[1:]]
+    for f in files:
+        f.close()
+    return subprocess.CompletedProcess(["specli", *args], code, out, err)

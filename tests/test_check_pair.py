@@ -9,7 +9,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import specli
+from conftest import cli
 
 DATA = Path(__file__).parent / "data"
 GOLDEN = DATA / "check_pair_gemma_vs_smollm2.json"
@@ -22,11 +22,11 @@ def _json(r) -> dict:
 @pytest.mark.parametrize("derived", ["f16", "f32", "q8_0"])
 def test_smollm2_family_pairs_are_compatible(request, q4_1, derived):
     target = request.getfixturevalue(derived)
-    r = specli("check-pair", target, q4_1)
+    r = cli("check-pair", target, q4_1)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verdict: compatible" in r.stdout
     assert "FAIL" not in r.stdout
-    doc = _json(specli("check-pair", target, q4_1, "--json"))
+    doc = _json(cli("check-pair", target, q4_1, "--json"))
     assert doc["compatible"] and doc["rule"] is None
     assert doc["target"]["file_type"] == derived.upper()
     assert doc["target"]["n_params"] == doc["draft"]["n_params"] == 134_515_008
@@ -35,7 +35,7 @@ def test_smollm2_family_pairs_are_compatible(request, q4_1, derived):
 
 
 def test_smollm2_vs_gemma_is_incompatible_and_names_the_rule(gemma, q4_1):
-    r = specli("check-pair", gemma, q4_1)
+    r = cli("check-pair", gemma, q4_1)
     assert r.returncode == 1, r.stdout + r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert last == "verdict: incompatible (vocab-type): vocab types differ: target llama, " \
@@ -52,7 +52,7 @@ def _normalized(doc: dict, target: str, draft: str) -> dict:
 
 def test_the_json_report_matches_the_golden_file(gemma, q4_1):
     """The schema and every value, on files that come byte-for-byte from PyPI packages."""
-    r = specli("check-pair", gemma, q4_1, "--json")
+    r = cli("check-pair", gemma, q4_1, "--json")
     assert r.returncode == 1
     doc = _normalized(_json(r), gemma, q4_1)
     assert doc == json.loads(GOLDEN.read_text())
@@ -67,7 +67,7 @@ def _keys(v):
 
 
 def test_a_compatible_pair_has_the_same_json_schema(f16, q4_1):
-    doc = _json(specli("check-pair", f16, q4_1, "--json"))
+    doc = _json(cli("check-pair", f16, q4_1, "--json"))
     assert _keys(doc) == _keys(json.loads(GOLDEN.read_text()))
     assert [c["field"] for c in doc["checks"]] == [
         "architecture", "parameters", "file type", "file size", "context length", "tokenizer",
@@ -76,13 +76,13 @@ def test_a_compatible_pair_has_the_same_json_schema(f16, q4_1):
 
 
 def test_missing_and_invalid_files_exit_2_in_one_line(tmp_path, q4_1):
-    r = specli("check-pair", str(tmp_path / "nope.gguf"), q4_1)
+    r = cli("check-pair", str(tmp_path / "nope.gguf"), q4_1)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [
         f"error: model file not found: {tmp_path / 'nope.gguf'}"]
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 20)
-    r = specli("check-pair", q4_1, str(bad), "--json")
+    r = cli("check-pair", q4_1, str(bad), "--json")
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1
     assert "is not a valid GGUF file" in r.stderr and "Traceback" not in r.stderr
@@ -91,7 +91,7 @@ def test_missing_and_invalid_files_exit_2_in_one_line(tmp_path, q4_1):
 def test_a_download_cut_short_is_caught_from_the_tensor_index(tmp_path, q4_1):
     cut = tmp_path / "partial.gguf"
     cut.write_bytes(Path(q4_1).read_bytes()[:5_000_000])
-    r = specli("check-pair", q4_1, str(cut))
+    r = cli("check-pair", q4_1, str(cut))
     assert r.returncode == 2
     assert "tensor data ends at byte" in r.stderr and "truncated" in r.stderr
 
@@ -131,7 +131,7 @@ def write(path: Path, arch="llama", pre="smollm", template: str | None = None,
 def test_warnings_do_not_fail(tmp_path, draft_kw, warned, why):
     target = write(tmp_path / "t.gguf", template="{{ y }}" if "template" in draft_kw else None)
     draft = write(tmp_path / "d.gguf", **draft_kw)
-    r = specli("check-pair", target, draft, "--json")
+    r = cli("check-pair", target, draft, "--json")
     assert r.returncode == 0, r.stderr
     doc = _json(r)
     assert [w.split(":")[0] for w in doc["warnings"]] == warned
@@ -153,7 +153,7 @@ def test_a_single_rule_failure_names_the_rule_on_the_cli(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    r = specli("check-pair", target, str(tmp_path / "d.gguf"))
+    r = cli("check-pair", target, str(tmp_path / "d.gguf"))
     assert r.returncode == 1
     assert "verdict: incompatible (eos): EOS differs" in r.stdout
 
@@ -161,7 +161,7 @@ def test_a_single_rule_failure_names_the_rule_on_the_cli(tmp_path):
 # -- --probe -----------------------------------------------------------------------------------
 
 def test_probe_measures_acceptance_and_recommends(f16, q4_1):
-    r = specli("check-pair", f16, q4_1, "--probe", "-n", "16", "--draft", "4", "-t", "2",
+    r = cli("check-pair", f16, q4_1, "--probe", "-n", "16", "--draft", "4", "-t", "2",
                "--json")
     assert r.returncode == 0, r.stderr
     p = _json(r)["probe"]
@@ -175,20 +175,20 @@ def test_probe_measures_acceptance_and_recommends(f16, q4_1):
         "not worth it on this machine "
     assert p["recommendation"].startswith(prefix)
     assert f"measured {p['speedup']:.2f}x at --draft 4" in p["recommendation"]
-    text = specli("check-pair", f16, q4_1, "--probe", "-n", "8", "--draft", "2", "-t", "2")
+    text = cli("check-pair", f16, q4_1, "--probe", "-n", "8", "--draft", "2", "-t", "2")
     assert text.returncode == 0
     assert "recommendation: " in text.stdout and "speedup" in text.stdout
 
 
 def test_probe_is_not_run_on_an_incompatible_pair(gemma, q4_1):
-    r = specli("check-pair", gemma, q4_1, "--probe", "--json")
+    r = cli("check-pair", gemma, q4_1, "--probe", "--json")
     assert r.returncode == 1 and _json(r)["probe"] is None
 
 
 # -- specli info -----------------------------------------------------------------------------
 
 def test_info_lines_grep_like_llama_gguf_info(q4_1):
-    r = specli("info", q4_1)
+    r = cli("info", q4_1)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "tokenizer.ggml.model = gpt2" in lines
@@ -198,7 +198,7 @@ def test_info_lines_grep_like_llama_gguf_info(q4_1):
 
 
 def test_info_json_and_tensor_list(gemma):
-    doc = _json(specli("info", gemma, "--json", "--tensors"))
+    doc = _json(cli("info", gemma, "--json", "--tensors"))
     assert doc["summary"]["architecture"] == "gemma3"
     assert doc["summary"]["size_label"] == "270M" and doc["summary"]["file_type"] == "Q4_K_M"
     assert doc["summary"]["tokenizer"]["n_vocab"] == 262_144
@@ -213,7 +213,7 @@ def test_info_json_and_tensor_list(gemma):
 
 def test_info_on_a_bad_file_is_one_line(tmp_path):
     (tmp_path / "x.gguf").write_bytes(b"not a model")
-    r = specli("info", str(tmp_path / "x.gguf"))
+    r = cli("info", str(tmp_path / "x.gguf"))
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "wrong magic" in r.stderr
 
@@ -271,7 +271,7 @@ def test_wrongly_typed_or_refused_metadata_is_exit_2(tmp_path, q4_1, kvs, needle
     bad = raw_gguf(tmp_path / "bad.gguf", *kvs)
     for args in (["check-pair", q4_1, bad], ["check-pair", bad, q4_1, "--json"],
                  ["info", bad], ["info", bad, "--json"]):
-        r = specli(*args)
+        r = cli(*args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
 
@@ -283,7 +283,7 @@ def test_big_endian_files_are_refused_as_llama_cpp_refuses_them(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    r = specli("info", str(tmp_path / "be.gguf"))
+    r = cli("info", str(tmp_path / "be.gguf"))
     assert r.returncode == 2 and "big-endian" in r.stderr
 
 
@@ -295,8 +295,8 @@ def test_tensors_must_follow_each_other_as_gguf_cpp_requires(tmp_path):
                   tensors=tensor("a", 0) + tensor("b", 32), n_tensors=2, data=b"\0" * 64)
     overlap = raw_gguf(tmp_path / "overlap.gguf", ARCH, GPT2, _tokens(),
                        tensors=tensor("a", 0) + tensor("b", 0), n_tensors=2, data=b"\0" * 64)
-    assert specli("info", ok).returncode == 0
-    r = specli("info", overlap)
+    assert cli("info", ok).returncode == 0
+    r = cli("info", overlap)
     assert r.returncode == 2 and "tensor 'b' is at offset 0, expected 32" in r.stderr
 
 
@@ -304,17 +304,17 @@ def test_metadata_is_text_not_markup_nor_terminal_control(tmp_path, q4_1):
     evil = raw_gguf(tmp_path / "evil.gguf", _kv("general.architecture", STRING, _s("[/]")),
                     _kv("general.name", STRING, _s("x\x1b]0;owned\x07y")), GPT2, _tokens(),
                     MERGES)
-    r = specli("check-pair", evil, evil)
+    r = cli("check-pair", evil, evil)
     assert r.returncode == 0, r.stderr
     assert "[/]" in r.stdout
-    r = specli("info", evil)
+    r = cli("info", evil)
     assert r.returncode == 0 and "\x1b" not in r.stdout
     assert "general.name = x\\x1b]0;owned\\x07y" in r.stdout
 
 
 def test_files_without_a_tokenizer_are_not_a_pair(tmp_path):
     a = raw_gguf(tmp_path / "a.gguf", ARCH)
-    r = specli("check-pair", a, a)
+    r = cli("check-pair", a, a)
     assert r.returncode == 1
     assert "no tokenizer in the target and draft" in r.stdout
 

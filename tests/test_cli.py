@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import PROMPTS, specli
+from conftest import PROMPTS, cli
 
 FAST = ("-n", "24", "--temp", "0", "-t", "2")
 
@@ -23,7 +23,7 @@ def one_line_error(r, code: int, *needles: str) -> None:
 
 
 def test_text_on_stdout_stats_on_stderr(f32, q4_1):
-    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--draft", "4", *FAST)
+    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--draft", "4", *FAST)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "n_drafted" not in r.stdout and "n_drafted = " in r.stderr
@@ -36,24 +36,24 @@ def test_logit_bias_and_penalties_keep_greedy_output_exact(f32, q4_1):
     """llama.cpp's -l and --repeat-penalty family, applied to target and draft rows alike."""
     flags = ("-l", "28-inf", "--logit-bias", "30+2.5", "--repeat-penalty", "1.3",
              "--presence-penalty", "0.5", "--frequency-penalty", "0.2", "--repeat-last-n", "-1")
-    base = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
-    spec = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *flags, *FAST)
-    plain = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec",
+    base = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
+    spec = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *flags, *FAST)
+    plain = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec",
                    *flags, *FAST)
     assert spec.returncode == plain.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout != base.stdout
 
 
 def test_greedy_cli_output_equals_no_spec(f32, q4_1):
-    spec = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
-    plain = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec", *FAST)
+    spec = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
+    plain = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec", *FAST)
     assert spec.returncode == plain.returncode == 0
     assert spec.stdout == plain.stdout
     assert "draft:" not in plain.stderr
 
 
 def test_json_is_one_object_with_text_and_every_statistic(f32, q4_1):
-    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[2], "--chat", "--json", "--baseline",
+    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[2], "--chat", "--json", "--baseline",
                *FAST)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -66,13 +66,13 @@ def test_json_is_one_object_with_text_and_every_statistic(f32, q4_1):
 
 
 def test_baseline_prints_the_speedup(f32, q4_1):
-    r = specli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--baseline", *FAST)
+    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--baseline", *FAST)
     assert r.returncode == 0, r.stderr
     assert "speedup   = " in r.stderr and "baseline output identical = yes" in r.stderr
 
 
 def test_embedded_default_pair_needs_no_flags(model_dir):
-    r = specli("run", "-n", "16")
+    r = cli("run", "-n", "16")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() and "n_drafted = " in r.stderr
     assert (model_dir / "SmolLM2-135M-Instruct.F32.gguf").is_file()
@@ -102,7 +102,7 @@ def test_missing_models_package_says_how_to_install():
     (("--repeat-last-n", "-2"), "--repeat-last-n"),
 ])
 def test_bad_flag_values_exit_2(f32, q4_1, args, needle):
-    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)
+    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)
 
 
 def test_bad_model_files_exit_2(tmp_path, f16):
@@ -111,29 +111,29 @@ def test_bad_model_files_exit_2(tmp_path, f16):
     truncated = tmp_path / "t.gguf"
     with open(f16, "rb") as src:
         truncated.write_bytes(src.read(1_000_000))
-    one_line_error(specli("run", "-m", str(tmp_path / "missing.gguf"), "-p", "hi"), 2, "not found")
-    one_line_error(specli("run", "-m", str(not_gguf), "-p", "hi"), 2, "not a GGUF")
-    one_line_error(specli("run", "-m", str(truncated), "-p", "hi"), 2, "truncated")
-    one_line_error(specli("run", "-m", f16, "-md", str(truncated), "-p", "hi"), 2, "truncated")
+    one_line_error(cli("run", "-m", str(tmp_path / "missing.gguf"), "-p", "hi"), 2, "not found")
+    one_line_error(cli("run", "-m", str(not_gguf), "-p", "hi"), 2, "not a GGUF")
+    one_line_error(cli("run", "-m", str(truncated), "-p", "hi"), 2, "truncated")
+    one_line_error(cli("run", "-m", f16, "-md", str(truncated), "-p", "hi"), 2, "truncated")
 
 
 def test_bad_prompts_exit_2(tmp_path, f32, q4_1):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
-    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-f", str(empty)), 2, "empty")
-    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-f", str(tmp_path / "nope.txt")), 2,
+    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-f", str(empty)), 2, "empty")
+    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-f", str(tmp_path / "nope.txt")), 2,
                    "not found")
-    one_line_error(specli("run", "-m", f32, "-md", q4_1, "-c", "256", "-p", "word " * 400), 2,
+    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-c", "256", "-p", "word " * 400), 2,
                    "context")
 
 
 def test_incompatible_pair_exits_1_naming_the_rule(f32, gemma):
-    r = specli("run", "-m", f32, "-md", gemma, "-p", "hi", "-n", "4")
+    r = cli("run", "-m", f32, "-md", gemma, "-p", "hi", "-n", "4")
     one_line_error(r, 1, "incompatible", "vocab-type")
 
 
 def test_version_and_module_entry_point():
-    r = specli("--version")
+    r = cli("--version")
     assert r.returncode == 0 and r.stdout.startswith("specli ")
 
 
@@ -154,17 +154,17 @@ def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
 def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
     args = ("-m", f32, "-md", q4_1, "-p", prompt, "--chat", "-c", "1024", "-n", n,
             "--temp", "0")
-    spec = specli("run", *args, "-cd", "128")
-    plain = specli("run", *args, "--no-spec")
+    spec = cli("run", *args, "-cd", "128")
+    plain = cli("run", *args, "--no-spec")
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout
 
 
 def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
-    one_line_error(specli("run", "-m", f32, "-p", "hi", "--spec-type", "ngram-bogus"), 2,
+    one_line_error(cli("run", "-m", f32, "-p", "hi", "--spec-type", "ngram-bogus"), 2,
                    "ngram-bogus", "ngram-simple")
-    one_line_error(specli("run", "-m", f32, "-p", "hi", "--spec-type", "draft-simple"), 2, "-md")
-    r = specli("run", "-m", f32, "--spec-type", "ngram-simple", "--chat", "-n", "64", "--temp",
+    one_line_error(cli("run", "-m", f32, "-p", "hi", "--spec-type", "draft-simple"), 2, "-md")
+    r = cli("run", "-m", f32, "--spec-type", "ngram-simple", "--chat", "-n", "64", "--temp",
                "0", "-p", "Repeat exactly: one two three four five six seven eight nine ten "
                "one two three four five six seven eight nine ten")
     assert r.returncode == 0, r.stderr
@@ -187,7 +187,7 @@ def test_a_prompt_from_stdin_and_a_one_token_prompt_has_no_speed(f32):
     assert r.stdout.strip()
     # one prompt token: nothing to prefill, no speed to speak of (not 103252 t/s)
     assert re.search(r"^encoded +1 tokens in +[0-9.]+ seconds, speed: +- t/s$", r.stderr, re.M)
-    one_line_error(specli("run", "-m", f32, "-p", "hi", "-n", "0"), 2, "-n 0")
+    one_line_error(cli("run", "-m", f32, "-p", "hi", "-n", "0"), 2, "-n 0")
 
 
 def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
@@ -209,8 +209,8 @@ def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
     args = ("-m", f32, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-t", "2", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten", "--json")
-    plain = specli("run", *args, "--no-spec")
-    spec = specli("run", *args, "--spec-type", ",".join(SPEC_TYPES), "--draft", "auto",
+    plain = cli("run", *args, "--no-spec")
+    spec = cli("run", *args, "--spec-type", ",".join(SPEC_TYPES), "--draft", "auto",
                   "--spec-ngram-size-n", "3", "--spec-ngram-mod-n-match", "4",
                   "--spec-ngram-mod-n-min", "2")
     assert plain.returncode == spec.returncode == 0, spec.stderr
@@ -223,7 +223,7 @@ def test_an_explicit_draft_caps_ngram_types_too(f32):
             "--chat", "-n", "64", "--temp", "0", "-t", "2", "--json", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten")
-    free, capped = specli(*args), specli(*args, "--draft", "2")
+    free, capped = cli(*args), cli(*args, "--draft", "2")
     assert free.returncode == capped.returncode == 0, capped.stderr
     f = json.loads(free.stdout)["stats"]["per_source"]["ngram-simple"]
     c = json.loads(capped.stdout)["stats"]["per_source"]["ngram-simple"]
@@ -243,7 +243,7 @@ def test_an_explicit_draft_caps_ngram_types_too(f32):
 ])
 def test_usage_errors_are_one_line_and_exit_2(args, needles):
     """Click's own usage errors read like specli's: one stderr line, exit 2, no panel."""
-    one_line_error(specli(*args, env={"COLUMNS": "80"}), 2, *needles)
+    one_line_error(cli(*args, env={"COLUMNS": "80"}), 2, *needles)
 
 
 def _commands():
@@ -264,7 +264,7 @@ def _commands():
 @pytest.mark.parametrize("path,cmd", list(_commands()),
                          ids=[" ".join(p) for p, _ in _commands()])
 def test_help_spells_every_flag_in_full_at_80_columns(path, cmd):
-    r = specli(*path, "-h", env={"COLUMNS": "80"})
+    r = cli(*path, "-h", env={"COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     words = set(re.findall(r"-{1,2}[A-Za-z0-9][A-Za-z0-9-]*", r.stdout))
     for param in cmd.params:

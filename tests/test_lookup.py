@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import specli
+from conftest import cli
 
 from specli.config import SamplingParams
 from specli.drafts import lookup
@@ -172,7 +172,7 @@ def test_native_llama_lookup_create_writes_what_we_read(tmp_path, f32):
     corpus.write_text(CORPUS)
     subprocess.run([str(exe), "-m", f32, "-f", str(corpus), "-lcs", str(tmp_path / "n.bin")],
                    check=True, capture_output=True, timeout=120)
-    r = specli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(tmp_path / "s.bin"))
+    r = cli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(tmp_path / "s.bin"))
     assert r.returncode == 0, r.stderr
     assert lookup.load(tmp_path / "s.bin") == lookup.load(tmp_path / "n.bin")
 
@@ -181,10 +181,10 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS)
     lcs = tmp_path / "static.bin"
-    r = specli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(lcs))
+    r = cli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(lcs))
     assert r.returncode == 0 and lcs.stat().st_size > 0, r.stderr
 
-    r = specli("lookup", "stats", str(lcs), "--json")
+    r = cli("lookup", "stats", str(lcs), "--json")
     assert r.returncode == 0, r.stderr
     stats = __import__("json").loads(r.stdout)
     assert stats["ngrams"] == stats["ngrams_by_size"]["2"] > 0, "a static cache holds bigrams"
@@ -192,8 +192,8 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
     prompt = "def handler_40(request):\n"
     args = ("-m", f32, "-p", prompt, "-n", "48", "--temp", "0", "-t", "2")
     lcd = tmp_path / "dynamic.bin"
-    spec = specli("run", *args, "-lcs", str(lcs), "-lcd", str(lcd), "--json")
-    plain = specli("run", *args, "--no-spec", "--json")
+    spec = cli("run", *args, "-lcs", str(lcs), "-lcd", str(lcd), "--json")
+    plain = cli("run", *args, "--no-spec", "--json")
     assert spec.returncode == plain.returncode == 0, spec.stderr
     doc = __import__("json").loads(spec.stdout)
     assert doc["text"] == __import__("json").loads(plain.stdout)["text"]
@@ -204,7 +204,7 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
     assert any(k[1] != NULL for k in dyn) and len(dyn) > 10
 
     merged = tmp_path / "merged.bin"
-    r = specli("lookup", "merge", str(lcs), str(lcd), str(merged))
+    r = cli("lookup", "merge", str(lcs), str(lcd), str(merged))
     assert r.returncode == 0, r.stderr
     m = lookup.load(merged)
     assert set(m) == set(lookup.load(lcs)) | set(dyn)
@@ -216,7 +216,7 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
 def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
     bad = write_ints(tmp_path / "bad.bin", [1, 2, NULL, NULL, 1, 3])
     args = [*command, str(bad)] + (["-m", f32] if command[0] == "run" else [])
-    r = specli(*args)
+    r = cli(*args)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "not a valid lookup cache" in lines[0], r.stderr
@@ -226,7 +226,7 @@ def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
 @pytest.mark.parametrize("command", ["run", "serve", "audit"])
 def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path, command):
     """One rule for every command (serve used to add ngram-cache silently)."""
-    r = specli(command, "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
+    r = cli(command, "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
     assert r.returncode == 2
     assert r.stderr.startswith("error: -lcs/-lcd are lookup caches for --spec-type ngram-cache")
 

@@ -16,7 +16,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from conftest import PROMPTS, specli
+from conftest import PROMPTS, cli, specli
 from typer.main import get_command
 
 from specli import backend
@@ -66,7 +66,7 @@ def test_llama_cpp_loads_before_sentencepiece_in_a_library_user(fake_sentencepie
 def test_llama_cpp_loads_before_sentencepiece_in_the_cli(fake_sentencepiece, f16, q4_1):
     env, record = fake_sentencepiece
     r = specli("run", "-m", f16, "-md", q4_1, "-p", "Hi", "-n", "4", "--temp", "0", "--json",
-               env=env)
+               env=env)  # a fresh process: the order of its imports is the point
     assert r.returncode == 0, r.stderr
     assert record.read_text().split() == ["True", "True"]
 
@@ -206,7 +206,7 @@ def test_a_container_serves_from_the_environment_alone(q4_1, tmp_path):
 
 
 def test_help_shows_the_variables():
-    r = specli("run", "--help", env={"COLUMNS": "200"})
+    r = cli("run", "--help", env={"COLUMNS": "200"})
     for env in ("LLAMA_ARG_MODEL", "LLAMA_ARG_CTX_SIZE", "LLAMA_ARG_N_GPU_LAYERS",
                 "LLAMA_ARG_DEVICE", "LLAMA_ARG_SPEC_DRAFT_N_MAX"):
         assert env in r.stdout
@@ -225,7 +225,7 @@ def one_line_error(r, *needles: str) -> None:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_list_devices_shows_the_cpu(command):
     args = ["t.gguf", "d.gguf"] if command == "check-pair" else []
-    r = specli(command, *args, "--list-devices")
+    r = cli(command, *args, "--list-devices")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("Available devices:")
     assert re.search(r"^  CPU: .+ \(CPU, \d+ MiB, \d+ MiB free\)$", r.stdout, re.M)
@@ -233,12 +233,12 @@ def test_list_devices_shows_the_cpu(command):
 
 @pytest.mark.parametrize("command", ["run", "serve", "tune-draft", "audit"])
 def test_a_missing_device_is_one_line(command, f16, q4_1):
-    r = specli(command, "-m", f16, "-md", q4_1, "-dev", "NoSuchDev9", "-n", "4")
+    r = cli(command, "-m", f16, "-md", q4_1, "-dev", "NoSuchDev9", "-n", "4")
     one_line_error(r, "no offload device 'NoSuchDev9'", "--list-devices")
 
 
 def test_a_missing_draft_device_in_the_probe_is_one_line(f16, q4_1):
-    r = specli("check-pair", f16, q4_1, "--probe", "-devd", "Vulkan3")
+    r = cli("check-pair", f16, q4_1, "--probe", "-devd", "Vulkan3")
     one_line_error(r, "'Vulkan3'")
 
 
@@ -254,15 +254,15 @@ def test_a_missing_draft_device_in_the_probe_is_one_line(f16, q4_1):
     (["-dev", "a,,b"], "-dev/--device"),
 ])
 def test_placement_values_are_checked(args, needle, f16):
-    one_line_error(specli("run", "-m", f16, "-n", "4", *args), needle)
+    one_line_error(cli("run", "-m", f16, "-n", "4", *args), needle)
 
 
 def test_cpu_placement_runs_and_keeps_the_output(f16, q4_1):
     """-dev none, -sm none, -ts and overrides into the CPU buffer type change nothing here."""
     base = ["-m", f16, "-md", q4_1, "-p", PROMPTS[0], "-n", "24", "--temp", "0", "-t", "2",
             "--json"]
-    plain = specli("run", *base)
-    placed = specli("run", *base, "-dev", "none", "-devd", "none", "-sm", "none", "-ts", "1",
+    plain = cli("run", *base)
+    placed = cli("run", *base, "-dev", "none", "-devd", "none", "-sm", "none", "-ts", "1",
                     "-mg", "0", "-ot", r"blk\.0\..*=CPU", "-cmoe", "-ncmoed", "2")
     assert plain.returncode == placed.returncode == 0, placed.stderr
     assert json.loads(placed.stdout)["text"] == json.loads(plain.stdout)["text"]

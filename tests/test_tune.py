@@ -8,7 +8,7 @@ import io
 import json
 
 import pytest
-from conftest import specli
+from conftest import cli
 
 from specli.errors import UsageError
 from specli.tuning import CostModel, Point, Setting, Sweep, grid
@@ -16,7 +16,7 @@ from specli.tuning import CostModel, Point, Setting, Sweep, grid
 
 def test_a_tiny_sweep_reports_every_point_against_a_baseline(f16, q4_1, tmp_path):
     png = tmp_path / "sweep.png"
-    r = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2,3", "--draft-p-min", "0,0.5",
+    r = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2,3", "--draft-p-min", "0,0.5",
                "--repeat", "1", "-n", "8", "--task", "chat", "-t", "2", "--json",
                "--plot", str(png), timeout=600)
     assert r.returncode == 0, r.stderr
@@ -39,14 +39,14 @@ def test_a_tiny_sweep_reports_every_point_against_a_baseline(f16, q4_1, tmp_path
 
 
 def test_csv_and_the_text_report(f16, q4_1):
-    r = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n", "6",
+    r = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n", "6",
                "--task", "structured", "-t", "2", "--csv", timeout=600)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [row["label"] for row in rows] == ["target alone", "draft-simple k=2"]
     assert float(rows[1]["speedup"]) > 0
     assert "tune-draft: [" not in r.stderr  # --csv and --json print only what they print
-    text = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n",
+    text = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n",
                   "6", "--task", "structured", "-t", "2", timeout=600)
     assert text.returncode == 0, text.stderr
     assert "target alone" in text.stdout and "draft-simple k=2" in text.stdout
@@ -118,22 +118,22 @@ def test_the_grid_has_a_guard():
     (["--spec-type", "magic"], "unknown --spec-type"),
 ])
 def test_bad_sweep_input_is_exit_2(q4_1, args, needle):
-    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, *args)
+    r = cli("tune-draft", "-m", q4_1, "-md", q4_1, *args)
     assert r.returncode == 2 and needle in r.stderr, r.stderr
 
 
 def test_prompt_files_lines_and_jsonl(q4_1, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n \n")
-    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(empty))
+    r = cli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(empty))
     assert r.returncode == 2 and "prompt file is empty" in r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt field"}\n')
-    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(bad))
+    r = cli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(bad))
     assert r.returncode == 2 and 'needs a "prompt" string' in r.stderr
     good = tmp_path / "p.jsonl"
     good.write_text('{"prompt": "Say hi."}\nWrite one word.\n')
-    r = specli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(good), "--draft", "2",
+    r = cli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(good), "--draft", "2",
                "--repeat", "1", "-n", "4", "-t", "2", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["points"][0]["label"] == "draft-simple k=2"
@@ -206,7 +206,7 @@ def test_a_tiny_tree_sweep_on_the_real_pair(f16, q4_1):
     from specli import defaults
 
     q2 = defaults.derived("q2_k", q4_1)
-    r = specli("tune-draft", "-m", f16, "-md", q2, "--draft", "3", "--draft-n-seq", "1,2",
+    r = cli("tune-draft", "-m", f16, "-md", q2, "--draft", "3", "--draft-n-seq", "1,2",
                "--draft-p-split", "0.05", "--repeat", "1", "-n", "6", "--task", "chat",
                "-t", "2", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
@@ -217,6 +217,6 @@ def test_a_tiny_tree_sweep_on_the_real_pair(f16, q4_1):
     assert tree["tps_median"] > 0 and tree["predicted_speedup"] is None  # priced for chains
     assert tree["branches_per_step"] > 1.0  # it drafted trees, not one sequence
     assert points["draft-simple k=3"]["branches_per_step"] == 1.0
-    bad = specli("tune-draft", "-m", f16, "-md", q4_1, "--draft-n-seq", "2",
+    bad = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft-n-seq", "2",
                  "--spec-type", "ngram-simple")
     assert bad.returncode == 2 and "draft with the model alone" in bad.stderr
