@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import PROMPTS, specli
+from conftest import PROMPTS, cli
 from fakes import EOG, FakeModel
 from test_cli import one_line_error
 from test_sampling import N_SEEDS, SP, chi_square, exact_sequences
@@ -250,18 +250,18 @@ def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
 def test_run_translates_where_llama_cpp_refuses(f32, gemma):
     fast = ("-m", f32, "-md", gemma, "-p", PROMPTS[0], "--chat", "-n", "16", "--temp", "0",
             "-t", "2")
-    refused = specli("run", *fast)
+    refused = cli("run", *fast)
     one_line_error(refused, 1, "incompatible", "draft-translate")
-    plain = specli("run", *fast, "--no-spec")
+    plain = cli("run", *fast, "--no-spec")
     for flags in (("--spec-type", "draft-translate"), ("--draft-translate",)):
-        r = specli("run", *fast, *flags)
+        r = cli("run", *fast, *flags)
         assert r.returncode == 0, r.stderr
         assert r.stdout == plain.stdout
         assert "statistics draft-translate:" in r.stderr
 
 
 def test_check_pair_says_translation_can_run_it(f32, gemma):
-    r = specli("check-pair", f32, gemma)
+    r = cli("check-pair", f32, gemma)
     assert r.returncode == 1
     assert "--spec-type draft-translate" in r.stdout
 

@@ -14,7 +14,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import PROMPTS, specli
+from conftest import PROMPTS, cli
 from fakes import FakeModel
 from test_cli import one_line_error
 from test_sampling import N_SEEDS, SP, chi_square, exact_sequences
@@ -239,12 +239,12 @@ def test_run_np_draws_a_tree_and_prints_its_lines(f32, q4_1):
     q2 = defaults.derived("q2_k", q4_1)
     fast = ("-m", f32, "-md", q2, "-p", PROMPTS[1], "--chat", "-n", "24", "--temp", "0",
             "-t", "2", "--draft-p-split", "0.05")
-    plain = specli("run", *fast, "--no-spec", "-np", "3")
-    tree = specli("run", *fast, "-np", "3")
+    plain = cli("run", *fast, "--no-spec", "-np", "3")
+    tree = cli("run", *fast, "-np", "3")
     assert plain.returncode == tree.returncode == 0, tree.stderr
     assert tree.stdout == plain.stdout
     assert "draft tree = 3 sequences" in tree.stderr and "accepted path = " in tree.stderr
-    doc = json.loads(specli("run", *fast, "--draft-n-seq", "3", "--json").stdout)
+    doc = json.loads(cli("run", *fast, "--draft-n-seq", "3", "--json").stdout)
     s = doc["stats"]
     assert s["n_seq_dft"] == 3 and s["n_branches"] >= s["n_steps"] > 0
     assert s["n_drafted"] >= s["n_depths"] and s["max_path"] >= 0
@@ -259,5 +259,5 @@ def test_run_np_draws_a_tree_and_prints_its_lines(f32, q4_1):
      "draft with the model alone"),
 ])
 def test_tree_flags_are_one_line_usage_errors(f32, q4_1, args, needle):
-    r = specli("run", "-m", f32, *(a.format(q4_1=q4_1) for a in args), "-n", "4")
+    r = cli("run", "-m", f32, *(a.format(q4_1=q4_1) for a in args), "-n", "4")
     one_line_error(r, 2, needle)
