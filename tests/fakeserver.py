@@ -6,7 +6,7 @@ subprocess, a request answered in milliseconds. Fidelity stays with the real-mod
 
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 from fakes import EOG, FakeModel
@@ -22,26 +22,39 @@ KEY = "sk-fake"
 
 
 class ServerFake(FakeModel):
-    """FakeModel with what a server's slot reads of its target besides the loop: the
+    """FakeModel with a vocabulary of bytes (text round-trips: a prompt comes back as it was
+    sent) and what a server's slot reads of its target besides the loop: the
     end-of-generation tokens, its ModelParams, a chat template (none: ChatML)."""
 
     def __init__(self, n_ctx: int = 512, **kw):
-        super().__init__(n_vocab=64, n_ctx=n_ctx, **kw)
+        super().__init__(n_vocab=256, n_ctx=n_ctx, **kw)
         self.params = ModelParams(path="fake.gguf", n_ctx=n_ctx)
         self.eog = (EOG,)
         self.grammar_source = None
 
+    def tokenize(self, text: str, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+        return [b for b in text.encode("utf-8", "surrogatepass") if b != EOG]
+
+    def token_bytes(self, token: int, special: bool = False) -> bytes:
+        return b"" if token == EOG else bytes([token])
+
 
 class FakeState(State):
     """State whose load() builds its slots on ServerFake models (a draft of the same table with
-    noise when the config has a draft), through the plan, as State.load does on real ones."""
+    noise when the config has a draft), through the plan, as State.load does on real ones.
+    model: FakeModel's own arguments (eog_bias: how often a generation ends)."""
+
+    def __init__(self, config: ServerConfig, **model):
+        super().__init__(config)
+        self.model = model
 
     def load(self) -> None:
         c, engines = self.config, []
         n_ctx = max(c.target.n_ctx // c.parallel, 16)
         for _ in range(c.parallel):
-            target = ServerFake(n_ctx=n_ctx)
-            draft = ServerFake(n_ctx=n_ctx, noise=0.5) if c.draft else None
+            target = ServerFake(n_ctx=n_ctx, **self.model)
+            draft = ServerFake(n_ctx=n_ctx, noise=0.5, **self.model) if c.draft else None
             drafts = Drafts(self.plan, target, draft)
             engines.append(Engine(target, drafts(), self.plan.policy, drafts=drafts))
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
@@ -62,11 +75,15 @@ def config(**kw) -> ServerConfig:
 
 
 @contextmanager
-def serve(cfg: ServerConfig | None = None, *, key: str | None = KEY):
-    """A client of the app on a fake state, its slots loaded; `key` goes in every request."""
-    st = FakeState(cfg or config())
+def serve(cfg: ServerConfig | None = None, *, key: str | None = KEY, **model):
+    """A client of the app on a fake state, its slots loaded; `key` goes in every request;
+    model: FakeModel's arguments."""
+    st = FakeState(cfg or config(api_keys=(key,) if key else ()), **model)
     st.load()
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    with TestClient(create_app(st.config, state=st), headers=headers) as client:
+    app = create_app(st.config, state=st)
+    with TestClient(app, headers=headers) as client:
         client.state = st
+        # no key, no headers of the client's; not started again (its end would stop the app)
+        client.anon = lambda: nullcontext(TestClient(app))
         yield client

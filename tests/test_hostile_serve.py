@@ -11,6 +11,7 @@ import time
 
 import httpx
 import pytest
+from fakeserver import serve
 from hostile_models import with_nan, with_template
 from test_hostile_files import DOUBLE, LOOP
 from test_serve import Server
@@ -23,6 +24,14 @@ def server(q4_1):
     s = Server("-m", q4_1, "-c", "1024", "-t", "2", "--api-key", KEY, "--temp", "0")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """The app in process on fake engines: for what is answered before any model runs
+    (parsing, types, the plan), where the model's text does not matter."""
+    with serve(key=KEY) as client:
+        yield client
 
 
 def health_while(s: Server, send) -> tuple[httpx.Response, float]:
@@ -42,10 +51,13 @@ def health_while(s: Server, send) -> tuple[httpx.Response, float]:
     return out[0], slowest
 
 
-def post(s: Server, path: str, body, timeout: float = 60, **kw) -> httpx.Response:
+def post(s, path: str, body, timeout: float = 60, **kw) -> httpx.Response:
+    """POST to a real server (Server) or the app in process (fake)."""
+    content = body if isinstance(body, bytes | str) else json.dumps(body)
+    if not isinstance(s, Server):  # in process: no timeout to set
+        return s.post(path, content=content, **kw)
     with s.http() as h:
-        return h.post(path, content=body if isinstance(body, bytes | str) else
-                      json.dumps(body), timeout=timeout, **kw)
+        return h.post(path, content=content, timeout=timeout, **kw)
 
 
 # -- 1. no request blocks the event loop ------------------------------------------------------
@@ -118,8 +130,8 @@ SURROGATE_CASES = [
 
 
 @pytest.mark.parametrize("path,template", SURROGATE_CASES)
-def test_a_lone_surrogate_is_a_400(server, path, template):
-    r = post(server, path, template % SURROGATE)
+def test_a_lone_surrogate_is_a_400(fake, path, template):
+    r = post(fake, path, template % SURROGATE)
     assert r.status_code == 400, r.text
     assert "surrogate" in r.json()["error"]["message"]
 
@@ -137,44 +149,44 @@ def test_a_lone_surrogate_is_a_400(server, path, template):
      "messages[0].content[0].text must be a string"),
     ("/v1/completions", {"prompt": "x", "temperature": "0.5"}, "temperature must be a number"),
 ])
-def test_types_are_strict_and_errors_speak_the_api(server, path, body, message):
-    r = post(server, path, body)
+def test_types_are_strict_and_errors_speak_the_api(fake, path, body, message):
+    r = post(fake, path, body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["message"] == message, err
     assert ".str" not in err["message"] and "Speculative." not in err["message"]
 
 
-def test_an_unknown_key_is_named_as_the_client_wrote_it(server):
+def test_an_unknown_key_is_named_as_the_client_wrote_it(fake):
     for body, key in (({"prompt": "x", "Foo": 1}, "Foo"), ({"prompt": "x", "max-tokens": 1},
                                                              "max-tokens"),
                       ({"prompt": "x", "speculative": {"N_max": 1}}, "speculative.N_max")):
-        r = post(server, "/completion", body)
+        r = post(fake, "/completion", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == key, r.text
 
 
-def test_a_type_the_loaded_models_cannot_serve_is_a_400(server):
+def test_a_type_the_loaded_models_cannot_serve_is_a_400(fake):
     """A request's own speculative.type goes through the server's plan (SpecPlan.request):
     draft-simple without a draft model names the parameter and the flag; n-gram types
     alone are served."""
     body = {"prompt": "x", "n_predict": 2, "speculative": {"type": "ngram-simple,draft-simple"}}
-    r = post(server, "/completion", body)
+    r = post(fake, "/completion", body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "speculative.type" and "needs a draft model" in err["message"] \
         and "-md" in err["message"], err
-    r = post(server, "/completion", {**body, "speculative": {"type": "ngram-simple"}})
+    r = post(fake, "/completion", {**body, "speculative": {"type": "ngram-simple"}})
     assert r.status_code == 200, r.text
 
 
-def test_a_body_that_is_not_utf8_is_a_400(server):
-    r = post(server, "/completion", b'{"prompt": "\xed\xa0\x80"}')
+def test_a_body_that_is_not_utf8_is_a_400(fake):
+    r = post(fake, "/completion", b'{"prompt": "\xed\xa0\x80"}')
     assert r.status_code == 400 and "UTF-8" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("body", [b"", b"null", b"[]", b"7"])
-def test_a_body_that_is_not_an_object_says_so(server, body):
-    r = post(server, "/v1/chat/completions", body)
+def test_a_body_that_is_not_an_object_says_so(fake, body):
+    r = post(fake, "/v1/chat/completions", body)
     assert r.status_code == 400
     assert r.json()["error"]["message"] in ("the request body must be a JSON object",
                                             "the body is not valid JSON"), r.text
@@ -182,13 +194,13 @@ def test_a_body_that_is_not_an_object_says_so(server, body):
 
 # -- 5. no schema or docs for strangers ---------------------------------------------------------
 
-def test_docs_are_off_and_the_schema_is_behind_the_key(server):
-    with httpx.Client(base_url=server.url) as anon, server.http() as keyed:
+def test_docs_are_off_and_the_schema_is_behind_the_key(fake):
+    with fake.anon() as anon:
         for path in ("/docs", "/redoc"):
             assert anon.get(path).status_code in (401, 404)
-            assert keyed.get(path).status_code == 404
+            assert fake.get(path).status_code == 404
         assert anon.get("/openapi.json").status_code == 401
-        r = keyed.get("/openapi.json")
+        r = fake.get("/openapi.json")
         assert r.status_code == 200 and "/v1/chat/completions" in r.json()["paths"]
 
 
@@ -196,12 +208,13 @@ def test_docs_are_off_and_the_schema_is_behind_the_key(server):
 
 @pytest.mark.parametrize("content_type", [None, "application/x-www-form-urlencoded",
                                           "text/plain"])
-def test_json_without_a_json_content_type_is_parsed(server, content_type):
+def test_json_without_a_json_content_type_is_parsed(fake, content_type):
     headers = {"Authorization": f"Bearer {KEY}"}
     if content_type:
         headers["Content-Type"] = content_type
-    r = httpx.post(f"{server.url}/completion", headers=headers, timeout=60,
-                   content=json.dumps({"prompt": "hi", "n_predict": 2}).encode())
+    with fake.anon() as anon:  # no Content-Type of its own
+        r = anon.post("/completion", headers=headers,
+                      content=json.dumps({"prompt": "hi", "n_predict": 2}).encode())
     assert r.status_code == 200, r.text
     assert "content" in r.json()
 

@@ -4,12 +4,26 @@ llama-server's fields on /v1/completions, ignore_eos, response_fields, system_fi
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
+from fakeserver import serve
 from fastapi.testclient import TestClient
-from test_serve_features import PROMPT, server  # noqa: F401 - the module's server fixture
 
 from specli.config import ModelParams
 from specli.server.app import ServerConfig, State, create_app
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The app in process on fake engines (the protocol, not the text, is under test), an
+    end of generation likely enough that "Say hi." stops at one (after 12 tokens)."""
+    with serve(eog_bias=3.0) as client:
+        client.http = lambda: nullcontext(client)
+        yield client
+
 
 PREFLIGHT = {"Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "Authorization"}
@@ -51,7 +65,7 @@ def test_a_list_of_origins_echoes_those_it_holds():
     assert "access-control-allow-origin" not in no.headers
 
 
-def test_completions_without_v1_is_llama_servers_own(server):  # noqa: F811
+def test_completions_without_v1_is_llama_servers_own(server):
     with server.http() as h:
         r = h.post("/completions", json={"prompt": PROMPT, "n_predict": 4}).json()
         assert "content" in r and r["tokens_predicted"] <= 4
@@ -63,7 +77,7 @@ def test_completions_without_v1_is_llama_servers_own(server):  # noqa: F811
         assert v1["system_fingerprint"].endswith("-specli")
 
 
-def test_ignore_eos_and_response_fields(server):  # noqa: F811
+def test_ignore_eos_and_response_fields(server):
     with server.http() as h:
         short = h.post("/completion", json={"prompt": "Say hi.", "n_predict": 200}).json()
         assert short["stop_type"] == "eos"
@@ -80,13 +94,13 @@ def test_ignore_eos_and_response_fields(server):  # noqa: F811
         assert picked["prompt"].endswith(PROMPT)
 
 
-def test_metrics_when_off_is_501(server):  # noqa: F811
+def test_metrics_when_off_is_501(server):
     with server.http() as h:
         r = h.get("/metrics")
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
 
 
-def test_stream_chunks_carry_their_tokens_and_verbose_shows_the_prompt(server):  # noqa: F811
+def test_stream_chunks_carry_their_tokens_and_verbose_shows_the_prompt(server):
     import json
 
     with server.http() as h:
@@ -197,7 +211,7 @@ def test_slot_choice_is_llama_servers_prompt_similarity_then_least_recently_used
 
 # -- images, --chat-template, --host (parts 6 and 8) ---------------------------------------------
 
-def test_an_image_part_is_a_400_that_says_images_are_not_supported(server):  # noqa: F811
+def test_an_image_part_is_a_400_that_says_images_are_not_supported(server):
     with server.http() as h:
         r = h.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
             {"role": "user", "content": [
