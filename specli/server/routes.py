@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from specli import __version__, grammar_host
 from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, parse_spec_types
-from specli.errors import UsageError
+from specli.errors import ContextOverflowError, UsageError
 from specli.plan import PlanError
 from specli.server import formats as f
 from specli.server.errors import APIError, envelope, overflow, refuse
@@ -233,8 +233,8 @@ async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
 async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) -> Response:
     _refuse_chat(body)
     # rendering and tokenizing run off the event loop, within their bounds (engine.py)
-    ids = await asyncio.to_thread(st.engine.tokenize_messages,
-                                  _messages(body), _prefill(body))
+    ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
+                        _prefill(body))
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     # off the event loop: a grammar is checked, a logit bias text tokenized
@@ -268,8 +268,8 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
 @openai.post("/chat/completions/input_tokens", include_in_schema=False)
 async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """How many tokens the chat request's prompt is (llama-server's)."""
-    ids = await asyncio.to_thread(st.engine.tokenize_messages,
-                                  _messages(body), _prefill(body))
+    ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
+                        _prefill(body))
     return {"input_tokens": len(ids)}
 
 
@@ -492,7 +492,7 @@ async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        return await asyncio.to_thread(st.engine.tokenize, prompt)
+        return await _tokens("prompt", st.engine.tokenize, prompt)
     if all(isinstance(p, int) for p in prompt):
         return list(_in_vocab(st, prompt, "prompt"))
     target = st.engine.target
@@ -503,7 +503,16 @@ async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
             ids += [p] if isinstance(p, int) else target.tokenize(p, add_special=False)
         return ids
 
-    return _in_vocab(st, await asyncio.to_thread(mixed), "prompt")
+    return _in_vocab(st, await _tokens("prompt", mixed), "prompt")
+
+
+async def _tokens(param: str, tokenize: Callable[..., list[int]], *args) -> list[int]:
+    """tokenize(*args) off the event loop; a prompt longer than the context (found before
+    or after tokenizing) is an overflow naming the request's parameter that holds it."""
+    try:
+        return await asyncio.to_thread(tokenize, *args)
+    except ContextOverflowError as e:
+        raise overflow(e.message, e.n_prompt_tokens, e.n_ctx, param) from None
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
