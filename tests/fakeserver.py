@@ -9,6 +9,7 @@ from __future__ import annotations
 from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
+import openai
 from fakes import EOG, FakeModel
 from fastapi.testclient import TestClient
 
@@ -86,4 +87,7 @@ def serve(cfg: ServerConfig | None = None, *, key: str | None = KEY, **model):
         client.state = st
         # no key, no headers of the client's; not started again (its end would stop the app)
         client.anon = lambda: nullcontext(TestClient(app))
+        # the OpenAI package as the client, over this one
+        client.openai = lambda: openai.OpenAI(api_key=key or "none", http_client=client,
+                                              base_url=f"{client.base_url}/v1")
         yield client

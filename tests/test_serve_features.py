@@ -1,15 +1,19 @@
 """What applications send to llama-server, through the `openai` package and raw HTTP (issue
 18): logit bias and penalties, each with speculation on giving the text it gives off;
 /tokenize and /detokenize. One server on the real SmolLM2 family: F16 target, Q4_1 draft,
-greedy by default."""
+greedy by default; what the model's text does not decide, in process on fake engines."""
 
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import openai
 import pytest
+from fakeserver import config, serve
 from test_serve import KEY, Server
+
+from specli.config import ModelParams
 
 PROMPT = "List the days of the week, one per line."
 
@@ -20,6 +24,17 @@ def server(f16, q4_1):
                "-a", "smollm2-f16", "--temp", "0")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    """The app in process on fake engines, shaped as `server` (two slots of 512 tokens, a
+    draft): for what the model's text does not decide."""
+    with serve(config(target=ModelParams(path="fake.gguf", n_ctx=1024), parallel=2,
+                      draft=True, api_keys=(KEY,)), key=KEY) as client:
+        client.client = client.openai
+        client.http = lambda: nullcontext(client)
+        yield client
 
 
 def chat(client: openai.OpenAI, speculative: bool = True, **kw):
@@ -112,8 +127,8 @@ def test_penalties_change_the_text_and_keep_it_exact(server):
     ({"mirostat": 2}, "mirostat"),
     ({"xtc_probability": 0.5}, "xtc_probability"),
 ])
-def test_bad_transforms_are_a_400_naming_the_parameter(server, body, param):
-    with server.http() as h:
+def test_bad_transforms_are_a_400_naming_the_parameter(fake, body, param):
+    with fake.http() as h:
         r = h.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
@@ -227,8 +242,8 @@ def test_n_probs_and_post_sampling_probs_on_completion(server):
 
 # -- n choices (part 4) ------------------------------------------------------------------------
 
-def test_n_choices_each_with_its_own_seed_on_both_routes(server):
-    client = server.client()
+def test_n_choices_each_with_its_own_seed_on_both_routes(fake):
+    client = fake.client()
     r = chat(client, n=3, temperature=1.0, seed=7, max_tokens=16)
     texts = [c.message.content for c in sorted(r.choices, key=lambda c: c.index)]
     assert [c.index for c in r.choices] == [0, 1, 2] and len(set(texts)) > 1
@@ -243,10 +258,10 @@ def test_n_choices_each_with_its_own_seed_on_both_routes(server):
     assert sorted(x.index for x in c.choices) == [0, 1]
 
 
-def test_n_choices_stream_with_their_indexes(server):
+def test_n_choices_stream_with_their_indexes(fake):
     text: dict[int, str] = {}
     finished = set()
-    for chunk in chat(server.client(), n=2, stream=True, max_tokens=12, temperature=0):
+    for chunk in chat(fake.client(), n=2, stream=True, max_tokens=12, temperature=0):
         for c in chunk.choices:
             text[c.index] = text.get(c.index, "") + (c.delta.content or "")
             if c.finish_reason:
@@ -275,10 +290,10 @@ def test_a_final_assistant_message_is_continued(server):
         assert both_.status_code == 400
 
 
-def test_context_overflow_in_llama_servers_form(server):
+def test_context_overflow_in_llama_servers_form(fake):
     many = [{"role": "system", "content": "Book"},
             {"role": "user", "content": "What is the best book"}] * 100
-    with server.http() as h:
+    with fake.http() as h:
         for stream in (False, True):
             r = h.post("/v1/chat/completions", json={"messages": many, "stream": stream})
             err = r.json()["error"]
@@ -286,8 +301,8 @@ def test_context_overflow_in_llama_servers_form(server):
             assert err["n_prompt_tokens"] > err["n_ctx"] == 1024 // 2
 
 
-def test_slots_timings_per_token_and_progress(server):
-    with server.http() as h:
+def test_slots_timings_per_token_and_progress(fake):
+    with fake.http() as h:
         slots = h.get("/slots").json()
         assert [s["id"] for s in slots] == [0, 1] and slots[0]["n_ctx"] == 512
         with h.stream("POST", "/v1/chat/completions", json={
@@ -313,9 +328,9 @@ def test_dry_on_the_server_keeps_the_text_exact(server):
     assert dry != base
 
 
-def test_samplers_specli_lacks_are_accepted_at_their_neutral_values(server):
+def test_samplers_specli_lacks_are_accepted_at_their_neutral_values(fake):
     """What llama.cpp front-ends send by default must not be refused."""
-    with server.http() as h:
+    with fake.http() as h:
         r = h.post("/completion", json={"prompt": "Hi", "n_predict": 2, "mirostat": 0,
                                         "typical_p": 1.0, "xtc_probability": 0.0,
                                         "top_n_sigma": -1.0, "dynatemp_range": 0.0})
