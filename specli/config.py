@@ -61,10 +61,18 @@ class Knob:
         """A value as a flag or a request gives it, as the field holds it over `base` (the
         defaults, or a server's settings): below `unset`, base's value, or None where the
         default is None (the seed: a random one, whatever the server's)."""
-        if self.unset is not None and value < self.unset:
+        if self.unset is not None and isinstance(value, int | float) \
+                and not isinstance(value, bool) and math.isfinite(value) and value < self.unset:
             default = getattr(SamplingParams, self.field)
             return None if default is None else getattr(base or SamplingParams, self.field)
         return value
+
+    def schema(self) -> dict:
+        """Its range in JSON Schema's words (a value below `unset` is no value: no minimum)."""
+        out = {} if self.high is None else {"maximum": self.high}
+        if self.low is not None and self.unset is None:
+            out["exclusiveMinimum" if self.above else "minimum"] = self.low
+        return out
 
     def rule(self) -> str:
         """What its values must be, in words (bounds in their own type: 2 not 2.0)."""
@@ -107,7 +115,7 @@ class SamplingError(UsageError):
 SAMPLING = (
     Knob("temp", ("--temp", "--temperature"), "Temperature; 0 is greedy.", api="temperature",
          envvar="LLAMA_ARG_TEMPERATURE", low=0),
-    Knob("top_k", ("--top-k",), "Top-k; 0 disables.", int, envvar="LLAMA_ARG_TOP_K", low=0),
+    Knob("top_k", ("--top-k",), "Top-k; 0 disables.", int, envvar="LLAMA_ARG_TOP_K"),
     Knob("top_p", ("--top-p",), "Top-p; 1.0 disables.", envvar="LLAMA_ARG_TOP_P", low=0,
          high=1),
     Knob("min_p", ("--min-p",), "Min-p; 0.0 disables.", envvar="LLAMA_ARG_MIN_P", low=0,

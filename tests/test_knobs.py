@@ -122,3 +122,34 @@ def test_generation_settings_report_every_knob_by_its_request_name(fake):
     for k in SAMPLING:
         want = -1 if k.field == "seed" else getattr(sp, k.field)
         assert params[k.name] == want, k
+
+
+def test_llama_cpp_values_stay_accepted_and_non_finite_ones_refused(fake):
+    """top_k -1 disables top-k in llama.cpp: accepted everywhere; a dry_base of -inf is not a
+    value below 1 (llama.cpp's "keep the default") but no number: refused everywhere."""
+    assert SamplingParams(top_k=-1).top_k == -1
+    assert fake.post("/completion", json={"prompt": "hi", "n_predict": 2,
+                                          "top_k": -1}).status_code == 200
+    r = CliRunner().invoke(app, ["run", "-p", "hi", "--dry-base", "-inf"])
+    assert str(r.exception) == "--dry-base must be a finite number, got -inf"
+    r = fake.post("/completion", content='{"prompt": "hi", "dry_base": -Infinity}',
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "dry_base", r.text
+
+
+@pytest.mark.parametrize("bias", ['{"3": NaN}', '[[3, false], [3, 1e999]]'])
+def test_a_bias_that_is_no_number_is_a_400_naming_it(fake, bias):
+    r = fake.post("/completion", content='{"prompt": "hi", "logit_bias": %s}' % bias,
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "logit_bias" and err["code"] == "invalid_value", err
+
+
+def test_the_request_schema_publishes_each_range(fake):
+    props = fake.get("/openapi.json").json()["components"]["schemas"]["ChatRequest"][
+        "properties"]
+    assert props["temperature"]["minimum"] == 0 and "maximum" not in props["temperature"]
+    assert props["top_p"]["maximum"] == 1 and props["top_p"]["minimum"] == 0
+    assert props["repeat_penalty"]["exclusiveMinimum"] == 0
+    assert "minimum" not in props["seed"]  # -1: a random one

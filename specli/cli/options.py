@@ -310,14 +310,6 @@ DRAFTING_FLAGS = Group(_drafting_flags)
 _SP = config.SamplingParams
 
 
-def _flag(field: str) -> str:
-    """A sampling field's flag in messages: its first long spelling (--temp, --seed)."""
-    knob = next((k for k in config.SAMPLING if k.field == field), None)
-    flags = knob.flags if knob else {"logit_bias": ("--logit-bias",), "dry_sequence_breakers":
-                                     ("--dry-sequence-breaker",)}.get(field, (field,))
-    return next(f for f in flags if f.startswith("--"))
-
-
 def _sampling_flags(**kw: Any) -> config.SamplingParams:
     """The sampling flags (config.SAMPLING's, and llama.cpp's list flags) as SamplingParams,
     which checks them; a negative seed means a fresh random one."""
@@ -329,7 +321,8 @@ def _sampling_flags(**kw: Any) -> config.SamplingParams:
             dry_sequence_breakers=_SP.dry_sequence_breakers if breakers is None else ()
             if breakers == ["none"] else tuple(breakers))
     except config.SamplingError as e:
-        raise UsageError(e.named(_flag(e.knob.field))) from None
+        raise UsageError(e.named(next(f for f in e.knob.flags if f.startswith("--")))) \
+            from None
 
 
 def _option(knob: config.Knob) -> inspect.Parameter:

@@ -537,17 +537,18 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
                          f"{neutral[0]} is accepted)")
     s = c.sampling
     given = {k.field: k.read(v, s) for k in SAMPLING if (v := getattr(body, k.name)) is not None}
-    try:  # the ranges, before the grammar's check takes a checker
-        sampling = replace(s, **given, n_probs=n_probs, post_sampling_probs=post)
-    except SamplingError as e:
-        raise APIError(400, e.named(e.knob.name), param=e.knob.name) from None
     bias = s.logit_bias if body.logit_bias is None else _logit_bias(st, body.logit_bias)
-    sampling = replace(
-        sampling, grammar=_grammar(st, body),
-        logit_bias=bias + (tuple((t, float("-inf")) for t in st.engine.target.eog)
-                           if body.ignore_eos else ()),
-        dry_sequence_breakers=s.dry_sequence_breakers if body.dry_sequence_breakers is None
-        else tuple(body.dry_sequence_breakers))
+    try:  # the values checked, before the grammar's check takes a checker
+        sampling = replace(
+            s, **given, n_probs=n_probs, post_sampling_probs=post,
+            logit_bias=bias + (tuple((t, float("-inf")) for t in st.engine.target.eog)
+                               if body.ignore_eos else ()),
+            dry_sequence_breakers=s.dry_sequence_breakers if body.dry_sequence_breakers is None
+            else tuple(body.dry_sequence_breakers))
+    except SamplingError as e:
+        raise APIError(400, e.named(e.knob.name), param=e.knob.name,
+                       code="invalid_value") from None
+    sampling = replace(sampling, grammar=_grammar(st, body))
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None

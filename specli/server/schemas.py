@@ -73,7 +73,8 @@ ABSENT: dict[str, tuple[type, float, tuple[float, ...] | None]] = {
 # config.SAMPLING's parameters by their request names (temperature, top_p, seed...), and the
 # absent samplers: their types here, their ranges where SamplingParams checks them (routes._job)
 Knobs = create_model("Knobs", __base__=Strict, **{
-    k.name: (k.kind | None, Field(default=None, description=f"{k.help} ({k.rule()})"))
+    k.name: (k.kind | None, Field(default=None, description=k.help,
+                                  json_schema_extra=k.schema() or None))
     for k in SAMPLING}, **{name: (kind | None, None) for name, (kind, _, _) in ABSENT.items()})
 
 
