@@ -139,7 +139,7 @@ def test_llama_cpp_values_stay_accepted_and_non_finite_ones_refused(fake):
 
 @pytest.mark.parametrize("bias", ['{"3": NaN}', '[[3, false], [3, 1e999]]'])
 def test_a_bias_that_is_no_number_is_a_400_naming_it(fake, bias):
-    r = fake.post("/completion", content='{"prompt": "hi", "logit_bias": %s}' % bias,
+    r = fake.post("/completion", content=f'{{"prompt": "hi", "logit_bias": {bias}}}',
                   headers={"Content-Type": "application/json"})
     assert r.status_code == 400, r.text
     err = r.json()["error"]
