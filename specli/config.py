@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from specli.errors import UsageError
 
@@ -213,7 +213,6 @@ class SamplingParams:
 _BIAS = Knob("logit_bias", ("-l", "--logit-bias"), "")
 _BREAKERS = Knob("dry_sequence_breakers", ("--dry-sequence-breaker",), "")
 _N_PROBS = Knob("n_probs", ("--n-probs",), "")
-assert {k.field for k in SAMPLING} <= {f.name for f in fields(SamplingParams)}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specli import loadable, pairing
-from specli.backend import Model, check_placement
+from specli.backend import Backend, Model, check_placement
 from specli.batching import Gate, SharedContext
 from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
 from specli.drafts import (
@@ -214,7 +214,7 @@ def load(target: ModelParams, draft: ModelParams | None = None,
         t.close()
         raise
     try:
-        return _engine(plan, t, dm)
+        return engine(plan, t, dm)
     except BaseException:
         t.close()
         if dm is not None:
@@ -243,7 +243,7 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
         if draft is not None:
             shared.append(SharedContext(draft, n, gate, first=True, width=width,
                                         tree_cells=cells))
-        engines = [_engine(plan, shared[0].view(i), shared[1].view(i) if draft else None)
+        engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None)
                    for i in range(n)]
     except BaseException:
         for c in shared:
@@ -252,6 +252,8 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     return engines, shared
 
 
-def _engine(plan: SpecPlan, target: Model, draft: Model | None) -> Engine:
+def engine(plan: SpecPlan, target: Backend, draft: Backend | None) -> Engine:
+    """An engine over target (and draft) that drafts as the plan says, its sources per slot
+    (a real model, a slot's view, or a test's fake)."""
     drafts = Drafts(plan, target, draft)
     return Engine(target, drafts(), plan.policy, drafts=drafts)

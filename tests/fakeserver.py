@@ -14,8 +14,7 @@ from fakes import EOG, FakeModel
 from fastapi.testclient import TestClient
 
 from specli.config import ModelParams, SamplingParams
-from specli.engine import Engine
-from specli.plan import Drafts
+from specli.plan import engine
 from specli.server.app import ServerConfig, State, create_app
 from specli.server.slots import Slot, SlotPool
 
@@ -56,8 +55,7 @@ class FakeState(State):
         for _ in range(c.parallel):
             target = ServerFake(n_ctx=n_ctx, **self.model)
             draft = ServerFake(n_ctx=n_ctx, noise=0.5, **self.model) if c.draft else None
-            drafts = Drafts(self.plan, target, draft)
-            engines.append(Engine(target, drafts(), self.plan.policy, drafts=drafts))
+            engines.append(engine(self.plan, target, draft))
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
                              c.timeout, on_done=self.metrics.observe,
                              similarity=c.slot_similarity, on_close=self.close_grammars)
