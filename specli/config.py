@@ -28,7 +28,18 @@ DEFAULT_DRAFT_MAX = 8
 MAX_DRAFT_SEQ = 64  # draft-tree branches (llama.cpp's contexts take up to 256 sequences)
 DEFAULT_CTX = 4096
 DEFAULT_N_PREDICT = 256
-DEFAULT_THREADS = min(os.cpu_count() or 1, 8)  # llama.cpp: the physical cores
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (taskset, a container's cpuset), not the machine's:
+    a thread more than that spins against its siblings on a shared core."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+DEFAULT_THREADS = min(usable_cpus(), 8)  # llama.cpp: the physical cores
 
 
 @dataclass(frozen=True)

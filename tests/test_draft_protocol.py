@@ -1,5 +1,5 @@
 """The draft interface (llama.cpp's common_speculative: begin / propose / process / accept) on
-the real F32 target: after every target decode the draft is told what the target decoded,
+the real F16 target: after every target decode the draft is told what the target decoded,
 and it reads the target's hidden states when it asked for them at begin. This is what a
 head (MTP, EAGLE-3) drafts from."""
 
@@ -43,8 +43,8 @@ class Reader(NgramSimple):
 
 
 @pytest.fixture(scope="module")
-def target(f32):
-    m = Model(ModelParams(f32, n_ctx=512))
+def target(f16):
+    m = Model(ModelParams(f16, n_ctx=512))
     yield m
     m.close()
 
@@ -77,7 +77,7 @@ def test_the_draft_is_told_every_batch_the_target_decodes(target):
     assert out.stats.n_accept > 0 and max(len(b[0]) for b in steps) > 3
 
 
-def test_hidden_states_are_the_targets_own_and_change_nothing(target, f32):
+def test_hidden_states_are_the_targets_own_and_change_nothing(target, f16):
     plain = Engine(target).complete(target.tokenize(PROMPT), 40, GREEDY)
     reader = Reader()
     ids, out = told(reader, Engine(target, reader, DraftPolicy()), 40)
@@ -85,7 +85,7 @@ def test_hidden_states_are_the_targets_own_and_change_nothing(target, f32):
     for tokens, _, hidden in reader.batches:
         assert hidden.shape == (len(tokens), target.n_embd) and np.isfinite(hidden).all()
     # the prompt's: exactly what the target computes for those tokens alone
-    ref = Model(ModelParams(f32, n_ctx=512))
+    ref = Model(ModelParams(f16, n_ctx=512))
     try:
         ref.set_hidden(True)
         ref.decode(ids[:-1], logits="all")
@@ -109,10 +109,10 @@ def test_a_draft_that_reads_nothing_gets_no_hidden_states(target):
     assert reader.batches and all(b[2] is None for b in reader.batches)
 
 
-def test_server_slots_read_their_own_hidden_states(f32):
+def test_server_slots_read_their_own_hidden_states(f16):
     """Slots share one context: each gets a copy of its own rows, and a slot that reads
     nothing keeps nothing."""
-    engines, shared = load_slots(2, ModelParams(f32, n_ctx=512))
+    engines, shared = load_slots(2, ModelParams(f16, n_ctx=512))
     try:
         readers = [Reader(hidden=True), Reader(hidden=False)]
         for e, r in zip(engines, readers, strict=True):

@@ -21,8 +21,8 @@ K = 8
 
 
 @pytest.fixture(scope="module")
-def spec(f32, q4_1):
-    e = load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=K))
+def spec(f16, q4_1):
+    e = load(ModelParams(f16), ModelParams(q4_1), DraftParams(n_max=K))
     yield e
     e.close()
 
@@ -77,8 +77,8 @@ def test_quantized_target_diverges_only_at_near_ties(request, target_q, draft_q)
         e.close()
 
 
-def test_self_speculation_accepts_every_drafted_token(f32):
-    e = Engine(Model(ModelParams(f32)), ModelDraft(Model(ModelParams(f32))),
+def test_self_speculation_accepts_every_drafted_token(f16):
+    e = Engine(Model(ModelParams(f16)), ModelDraft(Model(ModelParams(f16))),
                DraftParams(n_max=K))
     try:
         out = e.complete(e.tokenize(PROMPTS[0], chat=True), 96, GREEDY)
@@ -90,7 +90,7 @@ def test_self_speculation_accepts_every_drafted_token(f32):
         e.close()
 
 
-def test_rollback_after_partial_acceptance_matches_a_fresh_context(spec, f32):
+def test_rollback_after_partial_acceptance_matches_a_fresh_context(spec, f16):
     ids = spec.tokenize(PROMPTS[5], chat=True)
     stats = Stats()
     gen = spec.steps(ids, 200, GREEDY, stats)
@@ -108,7 +108,7 @@ def test_rollback_after_partial_acceptance_matches_a_fresh_context(spec, f32):
             assert_consistent(spec)
             after = spec.target.decode([context[-1]])[0].copy()
             spec.target.rewind(len(context) - 1)
-            fresh = Model(ModelParams(f32))
+            fresh = Model(ModelParams(f16))
             fresh.sync(context[:-1])
             expected = fresh.decode([context[-1]])[0]
             np.testing.assert_allclose(after, expected, atol=2e-3)

@@ -96,8 +96,8 @@ def test_sampling_follows_the_masked_target(draft):
 # -- the real grammar sampler ----------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def family(f32, q4_1):
-    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+def family(f16, q4_1):
+    e = load(ModelParams(f16, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6), spec_types=("ngram-simple",))
     yield e
     e.close()

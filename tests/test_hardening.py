@@ -23,7 +23,7 @@ LATE = 'root ::= "a" | "b" y\nx ::= "a"{0,60}\ny ::= x{0,60} x{0,60} x{0,60}'
 
 @pytest.fixture(scope="module")
 def server(q4_1):
-    s = Server("-m", q4_1, "-c", "512", "-t", "2", "--api-key", KEY, "--temp", "0")
+    s = Server("-m", q4_1, "-c", "512", "--api-key", KEY, "--temp", "0")
     yield s
     s.stop()
 
@@ -98,7 +98,7 @@ def test_a_schema_bomb_is_answered_within_bounds(server, name, schema, status):
 
 
 def test_sigterm_ends_a_server_whose_slot_runs_a_grammar_bomb(q4_1):
-    s = Server("-m", q4_1, "-c", "256", "-t", "2")
+    s = Server("-m", q4_1, "-c", "256")
     try:
         with httpx.Client(base_url=s.url, timeout=60) as h, h.stream(
                 "POST", "/completion", json={"prompt": "Answer:", "n_predict": 64,
@@ -204,7 +204,7 @@ def test_connections_over_the_cap_are_refused_at_once(q4_1):
     def few_fds() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (300, 300))
 
-    s = Server("-m", q4_1, "-c", "256", "-t", "2", preexec_fn=few_fds)
+    s = Server("-m", q4_1, "-c", "256", preexec_fn=few_fds)
     socks = []
     try:
         from specli.server.conn import limit
@@ -235,7 +235,7 @@ def test_a_model_truncated_while_in_use_is_one_line(tmp_path, q4_1):
     model = tmp_path / "m.gguf"
     shutil.copyfile(q4_1, model)
     p = subprocess.Popen([sys.executable, "-m", "specli", "run", "-m", str(model), "--no-spec",
-                          "-n", "400", "--temp", "0", "-t", "2",
+                          "-n", "400", "--temp", "0",
                           "-p", "Count from 1 to 500, separated by commas:"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

@@ -21,7 +21,7 @@ KEY = "test-key-123"
 
 @pytest.fixture(scope="module")
 def server(q4_1):
-    s = Server("-m", q4_1, "-c", "1024", "-t", "2", "--api-key", KEY, "--temp", "0")
+    s = Server("-m", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
     yield s
     s.stop()
 
@@ -79,7 +79,7 @@ def test_a_huge_request_is_refused_and_health_keeps_answering(server, name, path
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_the_server_with_a_generation_in_flight(q4_1, sig):
-    s = Server("-m", q4_1, "-c", "1024", "-t", "2")
+    s = Server("-m", q4_1, "-c", "1024")
     try:
         with httpx.Client(base_url=s.url, timeout=60) as h, h.stream(
                 "POST", "/completion", json={"prompt": "Count to a thousand:",
@@ -100,7 +100,7 @@ def test_a_signal_ends_the_server_with_a_generation_in_flight(q4_1, sig):
                                              (DOUBLE, "built a value of")])
 def test_a_hostile_template_is_a_400_and_health_keeps_answering(tmp_path, q4_1, template,
                                                                 needle):
-    s = Server("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256", "-t", "2")
+    s = Server("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256")
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r, slowest = health_while(s, lambda: post(s, "/v1/chat/completions", body))
@@ -222,7 +222,7 @@ def test_json_without_a_json_content_type_is_parsed(fake, content_type):
 # -- 10. NaN weights: a 500 that says so, and the slot is free again ----------------------------
 
 def test_nan_logits_are_a_500_and_the_slot_recovers(tmp_path, q4_1):
-    s = Server("-m", with_nan(q4_1, tmp_path / "nan.gguf"), "-c", "256", "-t", "2")
+    s = Server("-m", with_nan(q4_1, tmp_path / "nan.gguf"), "-c", "256")
     try:
         for _ in range(2):
             r = post(s, "/completion", {"prompt": "hi", "n_predict": 4})

@@ -164,24 +164,24 @@ def native_bin(name: str) -> Path | None:
     return b if b.is_file() else None
 
 
-def test_native_llama_lookup_create_writes_what_we_read(tmp_path, f32):
+def test_native_llama_lookup_create_writes_what_we_read(tmp_path, f16):
     exe = native_bin("llama-lookup-create")
     if exe is None:
         pytest.skip("native llama.cpp not built (scripts/build_native.sh)")
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS)
-    subprocess.run([str(exe), "-m", f32, "-f", str(corpus), "-lcs", str(tmp_path / "n.bin")],
+    subprocess.run([str(exe), "-m", f16, "-f", str(corpus), "-lcs", str(tmp_path / "n.bin")],
                    check=True, capture_output=True, timeout=120)
-    r = cli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(tmp_path / "s.bin"))
+    r = cli("lookup", "create", "-m", f16, "-f", str(corpus), "-lcs", str(tmp_path / "s.bin"))
     assert r.returncode == 0, r.stderr
     assert lookup.load(tmp_path / "s.bin") == lookup.load(tmp_path / "n.bin")
 
 
-def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
+def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f16):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(CORPUS)
     lcs = tmp_path / "static.bin"
-    r = cli("lookup", "create", "-m", f32, "-f", str(corpus), "-lcs", str(lcs))
+    r = cli("lookup", "create", "-m", f16, "-f", str(corpus), "-lcs", str(lcs))
     assert r.returncode == 0 and lcs.stat().st_size > 0, r.stderr
 
     r = cli("lookup", "stats", str(lcs), "--json")
@@ -190,7 +190,7 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
     assert stats["ngrams"] == stats["ngrams_by_size"]["2"] > 0, "a static cache holds bigrams"
 
     prompt = "def handler_40(request):\n"
-    args = ("-m", f32, "-p", prompt, "-n", "48", "--temp", "0", "-t", "2")
+    args = ("-m", f16, "-p", prompt, "-n", "48", "--temp", "0")
     lcd = tmp_path / "dynamic.bin"
     spec = cli("run", *args, "-lcs", str(lcs), "-lcd", str(lcd), "--json")
     plain = cli("run", *args, "--no-spec", "--json")
@@ -213,9 +213,9 @@ def test_lookup_create_stats_run_merge_roundtrip(tmp_path, f32):
 
 @pytest.mark.parametrize("command", [("lookup", "stats"), ("run", "-n", "4", "-lcs"),
                                      ("run", "-n", "4", "-lcd")])
-def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
+def test_corrupt_cache_file_exits_2(tmp_path, f16, command):
     bad = write_ints(tmp_path / "bad.bin", [1, 2, NULL, NULL, 1, 3])
-    args = [*command, str(bad)] + (["-m", f32] if command[0] == "run" else [])
+    args = [*command, str(bad)] + (["-m", f16] if command[0] == "run" else [])
     r = cli(*args)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
@@ -224,15 +224,15 @@ def test_corrupt_cache_file_exits_2(tmp_path, f32, command):
 
 
 @pytest.mark.parametrize("command", ["run", "serve", "audit"])
-def test_lookup_cache_flags_need_ngram_cache(f32, tmp_path, command):
+def test_lookup_cache_flags_need_ngram_cache(f16, tmp_path, command):
     """One rule for every command (serve used to add ngram-cache silently)."""
-    r = cli(command, "-m", f32, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
+    r = cli(command, "-m", f16, "--spec-type", "ngram-simple", "-lcs", str(tmp_path / "x"))
     assert r.returncode == 2
     assert r.stderr.startswith("error: -lcs/-lcd are lookup caches for --spec-type ngram-cache")
 
 
 @pytest.mark.parametrize("json_out", [False, True])
-def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f32, json_out):
+def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, f16, json_out):
     """Ctrl-C in the middle of generation: the generation stops at the next token, the text
     and the statistics so far are printed (finish reason interrupted; with --json the one
     object), exit 130, no traceback, and the dynamic cache on disk is whole and holds the
@@ -243,9 +243,9 @@ def test_an_interrupted_run_keeps_what_it_learnt_in_the_dynamic_cache(tmp_path, 
     import time
 
     lcd = tmp_path / "dyn.bin"
-    p = subprocess.Popen([sys.executable, "-m", "specli", "run", "-m", f32, "-lcd", str(lcd),
+    p = subprocess.Popen([sys.executable, "-m", "specli", "run", "-m", f16, "-lcd", str(lcd),
                           "-p", "Write a very long story about dragons.", "--chat", "-n", "4000",
-                          "--temp", "1.5", "-s", "5", "-t", "2",
+                          "--temp", "1.5", "-s", "5",
                           *(["--json"] if json_out else [])],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

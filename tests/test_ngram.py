@@ -101,7 +101,7 @@ KINDS = {  # name: (spec types, extra NgramParams, draft model?, --draft auto?)
 
 
 @pytest.fixture(scope="module")
-def engines(f32, q4_1):
+def engines(f16, q4_1):
     """One target model shared by an engine per kind (what Engine.load builds, minus reloading
     the weights each time)."""
     from specli.backend import Model
@@ -110,7 +110,7 @@ def engines(f32, q4_1):
     from specli.engine import Engine
     from specli.plan import combine, ngram_drafts
 
-    target = Model(ModelParams(f32))
+    target = Model(ModelParams(f16))
     draft_model = Model(ModelParams(q4_1))
     made = {}
     for kind, (types, extra, with_model, auto) in KINDS.items():

@@ -74,9 +74,10 @@ def rendered_prompts() -> list[str]:
         m.close()
 
 
+@pytest.mark.slow
 def test_acceptance_within_two_points_of_native(f32, q4_1, tmp_path):
     nat = native_steps(f32, q4_1, tmp_path)
-    e = load(ModelParams(f32, n_threads=2), ModelParams(q4_1, n_threads=2),
+    e = load(ModelParams(f32), ModelParams(q4_1),
                     DraftParams(n_max=K))
     ours_acc = theirs_acc = total = 0
     try:

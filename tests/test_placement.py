@@ -259,7 +259,7 @@ def test_placement_values_are_checked(args, needle, f16):
 
 def test_cpu_placement_runs_and_keeps_the_output(f16, q4_1):
     """-dev none, -sm none, -ts and overrides into the CPU buffer type change nothing here."""
-    base = ["-m", f16, "-md", q4_1, "-p", PROMPTS[0], "-n", "24", "--temp", "0", "-t", "2",
+    base = ["-m", f16, "-md", q4_1, "-p", PROMPTS[0], "-n", "24", "--temp", "0",
             "--json"]
     plain = cli("run", *base)
     placed = cli("run", *base, "-dev", "none", "-devd", "none", "-sm", "none", "-ts", "1",
@@ -295,8 +295,8 @@ def test_devices_in_process():
 # -- 2. timing buckets ------------------------------------------------------------------------
 
 def test_eval_times_and_overhead_add_up_to_the_wall_time(f16, q4_1):
-    e = load(ModelParams(f16, n_ctx=1024, n_threads=2),
-                    ModelParams(q4_1, n_ctx=1024, n_threads=2), DraftParams(n_max=6))
+    e = load(ModelParams(f16, n_ctx=1024),
+                    ModelParams(q4_1, n_ctx=1024), DraftParams(n_max=6))
     try:
         ids = e.tokenize(PROMPTS[0], chat=True)
         stats = Stats()
@@ -325,7 +325,7 @@ def test_the_wait_for_the_device_lands_in_the_model_bucket(f16, monkeypatch):
         time.sleep(delay)
         real(ctx)
 
-    e = load(ModelParams(f16, n_ctx=512, n_threads=2))
+    e = load(ModelParams(f16, n_ctx=512))
     try:
         ids = e.tokenize(PROMPTS[1])
         monkeypatch.setattr(backend.ll, "llama_synchronize", slow_sync)
@@ -342,8 +342,8 @@ def test_an_offloaded_draft_decodes_one_token_at_a_time(f16, q4_1):
     """On a GPU (Model.offloaded) the draft never decodes a 2-token batch (each new batch shape
     costs a CUDA graph capture), and the output is still the target's."""
     def generate(offloaded: bool) -> tuple[list[int], list[int]]:
-        e = load(ModelParams(f16, n_ctx=1024, n_threads=2),
-                        ModelParams(q4_1, n_ctx=1024, n_threads=2), DraftParams(n_max=4))
+        e = load(ModelParams(f16, n_ctx=1024),
+                        ModelParams(q4_1, n_ctx=1024), DraftParams(n_max=4))
         try:
             dm = e.draft_model
             dm.offloaded = offloaded

@@ -364,7 +364,9 @@ def test_a_worker_killed_mid_run_is_exit_2_naming_it_within_10_s(tmp_path, worke
         doomed.kill()
     assert rc == 2, err
     assert took < 10
-    assert f"error: the RPC server {doomed.endpoint} is gone (connection refused)" in err
+    # refused between two calls; reset by peer when the kill lands in the middle of one
+    assert re.search(rf"error: the RPC server {re.escape(doomed.endpoint)} is gone "
+                     r"\(connection (refused|reset by peer)\)", err), err
     assert "Traceback" not in err and "GGML_ABORT" not in err and "ggml-rpc.cpp" not in err
 
 

@@ -34,8 +34,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine(f32, q4_1):
-    e = load(ModelParams(f32), ModelParams(q4_1), DraftParams(n_max=4))
+def engine(f16, q4_1):
+    e = load(ModelParams(f16), ModelParams(q4_1), DraftParams(n_max=4))
     yield e
     e.close()
 

@@ -71,7 +71,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(f16, q4_1):
-    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "-t", "2", "--api-key", KEY,
+    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "--api-key", KEY,
                "--metrics", "-a", "smollm2-f16", "--temp", "0")
     yield s
     s.stop()
@@ -389,7 +389,7 @@ def test_concurrent_greedy_requests_match_their_lone_answers(server):
 
 
 def test_a_full_queue_answers_503_with_retry_after(q4_1):
-    s = Server("-m", q4_1, "-np", "1", "--max-queue", "0", "-c", "512", "-t", "2")
+    s = Server("-m", q4_1, "-np", "1", "--max-queue", "0", "-c", "512")
     try:
         codes: list[int] = []
         retry: list[str | None] = []

@@ -17,7 +17,7 @@ from specli.server.app import ServerConfig, State, create_app
 
 
 def _config(path: str, **kw) -> ServerConfig:
-    return ServerConfig(target=ModelParams(path=path, n_ctx=64, n_threads=2),
+    return ServerConfig(target=ModelParams(path=path, n_ctx=64),
                         sampling=SamplingParams(temp=0.0), n_predict=8, **kw)
 
 

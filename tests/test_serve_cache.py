@@ -15,7 +15,7 @@ PROMPT = "The three primary colours are"
 
 @pytest.fixture(scope="module")
 def client(q4_1):
-    cfg = ServerConfig(target=ModelParams(path=q4_1, n_ctx=256, n_threads=2),
+    cfg = ServerConfig(target=ModelParams(path=q4_1, n_ctx=256),
                        sampling=SamplingParams(temp=0.0), n_predict=4, spec_types=("ngram-simple",))
     st = State(cfg)
     st.load()

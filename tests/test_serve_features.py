@@ -20,7 +20,7 @@ PROMPT = "List the days of the week, one per line."
 
 @pytest.fixture(scope="module")
 def server(f16, q4_1):
-    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "-t", "2", "--api-key", KEY,
+    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "--api-key", KEY,
                "-a", "smollm2-f16", "--temp", "0")
     yield s
     s.stop()

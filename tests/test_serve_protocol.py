@@ -264,7 +264,7 @@ def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
     from specli.backend import apply_builtin_template
 
     sock = str(tmp_path / "specli.sock")
-    s = Server("-m", q4_1, "-c", "256", "-t", "2", "--chat-template", "command-r",
+    s = Server("-m", q4_1, "-c", "256", "--chat-template", "command-r",
                "--host", f"127.0.0.1,{sock}")
     try:
         msgs = [{"role": "system", "content": "You are a test."},
@@ -290,7 +290,7 @@ def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
     import sys
 
     again = subprocess.Popen([sys.executable, "-m", "specli", "serve", "-m", q4_1, "-c", "256",
-                              "-t", "2", "--host", sock], stderr=subprocess.PIPE, text=True)
+                              "--host", sock], stderr=subprocess.PIPE, text=True)
     try:
         assert f"listening on unix:{sock}" in again.stderr.readline()
     finally:

@@ -96,8 +96,8 @@ def test_greedy_speculation_equals_plain_decoding_under_the_transform(draft, ext
         assert 11 not in plain.tokens and 3 in plain.tokens
 
 
-def test_greedy_speculation_equals_plain_on_a_real_f32_target(f32, q4_1):
-    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+def test_greedy_speculation_equals_plain_on_a_real_f32_target(f16, q4_1):
+    e = load(ModelParams(f16, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6))
     try:
         prompt = e.tokenize("List the days of the week, one per line:", chat=True)
@@ -168,10 +168,10 @@ DRY = {"dry_multiplier": 1.5, "dry_base": 1.75, "dry_allowed_length": 2,
        "dry_penalty_last_n": -1}
 
 
-def test_dry_penalizes_the_token_that_extends_a_repetition(f32):
+def test_dry_penalizes_the_token_that_extends_a_repetition(f16):
     from specli.backend import Model
 
-    m = Model(ModelParams(f32, n_ctx=256))
+    m = Model(ModelParams(f16, n_ctx=256))
     try:
         ids = m.tokenize("one two three four five one two three four", add_special=False)
         dry = m.dry(SamplingParams(**DRY))
@@ -191,8 +191,8 @@ def test_dry_penalizes_the_token_that_extends_a_repetition(f32):
 
 
 @pytest.mark.parametrize("types", [(), ("ngram-simple",)])
-def test_dry_keeps_greedy_speculation_exact(f32, q4_1, types):
-    e = load(ModelParams(f32, n_ctx=512), ModelParams(q4_1, n_ctx=512),
+def test_dry_keeps_greedy_speculation_exact(f16, q4_1, types):
+    e = load(ModelParams(f16, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6), spec_types=types)
     try:
         prompt = e.tokenize("Repeat after me ten times: I like green apples.", chat=True)

@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import PROMPTS, cli
+from conftest import PROMPTS, cli, once
 from fakes import EOG, FakeModel
 from test_cli import one_line_error
 from test_sampling import N_SEEDS, SP, chi_square, exact_sequences
@@ -151,8 +151,9 @@ def test_a_character_split_between_bytes_waits_for_its_end():
 @pytest.fixture(scope="module")
 def gemma_f16(gemma, model_dir) -> str:
     out = model_dir / "gemma-3-270m.F16.gguf"
-    if not out.is_file():
-        quantize(gemma, str(out), "f16")
+    with once(model_dir):
+        if not out.is_file():
+            quantize(gemma, str(out), "f16")
     return str(out)
 
 
@@ -248,8 +249,7 @@ def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
 
 
 def test_run_translates_where_llama_cpp_refuses(f32, gemma):
-    fast = ("-m", f32, "-md", gemma, "-p", PROMPTS[0], "--chat", "-n", "16", "--temp", "0",
-            "-t", "2")
+    fast = ("-m", f32, "-md", gemma, "-p", PROMPTS[0], "--chat", "-n", "16", "--temp", "0")
     refused = cli("run", *fast)
     one_line_error(refused, 1, "incompatible", "draft-translate")
     plain = cli("run", *fast, "--no-spec")
@@ -270,7 +270,7 @@ def test_serve_translates_for_the_openai_client(f32, gemma):
     from test_serve import KEY, Server
 
     s = Server("-m", f32, "-md", gemma, "--spec-type", "draft-translate", "-np", "2",
-               "-c", "1024", "-t", "2", "--api-key", KEY, "--temp", "0")
+               "-c", "1024", "--api-key", KEY, "--temp", "0")
     try:
         client = s.client()
 

@@ -203,7 +203,7 @@ def test_serve_drafts_trees_in_every_slot(f32, q4_1):
     """`serve --draft-n-seq`: each slot drafts a tree in its own sequences of the shared
     contexts; two requests at once get the target's own greedy text."""
     s = Server("-m", f32, "-md", defaults.derived("q2_k", q4_1), "-np", "2", "-c", "1024",
-               "-t", "2", "--api-key", KEY, "--temp", "0", "--draft-n-seq", "3",
+               "--api-key", KEY, "--temp", "0", "--draft-n-seq", "3",
                "--draft-p-split", "0.05")
     try:
         client = s.client()
@@ -238,7 +238,7 @@ def test_run_np_draws_a_tree_and_prints_its_lines(f32, q4_1):
     target's, the statistics block says what the tree did, --json has the same figures."""
     q2 = defaults.derived("q2_k", q4_1)
     fast = ("-m", f32, "-md", q2, "-p", PROMPTS[1], "--chat", "-n", "24", "--temp", "0",
-            "-t", "2", "--draft-p-split", "0.05")
+            "--draft-p-split", "0.05")
     plain = cli("run", *fast, "--no-spec", "-np", "3")
     tree = cli("run", *fast, "-np", "3")
     assert plain.returncode == tree.returncode == 0, tree.stderr

@@ -17,7 +17,7 @@ from specli.tuning import CostModel, Point, Setting, Sweep, grid
 def test_a_tiny_sweep_reports_every_point_against_a_baseline(f16, q4_1, tmp_path):
     png = tmp_path / "sweep.png"
     r = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2,3", "--draft-p-min", "0,0.5",
-               "--repeat", "1", "-n", "8", "--task", "chat", "-t", "2", "--json",
+               "--repeat", "1", "-n", "8", "--task", "chat", "--json",
                "--plot", str(png), timeout=600)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -40,14 +40,14 @@ def test_a_tiny_sweep_reports_every_point_against_a_baseline(f16, q4_1, tmp_path
 
 def test_csv_and_the_text_report(f16, q4_1):
     r = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n", "6",
-               "--task", "structured", "-t", "2", "--csv", timeout=600)
+               "--task", "structured", "--csv", timeout=600)
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert [row["label"] for row in rows] == ["target alone", "draft-simple k=2"]
     assert float(rows[1]["speedup"]) > 0
     assert "tune-draft: [" not in r.stderr  # --csv and --json print only what they print
     text = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft", "2", "--repeat", "1", "-n",
-                  "6", "--task", "structured", "-t", "2", timeout=600)
+                  "6", "--task", "structured", timeout=600)
     assert text.returncode == 0, text.stderr
     assert "target alone" in text.stdout and "draft-simple k=2" in text.stdout
     # stderr is no terminal here (a CI log): one line per finished run shows the progress
@@ -134,7 +134,7 @@ def test_prompt_files_lines_and_jsonl(q4_1, tmp_path):
     good = tmp_path / "p.jsonl"
     good.write_text('{"prompt": "Say hi."}\nWrite one word.\n')
     r = cli("tune-draft", "-m", q4_1, "-md", q4_1, "-f", str(good), "--draft", "2",
-               "--repeat", "1", "-n", "4", "-t", "2", "--json", timeout=600)
+               "--repeat", "1", "-n", "4", "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["points"][0]["label"] == "draft-simple k=2"
 
@@ -208,7 +208,7 @@ def test_a_tiny_tree_sweep_on_the_real_pair(f16, q4_1):
     q2 = defaults.derived("q2_k", q4_1)
     r = cli("tune-draft", "-m", f16, "-md", q2, "--draft", "3", "--draft-n-seq", "1,2",
                "--draft-p-split", "0.05", "--repeat", "1", "-n", "6", "--task", "chat",
-               "-t", "2", "--json", timeout=600)
+               "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     points = {p["label"]: p for p in json.loads(r.stdout)["points"]}
     assert list(points) == ["draft-simple k=3", "draft-simple k=3 n-seq 2 p-split 0.05"]

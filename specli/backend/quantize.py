@@ -6,6 +6,7 @@ import ctypes
 import os
 
 from specli.backend._lib import ll
+from specli.config import usable_cpus
 from specli.errors import BackendError
 
 QUANT_TYPES = {"f32": ll.LLAMA_FTYPE_ALL_F32, "f16": ll.LLAMA_FTYPE_MOSTLY_F16,
@@ -20,7 +21,7 @@ def quantize(src: str, dst: str, ftype: str) -> None:
     params = ll.llama_model_quantize_default_params()
     params.ftype = QUANT_TYPES[ftype]
     params.allow_requantize = True
-    params.nthread = os.cpu_count() or 1
+    params.nthread = usable_cpus()
     tmp = f"{dst}.tmp{os.getpid()}"
     rc = ll.llama_model_quantize(src.encode(), tmp.encode(), ctypes.byref(params))
     if rc != 0:
