@@ -28,7 +28,7 @@ def main() -> None:
     if bin_dir is None:
         sys.exit("no native build: run scripts/build_native.sh first")
     draft = defaults.smollm2_q4_1()
-    target = defaults.derived("f32", draft)
+    target = defaults.derived("f16", draft)
     steps = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, text in enumerate(rendered_prompts()):
@@ -37,7 +37,7 @@ def main() -> None:
             steps[PROMPTS[i]] = native.speculative_simple(bin_dir, target, draft, str(f), N, K,
                                                           steps=True).steps
     doc = {"llama_cpp_python": importlib.metadata.version("llama-cpp-python"), "k": K, "n": N,
-           "steps": steps}
+           "target": Path(target).name, "steps": steps}
     (ROOT / "tests" / "data" / "native_acceptance.json").write_text(json.dumps(doc))
 
 

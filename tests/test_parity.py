@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import PROMPTS
 
-from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.config import DEFAULT_THREADS, DraftParams, ModelParams, SamplingParams
 from specli.engine import Engine
 from specli.plan import load
 from specli.stats import Stats
@@ -45,20 +45,21 @@ def full_k_rate(steps: list[tuple[int, int]], n: int) -> tuple[int, int]:
     return acc, K * n
 
 
-def native_steps(f32: str, q4_1: str, tmp_path: Path) -> dict[str, list]:
+def native_steps(f16: str, q4_1: str, tmp_path: Path) -> dict[str, list]:
     bin_dir = native.native_bin_dir()
     if bin_dir is None:
         doc = json.loads(RECORDED.read_text())
-        if doc["llama_cpp_python"] != importlib.metadata.version("llama-cpp-python"):
-            pytest.fail("recorded native figures are for another llama.cpp: rerun "
+        if (doc["llama_cpp_python"], doc.get("target")) != (
+                importlib.metadata.version("llama-cpp-python"), Path(f16).name):
+            pytest.fail("recorded native figures are for another llama.cpp or target: rerun "
                         "scripts/build_native.sh and scripts/record_native_acceptance.py")
         return {p: [tuple(s) for s in v] for p, v in doc["steps"].items()}
     out = {}
     for i, text in enumerate(rendered_prompts()):
         f = tmp_path / f"p{i}.txt"
         f.write_text(text + "\n")  # native -f drops one trailing newline
-        out[PROMPTS[i]] = native.speculative_simple(bin_dir, f32, q4_1, str(f), N, K,
-                                                    steps=True).steps
+        out[PROMPTS[i]] = native.speculative_simple(bin_dir, f16, q4_1, str(f), N, K,
+                                                    threads=DEFAULT_THREADS, steps=True).steps
     return out
 
 
@@ -75,9 +76,9 @@ def rendered_prompts() -> list[str]:
 
 
 @pytest.mark.slow
-def test_acceptance_within_two_points_of_native(f32, q4_1, tmp_path):
-    nat = native_steps(f32, q4_1, tmp_path)
-    e = load(ModelParams(f32), ModelParams(q4_1),
+def test_acceptance_within_two_points_of_native(f16, q4_1, tmp_path):
+    nat = native_steps(f16, q4_1, tmp_path)
+    e = load(ModelParams(f16), ModelParams(q4_1),
                     DraftParams(n_max=K))
     ours_acc = theirs_acc = total = 0
     try:
