@@ -2,13 +2,17 @@
 
 __version__ = "0.1.0"
 
+import os  # noqa: E402
 import sys  # noqa: E402
 
 # llama.cpp's libraries are loaded first, before any other native extension brings its own C++
 # runtime: on a CUDA host, sentencepiece (which gguf imports) loaded first made every model
-# load segfault. The one exception is the audit's namespace shim, which must stay
-# single-threaded (numpy's BLAS starts a thread) and loads no model.
-if sys.orig_argv[1:3] != ["-m", "specli.netguard"]:
+# load segfault. The exceptions load no model: the audit's namespace shim, which must stay
+# single-threaded (numpy's BLAS starts a thread), and the auditor of `specli audit` (its
+# first process and the one it re-executes; the audited run, which loads models, keeps the
+# rule).
+_AUDITOR = sys.argv[1:2] == ["audit"] and os.environ.get("SPECLI_AUDIT_ROLE") != "audited"
+if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not _AUDITOR:
     from specli import backend as _backend  # noqa: E402, F401
 
 from specli.config import DraftParams, DraftPolicy, ModelParams, SamplingParams  # noqa: E402

@@ -22,8 +22,8 @@ def one_line_error(r, code: int, *needles: str) -> None:
         assert n in lines[0]
 
 
-def test_text_on_stdout_stats_on_stderr(f32, q4_1):
-    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--draft", "4", *FAST)
+def test_text_on_stdout_stats_on_stderr(f16, q4_1):
+    r = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--draft", "4", *FAST)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "n_drafted" not in r.stdout and "n_drafted = " in r.stderr
@@ -32,19 +32,20 @@ def test_text_on_stdout_stats_on_stderr(f32, q4_1):
         assert line in r.stderr
 
 
-def test_logit_bias_and_penalties_keep_greedy_output_exact(f32, q4_1):
+def test_logit_bias_and_penalties_keep_greedy_output_exact(f16, q4_1):
     """llama.cpp's -l and --repeat-penalty family, applied to target and draft rows alike."""
     flags = ("-l", "28-inf", "--logit-bias", "30+2.5", "--repeat-penalty", "1.3",
              "--presence-penalty", "0.5", "--frequency-penalty", "0.2", "--repeat-last-n", "-1")
-    base = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
-    spec = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *flags, *FAST)
-    plain = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec",
+    base = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
+    spec = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[4], "--chat", *flags, *FAST)
+    plain = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec",
                    *flags, *FAST)
     assert spec.returncode == plain.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout != base.stdout
 
 
 def test_greedy_cli_output_equals_no_spec(f32, q4_1):
+    """On the F32 target of the default pair (the other tests use the F16 one)."""
     spec = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", *FAST)
     plain = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[4], "--chat", "--no-spec", *FAST)
     assert spec.returncode == plain.returncode == 0
@@ -52,8 +53,8 @@ def test_greedy_cli_output_equals_no_spec(f32, q4_1):
     assert "draft:" not in plain.stderr
 
 
-def test_json_is_one_object_with_text_and_every_statistic(f32, q4_1):
-    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[2], "--chat", "--json", "--baseline",
+def test_json_is_one_object_with_text_and_every_statistic(f16, q4_1):
+    r = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[2], "--chat", "--json", "--baseline",
                *FAST)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -65,8 +66,8 @@ def test_json_is_one_object_with_text_and_every_statistic(f32, q4_1):
     assert r.stderr == ""
 
 
-def test_baseline_prints_the_speedup(f32, q4_1):
-    r = cli("run", "-m", f32, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--baseline", *FAST)
+def test_baseline_prints_the_speedup(f16, q4_1):
+    r = cli("run", "-m", f16, "-md", q4_1, "-p", PROMPTS[0], "--chat", "--baseline", *FAST)
     assert r.returncode == 0, r.stderr
     assert "speedup   = " in r.stderr and "baseline output identical = yes" in r.stderr
 
@@ -101,8 +102,8 @@ def test_missing_models_package_says_how_to_install():
     (("--repeat-penalty", "0"), "--repeat-penalty"),
     (("--repeat-last-n", "-2"), "--repeat-last-n"),
 ])
-def test_bad_flag_values_exit_2(f32, q4_1, args, needle):
-    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-p", "hi", *args), 2, needle)
+def test_bad_flag_values_exit_2(f16, q4_1, args, needle):
+    one_line_error(cli("run", "-m", f16, "-md", q4_1, "-p", "hi", *args), 2, needle)
 
 
 def test_bad_model_files_exit_2(tmp_path, f16):
@@ -117,18 +118,18 @@ def test_bad_model_files_exit_2(tmp_path, f16):
     one_line_error(cli("run", "-m", f16, "-md", str(truncated), "-p", "hi"), 2, "truncated")
 
 
-def test_bad_prompts_exit_2(tmp_path, f32, q4_1):
+def test_bad_prompts_exit_2(tmp_path, f16, q4_1):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n")
-    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-f", str(empty)), 2, "empty")
-    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-f", str(tmp_path / "nope.txt")), 2,
+    one_line_error(cli("run", "-m", f16, "-md", q4_1, "-f", str(empty)), 2, "empty")
+    one_line_error(cli("run", "-m", f16, "-md", q4_1, "-f", str(tmp_path / "nope.txt")), 2,
                    "not found")
-    one_line_error(cli("run", "-m", f32, "-md", q4_1, "-c", "256", "-p", "word " * 400), 2,
+    one_line_error(cli("run", "-m", f16, "-md", q4_1, "-c", "256", "-p", "word " * 400), 2,
                    "context")
 
 
-def test_incompatible_pair_exits_1_naming_the_rule(f32, gemma):
-    r = cli("run", "-m", f32, "-md", gemma, "-p", "hi", "-n", "4")
+def test_incompatible_pair_exits_1_naming_the_rule(f16, gemma):
+    r = cli("run", "-m", f16, "-md", gemma, "-p", "hi", "-n", "4")
     one_line_error(r, 1, "incompatible", "vocab-type")
 
 
@@ -137,10 +138,10 @@ def test_version_and_module_entry_point():
     assert r.returncode == 0 and r.stdout.startswith("specli ")
 
 
-def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
+def test_a_reader_that_goes_away_is_not_an_error(f16, q4_1):
     import subprocess
 
-    cmd = (f"{sys.executable} -m specli run -m {f32} -md {q4_1} -p 'Count to 100' --chat "
+    cmd = (f"{sys.executable} -m specli run -m {f16} -md {q4_1} -p 'Count to 100' --chat "
            f"-n 200 --temp 0 | head -c 5")
     r = subprocess.run(["bash", "-c", f"set -o pipefail; {cmd}"], capture_output=True, text=True)
     assert len(r.stdout) == 5 and "Traceback" not in r.stderr
@@ -151,8 +152,8 @@ def test_a_reader_that_goes_away_is_not_an_error(f32, q4_1):
     (PROMPTS[7], "160"),  # the draft's context (-cd 128) fills up during generation
     (" ".join(["Repeat after me: the quick brown fox jumps over the lazy dog."] * 25), "16"),
 ])
-def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
-    args = ("-m", f32, "-md", q4_1, "-p", prompt, "--chat", "-c", "1024", "-n", n,
+def test_a_smaller_draft_context_only_stops_drafting(f16, q4_1, prompt, n):
+    args = ("-m", f16, "-md", q4_1, "-p", prompt, "--chat", "-c", "1024", "-n", n,
             "--temp", "0")
     spec = cli("run", *args, "-cd", "128")
     plain = cli("run", *args, "--no-spec")
@@ -160,11 +161,11 @@ def test_a_smaller_draft_context_only_stops_drafting(f32, q4_1, prompt, n):
     assert spec.stdout == plain.stdout
 
 
-def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
-    one_line_error(cli("run", "-m", f32, "-p", "hi", "--spec-type", "ngram-bogus"), 2,
+def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f16):
+    one_line_error(cli("run", "-m", f16, "-p", "hi", "--spec-type", "ngram-bogus"), 2,
                    "ngram-bogus", "ngram-simple")
-    one_line_error(cli("run", "-m", f32, "-p", "hi", "--spec-type", "draft-simple"), 2, "-md")
-    r = cli("run", "-m", f32, "--spec-type", "ngram-simple", "--chat", "-n", "64", "--temp",
+    one_line_error(cli("run", "-m", f16, "-p", "hi", "--spec-type", "draft-simple"), 2, "-md")
+    r = cli("run", "-m", f16, "--spec-type", "ngram-simple", "--chat", "-n", "64", "--temp",
                "0", "-p", "Repeat exactly: one two three four five six seven eight nine ten "
                "one two three four five six seven eight nine ten")
     assert r.returncode == 0, r.stderr
@@ -179,15 +180,15 @@ def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f32):
     assert len(shown) <= n_draft and (len(shown) == n_draft or "never accepted" in per_pos)
 
 
-def test_a_prompt_from_stdin_and_a_one_token_prompt_has_no_speed(f32):
-    r = subprocess.run([sys.executable, "-m", "specli", "run", "-m", f32, "-f", "-", "-n", "4",
+def test_a_prompt_from_stdin_and_a_one_token_prompt_has_no_speed(f16):
+    r = subprocess.run([sys.executable, "-m", "specli", "run", "-m", f16, "-f", "-", "-n", "4",
                         "--no-spec", "--temp", "0"], input="hi\n", capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     # one prompt token: nothing to prefill, no speed to speak of (not 103252 t/s)
     assert re.search(r"^encoded +1 tokens in +[0-9.]+ seconds, speed: +- t/s$", r.stderr, re.M)
-    one_line_error(cli("run", "-m", f32, "-p", "hi", "-n", "0"), 2, "-n 0")
+    one_line_error(cli("run", "-m", f16, "-p", "hi", "-n", "0"), 2, "-n 0")
 
 
 def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
@@ -203,10 +204,10 @@ def test_seed_era_ngram_flags_and_current_ones_resolve_per_type():
     assert (p.map_k4v_size_n, p.map_k4v_size_m, p.map_k4v_min_hits) == (3, 9, 5)
 
 
-def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
+def test_every_spec_type_and_draft_auto_run_from_the_cli(f16, q4_1):
     from specli.config import SPEC_TYPES
 
-    args = ("-m", f32, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-p",
+    args = ("-m", f16, "-md", q4_1, "--chat", "-n", "48", "--temp", "0", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten", "--json")
     plain = cli("run", *args, "--no-spec")
@@ -218,8 +219,8 @@ def test_every_spec_type_and_draft_auto_run_from_the_cli(f32, q4_1):
     assert json.loads(spec.stdout)["stats"]["n_drafted"] > 0
 
 
-def test_an_explicit_draft_caps_ngram_types_too(f32):
-    args = ("run", "-m", f32, "--spec-type", "ngram-simple", "--spec-ngram-size-n", "3",
+def test_an_explicit_draft_caps_ngram_types_too(f16):
+    args = ("run", "-m", f16, "--spec-type", "ngram-simple", "--spec-ngram-size-n", "3",
             "--chat", "-n", "64", "--temp", "0", "--json", "-p",
             "Repeat exactly: one two three four five six seven eight nine ten "
             "one two three four five six seven eight nine ten")

@@ -110,21 +110,21 @@ def test_every_command_that_loads_models_takes_rpc(command):
 
 
 @needs_rpc
-def test_a_worker_nobody_runs_is_one_line_before_any_weights(f32):
+def test_a_worker_nobody_runs_is_one_line_before_any_weights(f16):
     port = free_port()
-    r = specli("run", "-m", f32, "-p", "hi", "-n", "4", "--rpc", f"127.0.0.1:{port}",
+    r = specli("run", "-m", f16, "-p", "hi", "-n", "4", "--rpc", f"127.0.0.1:{port}",
                "-ngl", "99", timeout=60)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines == [f"error: --rpc: cannot reach the RPC server 127.0.0.1:{port}: connection "
                      f"refused (hint: start one there: specli rpc-server -H 127.0.0.1 -p "
                      f"{port})"]
-    r = specli("run", "-m", f32, "-p", "hi", "--rpc", "nohost", timeout=60)
+    r = specli("run", "-m", f16, "-p", "hi", "--rpc", "nohost", timeout=60)
     assert r.returncode == 2 and "takes HOST:PORT" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_an_isolated_audit_refuses_rpc_in_one_line(f32):
-    r = specli("audit", "-m", f32, "-p", "hi", "--rpc", "127.0.0.1:50052", timeout=60)
+def test_an_isolated_audit_refuses_rpc_in_one_line(f16):
+    r = specli("audit", "-m", f16, "-p", "hi", "--rpc", "127.0.0.1:50052", timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith("error: --rpc reaches its RPC servers over the network")
     assert "--no-isolate" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -153,7 +153,7 @@ def test_without_the_rpc_registry_rpc_is_refused_with_the_install_line(monkeypat
     assert e.value.exit_code == 2 and e.value.hint == f"reinstall it with RPC: {rpc.INSTALL}"
 
 
-def test_a_build_without_rpc_names_the_install_line(f32):
+def test_a_build_without_rpc_names_the_install_line(f16):
     """The same llama-cpp-python on native llama.cpp libraries built without RPC (.ci/run
     builds them so): --rpc and rpc-server are one line each, exit 2."""
     lib = _native_lib_dir()
@@ -162,7 +162,7 @@ def test_a_build_without_rpc_names_the_install_line(f32):
     if not rpc_off:
         pytest.skip("no native llama.cpp libraries built without RPC (scripts/build_native.sh)")
     env = {"LLAMA_CPP_LIB_PATH": str(lib)}
-    for args in (("run", "-m", f32, "-p", "hi", "--rpc", "127.0.0.1:50052", "-ngl", "99"),
+    for args in (("run", "-m", f16, "-p", "hi", "--rpc", "127.0.0.1:50052", "-ngl", "99"),
                  ("rpc-server", "-p", str(free_port()))):
         r = specli(*args, env=env, timeout=60)
         assert r.returncode == 2, r.stderr
@@ -211,7 +211,7 @@ def test_a_worker_bound_to_every_interface_warns(tmp_path, workers):
 
 
 @needs_rpc
-def test_something_that_is_no_rpc_server_is_one_line_exit_2(f32):
+def test_something_that_is_no_rpc_server_is_one_line_exit_2(f16):
     """A listener that accepts and hangs up (another service, or another llama.cpp's
     protocol): llama.cpp aborts in its handshake; specli says which server failed."""
     with socket.socket() as srv:
@@ -231,7 +231,7 @@ def test_something_that_is_no_rpc_server_is_one_line_exit_2(f32):
         t = threading.Thread(target=hang_up, daemon=True)
         t.start()
         try:
-            r = specli("run", "-m", f32, "-p", "hi", "-n", "2", "--rpc", f"127.0.0.1:{port}",
+            r = specli("run", "-m", f16, "-p", "hi", "-n", "2", "--rpc", f"127.0.0.1:{port}",
                        "-ngl", "99", timeout=60)
         finally:
             stop.set()
@@ -278,11 +278,11 @@ def test_closed_sees_a_connection_its_worker_closed():
 # -- a model over the workers --------------------------------------------------------------
 
 @needs_rpc
-def test_run_split_over_local_and_two_workers_is_the_local_text(workers, f32, q4_1):
-    """The F32 target's 30 layers over this process (blocks 0-10) and both workers (blocks
+def test_run_split_over_local_and_two_workers_is_the_local_text(workers, f16, q4_1):
+    """The F16 target's 30 layers over this process (blocks 0-10) and both workers (blocks
     11-29 and the output layer), the draft kept local: the same greedy text as everything
     local."""
-    base = ("run", "-m", f32, "-md", q4_1, "-p", PROMPT, "-n", "48", "--temp", "0",
+    base = ("run", "-m", f16, "-md", q4_1, "-p", PROMPT, "-n", "48", "--temp", "0",
             "-t", "1", "-c", "512")
     local = specli(*base)
     assert local.returncode == 0, local.stderr
@@ -298,8 +298,8 @@ def test_run_split_over_local_and_two_workers_is_the_local_text(workers, f32, q4
 
 
 @needs_rpc
-def test_rpc_with_no_offloaded_layer_warns(workers, f32):
-    r = specli("run", "-m", f32, "-p", "hi", "-n", "2", "--rpc", workers[0].endpoint,
+def test_rpc_with_no_offloaded_layer_warns(workers, f16):
+    r = specli("run", "-m", f16, "-p", "hi", "-n", "2", "--rpc", workers[0].endpoint,
                "-c", "256")
     assert r.returncode == 0, r.stderr
     assert "warning: --rpc with -ngl 0 offloads no layer" in r.stderr
@@ -346,10 +346,10 @@ def _first_output(proc: subprocess.Popen, timeout: float = 120) -> None:
 
 
 @needs_rpc
-def test_a_worker_killed_mid_run_is_exit_2_naming_it_within_10_s(tmp_path, workers, f32):
+def test_a_worker_killed_mid_run_is_exit_2_naming_it_within_10_s(tmp_path, workers, f16):
     doomed = Worker(tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specli", "run", "-m", f32, "-p", PROMPT, "-n", "2000",
+        [sys.executable, "-m", "specli", "run", "-m", f16, "-p", PROMPT, "-n", "2000",
          "-c", "2200", "-t", "1", *NO_EOS, "--rpc", f"{workers[0].endpoint},{doomed.endpoint}",
          "-ngl", "99", "-ts", "1,1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -444,7 +444,7 @@ def test_tune_drafts_best_command_keeps_the_placement():
 
 
 @needs_rpc
-def test_the_workers_connections_get_keepalive(workers, f32):
+def test_the_workers_connections_get_keepalive(workers, f16):
     """llama.cpp sets no keepalive: a worker whose machine vanishes would never be noticed.
     In a child process (RPC devices, once added, stay for the process's life)."""
     code = f"""
@@ -452,7 +452,7 @@ import socket, os
 from specli import rpc
 from specli.backend import Model
 from specli.config import ModelParams
-m = Model(ModelParams({f32!r}, n_ctx=64, n_threads=1, rpc=({workers[0].endpoint!r},),
+m = Model(ModelParams({f16!r}, n_ctx=64, n_threads=1, rpc=({workers[0].endpoint!r},),
                       n_gpu_layers=99))
 conns = rpc._connections([{workers[0].endpoint!r}])
 assert conns

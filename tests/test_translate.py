@@ -1,6 +1,6 @@
 """Drafts with another tokenizer (--spec-type draft-translate): the draft's proposal goes
 through text into the target's tokens. Greedy output is the target's on the SmolLM2 + Gemma
-pair in both directions (F32/F16 targets), across characters split between tokens and when
+pair in both directions (F16 targets), across characters split between tokens and when
 the draft ends its answer; sampling keeps the target's distribution (a proposal is one-hot),
 checked by chi-square on fake models whose vocabularies differ (one has two-letter tokens)."""
 
@@ -158,8 +158,8 @@ def gemma_f16(gemma, model_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def smollm2_target(f32, gemma):
-    e = load(ModelParams(f32), ModelParams(gemma), DraftPolicy(n_max=6, translate=True))
+def smollm2_target(f16, gemma):
+    e = load(ModelParams(f16), ModelParams(gemma), DraftPolicy(n_max=6, translate=True))
     yield e
     e.close()
 
@@ -248,8 +248,8 @@ def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
                                      for t in seen[0])
 
 
-def test_run_translates_where_llama_cpp_refuses(f32, gemma):
-    fast = ("-m", f32, "-md", gemma, "-p", PROMPTS[0], "--chat", "-n", "16", "--temp", "0")
+def test_run_translates_where_llama_cpp_refuses(f16, gemma):
+    fast = ("-m", f16, "-md", gemma, "-p", PROMPTS[0], "--chat", "-n", "16", "--temp", "0")
     refused = cli("run", *fast)
     one_line_error(refused, 1, "incompatible", "draft-translate")
     plain = cli("run", *fast, "--no-spec")
@@ -260,16 +260,16 @@ def test_run_translates_where_llama_cpp_refuses(f32, gemma):
         assert "statistics draft-translate:" in r.stderr
 
 
-def test_check_pair_says_translation_can_run_it(f32, gemma):
-    r = cli("check-pair", f32, gemma)
+def test_check_pair_says_translation_can_run_it(f16, gemma):
+    r = cli("check-pair", f16, gemma)
     assert r.returncode == 1
     assert "--spec-type draft-translate" in r.stdout
 
 
-def test_serve_translates_for_the_openai_client(f32, gemma):
+def test_serve_translates_for_the_openai_client(f16, gemma):
     from test_serve import KEY, Server
 
-    s = Server("-m", f32, "-md", gemma, "--spec-type", "draft-translate", "-np", "2",
+    s = Server("-m", f16, "-md", gemma, "--spec-type", "draft-translate", "-np", "2",
                "-c", "1024", "--api-key", KEY, "--temp", "0")
     try:
         client = s.client()
