@@ -1,3 +1,14 @@
-from specli.cli.app import main
+"""`python -m specli` and the `specli` console script."""
 
-main()
+
+def main() -> None:
+    from specli.cli import audit_boot
+
+    audit_boot.early()  # `specli audit`: re-executes here, before the CLI is imported
+    from specli.cli.app import main as app_main
+
+    app_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -6,7 +6,6 @@ import inspect
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -100,7 +99,7 @@ def _audit(**kw) -> None:
         raise netguard.AuditError("specli audit re-executes its command line, and this process "
                                   "was not started as `specli audit ...`")
     if not (sys.flags.isolated and sys.flags.no_site):  # first: the environment's code ends
-        reexec(["specli", *sys.argv[1:]])     # here (exec), then never runs again
+        audit_boot.reexec(["specli", *sys.argv[1:]])  # here (exec), then never runs again
     import time
 
     t0 = time.time()
@@ -198,25 +197,6 @@ def _audit(**kw) -> None:
     else:
         _print(report, events, counted)
     raise typer.Exit(code)
-
-
-def reexec(argv: list[str]) -> None:
-    """Replace this process with `python -I -S audit_boot.py ARGV` (never returns): the
-    environment's code that ran at start-up stops here, threads and all, and never runs
-    again; what it was goes along, for the report."""
-    import site
-
-    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-             if p}
-    home = str(Path(__file__).resolve().parents[2])  # where `specli` imports from: first,
-    path = [home] + [p for p in sys.path if p and os.path.realpath(p) not in extra  # so that
-                     and os.path.realpath(p) != home]  # no folder a .pth adds shadows it
-    cfg = {"path": path, "argv": argv, "env_code": netguard.environment_code(),
-           "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
-    env = {**os.environ, audit_boot.AUDITOR_ENV: json.dumps(cfg)}
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-I", "-S", audit_boot.__file__], env)
 
 
 def _audited(kw: dict) -> None:

@@ -9,7 +9,10 @@ the auditor imports from is the interpreter's and site-packages', without PYTHON
 the environment's code did before the exec (found by netguard.environment_code, and the
 processes it started, which the auditor kills) is reported, and a verdict is then no proof.
 
-Stdlib only: it runs before site-packages are on sys.path.
+main() is stdlib only: it runs before site-packages are on sys.path. reexec() and early()
+run in the first process, where they are: early() is the console entry point's first step,
+so that `specli audit` re-executes before it imports the CLI (less of the environment's code
+runs before the watch, and the auditor starts sooner).
 """
 
 from __future__ import annotations
@@ -20,6 +23,39 @@ import runpy
 import sys
 
 AUDITOR_ENV = "SPECLI_AUDIT_AUDITOR"
+
+
+def reexec(argv: list[str]) -> None:
+    """Replace this process with `python -I -S audit_boot.py ARGV` (never returns): the
+    environment's code that ran at start-up stops here, threads and all, and never runs
+    again; what it was goes along, for the report."""
+    import site
+    from pathlib import Path
+
+    from specli import netguard
+
+    extra = {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+             if p}
+    home = str(Path(__file__).resolve().parents[2])  # where `specli` imports from: first,
+    path = [home] + [p for p in sys.path if p and os.path.realpath(p) not in extra  # so that
+                     and os.path.realpath(p) != home]  # no folder a .pth adds shadows it
+    cfg = {"path": path, "argv": argv, "env_code": netguard.environment_code(),
+           "run_path": list(sys.path), "user_site": bool(site.ENABLE_USER_SITE)}
+    env = {**os.environ, AUDITOR_ENV: json.dumps(cfg)}
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # closed (>&-): the auditor says so
+            stream.flush()
+    os.execve(sys.executable, [sys.executable, "-I", "-S", __file__], env)
+
+
+def early() -> None:
+    """`specli audit ...` started from a shell: re-execute now (never returns). Not in the
+    re-executed auditor (-I -S), nor in the audited run."""
+    from specli._audit_site import boot
+
+    if sys.argv[1:2] == ["audit"] and os.environ.get(boot.ROLE_ENV) != "audited" and not (
+            sys.flags.isolated and sys.flags.no_site):
+        reexec(["specli", *sys.argv[1:]])
 
 
 def main() -> None:
