@@ -11,8 +11,9 @@ import sys  # noqa: E402
 # single-threaded (numpy's BLAS starts a thread), and the auditor of `specli audit` (its
 # first process and the one it re-executes; the audited run, which loads models, keeps the
 # rule).
-_AUDITOR = sys.argv[1:2] == ["audit"] and os.environ.get("SPECLI_AUDIT_ROLE") != "audited"
-if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not _AUDITOR:
+# (boot.ROLE_ENV; audit_boot.early() re-executes on the same test)
+AUDITOR = sys.argv[1:2] == ["audit"] and os.environ.get("SPECLI_AUDIT_ROLE") != "audited"
+if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not AUDITOR:
     from specli import backend as _backend  # noqa: E402, F401
 
 from specli.config import DraftParams, DraftPolicy, ModelParams, SamplingParams  # noqa: E402

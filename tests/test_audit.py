@@ -657,3 +657,13 @@ def test_root_without_user_namespaces_keeps_no_network_capability(small, tmp_pat
     assert r.returncode == 0, r.stderr
     assert "plant: capabilities net_admin=False sys_admin=False" in r.stderr, r.stderr
     assert json.loads(r.stdout)["isolated"] is True
+
+
+def test_the_import_rule_knows_the_audited_role():
+    """specli/__init__ spells the audited run's role variable itself (it runs before any
+    other module): it must be boot's."""
+    import inspect
+
+    import specli
+
+    assert f'os.environ.get("{boot.ROLE_ENV}") != "audited"' in inspect.getsource(specli)

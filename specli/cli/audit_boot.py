@@ -51,10 +51,9 @@ def reexec(argv: list[str]) -> None:
 def early() -> None:
     """`specli audit ...` started from a shell: re-execute now (never returns). Not in the
     re-executed auditor (-I -S), nor in the audited run."""
-    from specli._audit_site import boot
+    import specli
 
-    if sys.argv[1:2] == ["audit"] and os.environ.get(boot.ROLE_ENV) != "audited" and not (
-            sys.flags.isolated and sys.flags.no_site):
+    if specli.AUDITOR and not (sys.flags.isolated and sys.flags.no_site):
         reexec(["specli", *sys.argv[1:]])
 
 
