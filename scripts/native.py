@@ -31,6 +31,7 @@ class NativeRun:
     n_accept: int = 0
     decode_tps: float = 0.0
     steps: list[tuple[int, int]] = field(default_factory=list)  # (accepted, drafted) per step
+    drafts: list[list[int]] = field(default_factory=list)  # each draft's tokens (with -v)
     text: str = ""
 
     @property
@@ -39,6 +40,7 @@ class NativeRun:
 
 
 _STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens")
+_DRAFTED = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+)")
 
 
 def speculative_simple(bin_dir: Path, target: str, draft: str, prompt_file: str, n: int, k: int,
@@ -66,6 +68,15 @@ def ngram(bin_dir: Path, target: str, spec_type: str, prompt_file: str, n: int, 
                 ("--spec-type", spec_type, *extra))
 
 
+def head(bin_dir: Path, target: str, spec_type: str, draft: str | None, prompt_file: str,
+         n: int, k: int, threads: int = 2, extra: tuple[str, ...] = ()) -> NativeRun:
+    """llama-speculative-simple with a draft head (draft-mtp: the target's own layers, no
+    draft file; draft-eagle3, -dflash, -dspark: the head's file), greedy, with -v: every
+    step's drafted tokens and acceptance (slower: do not time such a run)."""
+    return _run(bin_dir / "llama-speculative-simple", target, draft, prompt_file, n, k, threads,
+                ("--spec-type", spec_type, "-v", *extra))
+
+
 def _run(program: Path, target: str, draft: str | None, prompt_file: str, n: int, k: int,
          threads: int, extra: tuple[str, ...]) -> NativeRun:
     model = ["-m", target, *(["-md", draft, "-td", str(threads)] if draft else [])]
@@ -86,4 +97,8 @@ def _run(program: Path, target: str, draft: str | None, prompt_file: str, n: int
     m = re.search(r"decoded\s+\d+ tokens in\s+[0-9.]+ seconds, speed:\s+([0-9.]+) t/s", r.stderr)
     out.decode_tps = float(m.group(1)) if m else 0.0
     out.steps = [(int(a), int(d)) for a, d in _STEP.findall(r.stderr)]
+    for pos, token in _DRAFTED.findall(r.stderr):
+        if pos == "0" or not out.drafts:
+            out.drafts.append([])
+        out.drafts[-1].append(int(token))
     return out

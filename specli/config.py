@@ -336,3 +336,4 @@ class ModelParams:
     # every template through llama.cpp's built-in renderers, as llama-server without --jinja
     chat_template: str | None = None
     jinja: bool = True
+    mtp: bool = False  # load its multi-token-prediction layers too (draft-mtp)

@@ -21,7 +21,7 @@ from specli import prompt as prompts
 from specli.backend import Backend
 from specli.config import DraftPolicy, SamplingParams, SpecRequest
 from specli.drafts import DraftSource, ModelDraft, Proposal
-from specli.drafts.base import Decoded, Outcome, Reads, Sources, rules_kw
+from specli.drafts.base import Outcome, Reads, Sources, rules_kw
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.meter import Meter, prompt_progress
@@ -81,9 +81,9 @@ class Engine:
             self.draft_model.rewind(0)
 
     def close(self) -> None:
-        self.target.close()
-        if self.draft_model is not None:
+        if self.draft_model is not None:  # first: a head's context lives beside the target's
             self.draft_model.close()
+        self.target.close()
 
     # -- prompts (prompt.py) ----------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> list[int]:
@@ -132,9 +132,8 @@ class Engine:
             try:
                 with meter.prompt():
                     if draft:
-                        reads = draft.begin(prompt)
-                        if reads and reads.hidden:
-                            tgt.set_hidden(True)
+                        reads = draft.begin(prompt) or _NOTHING
+                        reads.start(tgt)
                     # the last prompt token opens the first verification batch
                     tgt.sync(prompt[:-1],
                              prompt_progress(progress, len(prompt)) if progress else None,
@@ -166,8 +165,8 @@ class Engine:
             finally:
                 # a consumer that stopped inside the first step took fewer of its tokens
                 stats.n_first = min(stats.n_first, stats.n_predict)
-                if reads and reads.hidden:
-                    tgt.set_hidden(False)
+                if reads:
+                    reads.start(tgt, False)
                 if draft:
                     draft.end()
                 if rules is not None:
@@ -241,8 +240,7 @@ class Engine:
             rows = tgt.decode(tokens, logits="all")
             pos, seqs = range(n_past, n_past + len(tokens)), None
         if draft:
-            draft.process(Decoded(tokens, pos, seqs, tgt.hidden(len(tokens))
-                                  if reads and reads.hidden else None))
+            draft.process((reads or _NOTHING).decoded(tgt, tokens, pos, seqs))
         return rows
 
     def _rewind(self, draft: DraftSource | None, context: list[int], tree: Tree,
@@ -268,11 +266,10 @@ class Engine:
         """What tells the draft of each batch of the prompt the target decodes."""
         if not draft:
             return None
-        hidden = bool(reads and reads.hidden)
+        reads = reads or _NOTHING
 
         def told(tokens: Sequence[int], pos0: int) -> None:
-            draft.process(Decoded(tokens, range(pos0, pos0 + len(tokens)), None,
-                                  self.target.hidden(len(tokens)) if hidden else None))
+            draft.process(reads.decoded(self.target, tokens, range(pos0, pos0 + len(tokens))))
 
         return told
 
@@ -370,6 +367,7 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
 
 
 _EMPTY = Tree()  # no nodes: the target decodes the last token alone
+_NOTHING = Reads()  # a draft that reads nothing of the target's decodes
 
 
 def _cut_at_eog(tree: Tree, path: list[int], token: int,

@@ -47,6 +47,7 @@ class FakeModel:
         self.n_branch = 1  # > 1: draft-tree branches (set by the tests that use them)
         self.cells: dict[int, dict[int, int]] = {}  # branch -> {position: token} past tokens
         self.keeps_hidden, self.last_rows = False, np.empty((0, n_vocab), dtype=np.float32)
+        self.exported: tuple[tuple[int, ...], bool] = ((), False)
 
     # -- vocabulary: one token per character --------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,
@@ -141,6 +142,18 @@ class FakeModel:
         """A fake's hidden state is its logits row: what the last decode returned."""
         assert self.keeps_hidden, "hidden states read from a decode that kept none"
         return self.last_rows[-n_out:]
+
+    def export(self, layers=(), nextn: bool = False, on: bool = True) -> None:
+        self.exported = (tuple(layers), nextn) if on else ((), False)
+
+    def layer_rows(self, layers, n_tokens: int) -> np.ndarray:
+        """A fake's layer states are its logits rows, once per layer asked for."""
+        assert set(layers) <= set(self.exported[0]), "layer states read that were not kept"
+        return np.tile(self.last_rows[-n_tokens:], (1, len(layers)))
+
+    def nextn_rows(self, n_tokens: int) -> np.ndarray:
+        assert self.exported[1], "head states read from a decode that kept none"
+        return np.array(self.last_rows[-n_tokens:])
 
     def kv_pos_max(self) -> int:
         return len(self.tokens) - 1

@@ -20,6 +20,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from specli import rpc
+from specli.backend import ext
 from specli.backend._lib import ll, set_verbose
 from specli.backend.devices import kv_type, local_gpu, placement
 from specli.backend.files import check_gguf
@@ -147,6 +148,7 @@ class Model:
         t0 = time.perf_counter()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = params.n_gpu_layers
+        mp.load_mtp = params.mtp  # its multi-token-prediction layers too (draft-mtp)
         keep = placement(mp, params)
         self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
         self._keep = keep  # llama.cpp keeps the device and override arrays' pointers
@@ -481,6 +483,45 @@ class Model:
         if self._hidden is None:
             raise BackendError("internal: hidden states read from a decode that kept none")
         return self._hidden[:n_out]
+
+    # -- what a draft head reads of the target's decodes (backend/heads.py) -------------------
+    @property
+    def llama_handles(self) -> tuple[object, object]:
+        """(llama_model, llama_context): for a head's context beside this one."""
+        return self._model, self._ctx
+
+    @property
+    def n_nextn(self) -> int:
+        """The multi-token-prediction layers loaded with the model (draft-mtp's heads)."""
+        return int(ext.fn("llama_model_n_layer_nextn")(self._model)) if self.params.mtp else 0
+
+    def export(self, layers: Sequence[int] = (), nextn: bool = False, on: bool = True) -> None:
+        """Decodes keep (on) or stop keeping the input of these layers and the state the
+        next-token heads take, for every token decoded (layer_rows, nextn_rows)."""
+        f = ext.fn("llama_set_embeddings_layer_inp")
+        for lid in layers:
+            f(self._ctx, lid, on)
+        if nextn:
+            ext.fn("llama_set_embeddings_nextn")(self._ctx, on, False)
+
+    def layer_rows(self, layers: Sequence[int], n_tokens: int) -> np.ndarray:
+        """The last decode's inputs of `layers`, a row per token decoded: (n_tokens,
+        len(layers) * n_embd), the layers side by side (the features a head's encoder takes)."""
+        f, n_embd = ext.fn("llama_get_embeddings_layer_inp"), self.n_embd
+        out = np.empty((n_tokens, len(layers) * n_embd), np.float32)
+        for k, lid in enumerate(layers):
+            ptr = f(self._ctx, lid)
+            if not ptr:
+                raise BackendError(f"internal: layer {lid}'s input was not kept")
+            out[:, k * n_embd:(k + 1) * n_embd] = np.ctypeslib.as_array(ptr, (n_tokens, n_embd))
+        return out
+
+    def nextn_rows(self, n_tokens: int) -> np.ndarray:
+        """A copy of the last decode's next-token-head states, a row per token decoded."""
+        ptr = ext.fn("llama_get_embeddings_nextn")(self._ctx)
+        if not ptr:
+            raise BackendError("internal: head states read from a decode that kept none")
+        return np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
 
     def generating(self) -> AbstractContextManager[None]:
         """Around a generation (the engine's steps): see Runner.generation."""

@@ -31,25 +31,56 @@ class Proposal:
 @dataclass(frozen=True)
 class Reads:
     """What a draft reads from the target's decodes, asked for once per generation (begin):
-    hidden, the target's last hidden state of every token it decodes."""
+    hidden, the target's last hidden state of every token it decodes; layers, the input of
+    these target layers for every token (an EAGLE-3 or DFlash head's features); nextn, the
+    state the target's multi-token-prediction layers take, for every token (draft-mtp)."""
 
     hidden: bool = False
+    layers: tuple[int, ...] = ()
+    nextn: bool = False
+    redo: int | None = None  # the target decodes the prompt from this position on, at most
 
     def __or__(self, other: Reads | None) -> Reads:
-        return self if other is None else Reads(self.hidden or other.hidden)
+        if other is None:
+            return self
+        redo = [r for r in (self.redo, other.redo) if r is not None]
+        return Reads(self.hidden or other.hidden, tuple(dict.fromkeys(
+            (*self.layers, *other.layers))), self.nextn or other.nextn,
+            min(redo) if redo else None)
+
+    def start(self, target: Backend, on: bool = True) -> None:
+        """The target's decodes keep (on) or stop keeping what is read; on, the target's
+        cache keeps no more of the prompt than `redo` (what the draft has not seen of it is
+        decoded again)."""
+        if on and self.redo is not None:
+            target.rewind(self.redo)
+        if self.hidden:
+            target.set_hidden(on)
+        if self.layers or self.nextn:
+            target.export(self.layers, self.nextn, on)
+
+    def decoded(self, target: Backend, tokens: Sequence[int], pos: Sequence[int],
+                seqs: Sequence[Sequence[int]] | None = None) -> Decoded:
+        """What the target just decoded, with what is read of it."""
+        n = len(tokens)
+        return Decoded(tokens, pos, seqs, target.hidden(n) if self.hidden else None,
+                       target.layer_rows(self.layers, n) if self.layers else None,
+                       target.nextn_rows(n) if self.nextn else None)
 
 
 @dataclass(frozen=True)
 class Decoded:
     """One target decode, as the draft is told it after it ran (llama.cpp's process(batch)):
     tokens at positions pos (a tree's nodes in the branches seqs[i]; None: the committed
-    sequence), and what the draft reads of it: hidden, a (tokens, n_embd) view valid until
-    the target's next decode, when the draft asked for it."""
+    sequence), and what the draft reads of it (Reads), when it asked for it: hidden, a
+    (tokens, n_embd) view valid until the target's next decode; layers and nextn, copies."""
 
     tokens: Sequence[int]
     pos: Sequence[int]
     seqs: Sequence[Sequence[int]] | None = None
     hidden: np.ndarray | None = None
+    layers: np.ndarray | None = None  # (tokens, len(Reads.layers) * n_embd), when asked for
+    nextn: np.ndarray | None = None  # (tokens, n_embd), when asked for
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,241 @@
+"""Tiny random-weight GGUF models for the draft heads (MTP, EAGLE-3, DFlash, DSpark), written
+with the gguf package in llama.cpp's tensor layout (src/models/{llama,hy-v3,eagle3,dflash}.cpp
+and the load_tensors of src/llama-model.cpp, in the llama.cpp that llama-cpp-python vendors).
+
+Every file carries SmolLM2's tokenizer (copied from the embedded model), so prompts and text
+are real. The weights are random, but each target speaks only LIVE (a few dozen ordinary
+word tokens): its output rows for every other token are zero, and the heads' output (their
+own, through d2t, or the target's) covers the same tokens. So the heads' drafts are accepted
+now and then, and the rewinds after a partial acceptance are exercised too.
+
+    python scripts/head_models.py DIR    # writes every file into DIR and prints their paths
+
+Used by the tests (tests/conftest.py) and scripts/bench_run.py; no test depends on a
+particular random draw, only on the files being the same for specli and native llama.cpp.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+T = gguf.GGUFValueType
+
+# the live vocabulary: common English words in SmolLM2's tokenizer (ids looked up at write time)
+WORDS = (" the of and to in a is that for it as with was on be by at this from are or an "
+         "not have but they which one you were all we her can there has been if more when "
+         "will would who so no").split(" ")[1:]
+E, HEADS, HEADS_KV, FF = 64, 4, 2, 128  # the targets' widths (head dim 16)
+N_LAYER = 4  # the llama target's blocks
+MASK = 49151  # DFlash's mask token (the last id; never live)
+
+
+@functools.cache
+def _tokenizer(src: str) -> tuple[list[tuple[str, object, T, T | None]], list[int]]:
+    """SmolLM2's tokenizer keys (name, value, type, array item type) and the live ids."""
+    r = gguf.GGUFReader(src)
+    kv = []
+    for key, field in r.fields.items():
+        if not key.startswith("tokenizer.") or key == "tokenizer.chat_template":
+            continue
+        vtype = T(field.types[0])
+        kv.append((key, field.contents(), vtype, T(field.types[1]) if vtype == T.ARRAY else None))
+    tokens = r.fields["tokenizer.ggml.tokens"].contents()
+    index = {t: i for i, t in enumerate(tokens)}
+    live = sorted({index["Ġ" + w.strip()] for w in WORDS if "Ġ" + w.strip() in index})
+    return kv, live
+
+
+def _writer(path: Path, arch: str, src: str, template: str | None = None) -> gguf.GGUFWriter:
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(path.stem)
+    for key, value, vtype, sub in _tokenizer(src)[0]:
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    if template:
+        w.add_chat_template(template)
+    return w
+
+
+def _done(w: gguf.GGUFWriter) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+class _Weights:
+    """Random tensors, each from its own name's seed (the same file every time)."""
+
+    def __init__(self, w: gguf.GGUFWriter, seed: int, dtype=np.float16, std: float = 0.1):
+        self.w, self.seed, self.dtype, self.std = w, seed, dtype, std
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *name.encode()])
+
+    def mat(self, name: str, ne0: int, ne1: int, std: float | None = None) -> None:
+        """A matrix of ggml shape {ne0, ne1} (numpy's (ne1, ne0))."""
+        a = self._rng(name).normal(0.0, std or self.std, (ne1, ne0)).astype(self.dtype)
+        self.w.add_tensor(name, a)
+
+    def norm(self, name: str, n: int) -> None:
+        self.w.add_tensor(name, (1.0 + self._rng(name).normal(0.0, 0.1, n)).astype(np.float32))
+
+    def rows(self, name: str, ne0: int, live: list[int], n_vocab: int, std: float = 0.5) -> None:
+        """An output matrix {ne0, n_vocab} whose rows are zero but for the live tokens."""
+        a = np.zeros((n_vocab, ne0), np.float32)
+        a[live] = self._rng(name).normal(0.0, std, (len(live), ne0))
+        self.w.add_tensor(name, a.astype(self.dtype))
+
+
+def _n_vocab(src: str) -> int:
+    return len(next(v for k, v, _, _ in _tokenizer(src)[0] if k == "tokenizer.ggml.tokens"))
+
+
+def _block(x: _Weights, i: int, qk_norm: bool = False) -> None:
+    hd = E // HEADS
+    x.norm(f"blk.{i}.attn_norm.weight", E)
+    x.mat(f"blk.{i}.attn_q.weight", E, HEADS * hd)
+    x.mat(f"blk.{i}.attn_k.weight", E, HEADS_KV * hd)
+    x.mat(f"blk.{i}.attn_v.weight", E, HEADS_KV * hd)
+    x.mat(f"blk.{i}.attn_output.weight", HEADS * hd, E)
+    if qk_norm:
+        x.norm(f"blk.{i}.attn_q_norm.weight", hd)
+        x.norm(f"blk.{i}.attn_k_norm.weight", hd)
+    x.norm(f"blk.{i}.ffn_norm.weight", E)
+    x.mat(f"blk.{i}.ffn_gate.weight", E, FF)
+    x.mat(f"blk.{i}.ffn_up.weight", E, FF)
+    x.mat(f"blk.{i}.ffn_down.weight", FF, E)
+
+
+def _dims(w: gguf.GGUFWriter, arch: str, n_block: int) -> None:
+    w.add_uint32(f"{arch}.context_length", 4096)
+    w.add_uint32(f"{arch}.embedding_length", E)
+    w.add_uint32(f"{arch}.block_count", n_block)
+    w.add_uint32(f"{arch}.feed_forward_length", FF)
+    w.add_uint32(f"{arch}.attention.head_count", HEADS)
+    w.add_uint32(f"{arch}.attention.head_count_kv", HEADS_KV)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_float32(f"{arch}.rope.freq_base", 10000.0)
+
+
+def llama_target(path: Path, src: str, seed: int = 1) -> str:
+    """A llama-architecture target (the EAGLE-3 and DFlash heads' target)."""
+    live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
+    w = _writer(path, "llama", src)
+    _dims(w, "llama", N_LAYER)
+    w.add_uint32("llama.rope.dimension_count", E // HEADS)
+    w.add_uint32("llama.vocab_size", n_vocab)
+    x = _Weights(w, seed)
+    x.mat("token_embd.weight", E, n_vocab, std=1.0)
+    for i in range(N_LAYER):
+        _block(x, i)
+    x.norm("output_norm.weight", E)
+    x.rows("output.weight", E, live, n_vocab)
+    _done(w)
+    return str(path)
+
+
+def mtp_target(path: Path, src: str, n_nextn: int = 1, seed: int = 2) -> str:
+    """An hy_v3 target (dense) with n_nextn multi-token-prediction blocks after its two
+    trunk blocks: one head (llama.cpp's single-head mode) or a head per draft step (chained)."""
+    live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
+    n_trunk = 2
+    w = _writer(path, "hy_v3", src)
+    _dims(w, "hy_v3", n_trunk + n_nextn)
+    w.add_uint32("hy_v3.nextn_predict_layers", n_nextn)
+    w.add_uint32("hy_v3.expert_feed_forward_length", FF)
+    x = _Weights(w, seed)
+    x.mat("token_embd.weight", E, n_vocab, std=1.0)
+    for i in range(n_trunk):
+        _block(x, i, qk_norm=True)
+    for i in range(n_trunk, n_trunk + n_nextn):
+        # a head that mostly passes the target's hidden state through: it predicts what the
+        # target predicted one position before, so it is right whenever the target repeats
+        # itself (random targets fall into such loops), and acceptance is not all chance
+        _block(_Weights(w, seed + i, std=0.01), i, qk_norm=True)
+        eh = np.random.default_rng([seed, i]).normal(0.0, 0.01, (E, 2 * E))
+        eh[:, E:] += np.eye(E)
+        w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh.astype(np.float16))
+        x.norm(f"blk.{i}.nextn.enorm.weight", E)
+        x.norm(f"blk.{i}.nextn.hnorm.weight", E)
+    x.norm("output_norm.weight", E)
+    x.rows("output.weight", E, live, n_vocab)
+    _done(w)
+    return str(path)
+
+
+def eagle3_head(path: Path, src: str, layers: tuple[int, ...] = (0, 2, 3), seed: int = 3) -> str:
+    """An EAGLE-3 head for llama_target: one decoder block over [embedding; fc(features of
+    three target layers)], its own small output vocabulary (the live tokens, through d2t),
+    the target's token embeddings."""
+    live = _tokenizer(src)[1]
+    w = _writer(path, "eagle3", src)
+    _dims(w, "eagle3", 1)
+    w.add_array("eagle3.target_layers", list(layers))
+    w.add_uint32("eagle3.target_hidden_size", E)
+    x = _Weights(w, seed)
+    w.add_tensor("d2t", np.array(live, np.int64))
+    x.mat("fc.weight", 3 * E, E)
+    x.norm("output_norm.weight", E)
+    x.mat("output.weight", E, len(live), std=0.5)
+    hd = E // HEADS
+    x.norm("blk.0.attn_norm.weight", E)
+    x.norm("blk.0.attn_norm_2.weight", E)
+    x.mat("blk.0.attn_q.weight", 2 * E, HEADS * hd)
+    x.mat("blk.0.attn_k.weight", 2 * E, HEADS_KV * hd)
+    x.mat("blk.0.attn_v.weight", 2 * E, HEADS_KV * hd)
+    x.mat("blk.0.attn_output.weight", HEADS * hd, E)
+    x.norm("blk.0.ffn_norm.weight", E)
+    x.mat("blk.0.ffn_gate.weight", E, FF)
+    x.mat("blk.0.ffn_up.weight", E, FF)
+    x.mat("blk.0.ffn_down.weight", FF, E)
+    _done(w)
+    return str(path)
+
+
+def dflash_head(path: Path, src: str, layers: tuple[int, ...] = (1, 3), block: int = 8,
+                markov: int = 0, seed: int = 4) -> str:
+    """A DFlash block-diffusion drafter for llama_target (two blocks, non-causal, the
+    target's embeddings and output); markov > 0: DSpark, with a Markov head of that rank."""
+    live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
+    w = _writer(path, "dflash", src)
+    _dims(w, "dflash", 2)
+    w.add_array("dflash.target_layers", list(layers))
+    w.add_uint32("dflash.block_size", block)
+    w.add_uint32("tokenizer.ggml.mask_token_id", MASK)
+    x = _Weights(w, seed)
+    x.mat("fc.weight", len(layers) * E, E)
+    x.norm("enc.output_norm.weight", E)
+    x.norm("output_norm.weight", E)
+    for i in range(2):
+        _block(x, i, qk_norm=True)
+    if markov:
+        x.mat("markov_w1.weight", markov, n_vocab, std=0.5)
+        x.rows("markov_w2.weight", markov, live, n_vocab, std=0.5)
+    _done(w)
+    return str(path)
+
+
+def write_all(out: Path, src: str) -> dict[str, str]:
+    """Every head model into out: {name: path}."""
+    out.mkdir(parents=True, exist_ok=True)
+    return {
+        "llama": llama_target(out / "tiny-llama.gguf", src),
+        "mtp": mtp_target(out / "tiny-mtp.gguf", src, 1),
+        "mtp2": mtp_target(out / "tiny-mtp2.gguf", src, 2),
+        "eagle3": eagle3_head(out / "tiny-eagle3.gguf", src),
+        "dflash": dflash_head(out / "tiny-dflash.gguf", src),
+        "dspark": dflash_head(out / "tiny-dspark.gguf", src, markov=8),
+    }
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from specli.defaults import smollm2_q4_1
+
+    for name, p in write_all(Path(sys.argv[1]), smollm2_q4_1()).items():
+        print(name, p)

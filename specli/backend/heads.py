@@ -1,0 +1,190 @@
+"""The draft heads' side of llama.cpp: what the target exports for them and the context they
+run in (llama.cpp's common/speculative.cpp, draft-mtp / draft-eagle3 / draft-dflash /
+draft-dspark).
+
+A head reads the target's hidden states: the input of chosen layers (EAGLE-3, DFlash) or the
+state the multi-token-prediction layers take (MTP, "nextn"). llama.cpp declares those calls
+in src/llama-ext.h without C linkage, and llama-cpp-python binds none of them: they are bound
+here by their exported C++ names. A build without one is refused before any weights load
+(`require`). The batches a head decodes carry an embedding row beside each token (or only a
+row), which only llama.cpp's extended batch (llama_batch_ext, llama_process) can say.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from specli.backend._lib import ll, set_verbose
+from specli.backend.ext import fn
+from specli.backend.files import check_gguf
+from specli.backend.model import _FLASH_ATTN, Model
+from specli.config import ModelParams
+from specli.errors import BackendError, ModelFileError
+
+_F = ctypes.POINTER(ctypes.c_float)
+
+
+class HeadContext:
+    """A draft head's context beside the target's (llama.cpp's ctx_other): on the target's
+    own model with its multi-token-prediction layers (MTP), or on a head file of its own
+    (EAGLE-3, DFlash, DSpark: `params`). It decodes llama.cpp's extended batches: a token
+    with an embedding row (or a row alone) at a position, an output or not. It keeps the
+    timings a Model keeps, for the statistics."""
+
+    n_branch = 1
+    offloaded = False
+    max_token_bytes = 1
+
+    def __init__(self, target: Model, params: ModelParams | None = None):
+        self.target, self.params = target, params or target.params
+        self.t_decode_s = 0.0
+        self.n_decode_calls = self.n_decode_tokens = 0
+        self.tokens: list[int] = []  # the target's tokens the head has taken in, committed
+        self._own_model = params is not None
+        t0 = time.perf_counter()
+        if self._own_model:
+            check_gguf(params.path)
+            set_verbose(params.verbose)
+            mp = ll.llama_model_default_params()
+            mp.n_gpu_layers = params.n_gpu_layers
+            self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
+            if not self._model:
+                raise ModelFileError(f"llama.cpp could not load the draft head {params.path}",
+                                     hint="rerun with -v")
+        else:
+            self._model = target.llama_handles[0]
+        tp = target.params
+        cp = ll.llama_context_default_params()
+        cp.n_ctx = target.n_ctx
+        cp.n_batch = target.n_batch
+        cp.n_ubatch = min(tp.n_ubatch, target.n_batch)
+        cp.n_threads = tp.n_threads
+        cp.n_threads_batch = tp.n_threads_batch or tp.n_threads
+        cp.flash_attn_type = _FLASH_ATTN[tp.flash_attn]
+        cp.n_seq_max = 1
+        cp.ctx_other = target.llama_handles[1]
+        if not self._own_model:
+            cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
+            cp.n_outputs_max = 1  # as llama.cpp's draft context: one sequence, one row
+        self._ctx = ll.llama_init_from_model(self._model, cp)
+        if not self._ctx:
+            self.close()
+            raise BackendError("llama.cpp could not create the draft head's context",
+                               hint="rerun with -v")
+        self.load_ms = 1e3 * (time.perf_counter() - t0) if self._own_model else 0.0
+        self._mem = ll.llama_get_memory(self._ctx)
+        self.vocab = ll.llama_model_get_vocab(self._model)
+        self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
+        self.n_embd = ll.llama_model_n_embd(self._model)
+        self.n_ctx = target.n_ctx
+        self.n_batch = target.n_batch
+        self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
+        self._batch = fn("llama_batch_ext_init")(self._ctx)
+
+    def meta(self, key: str) -> str | None:
+        """A metadata value of the head's model, as text."""
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def run(self, items: Sequence[tuple[int | None, int, np.ndarray | None, bool]],
+            encode: bool = False) -> None:
+        """One llama_process of (token or None, position, embedding row or None, output)
+        items, all in sequence 0; encode: the head's encoder (no cache) instead."""
+        add_token, add_embd = fn("llama_batch_ext_add_token"), fn("llama_batch_ext_add_embd")
+        set_pos, set_embd = fn("llama_batch_ext_set_pos"), fn("llama_batch_ext_set_embd_token")
+        set_out, embd = fn("llama_batch_ext_set_output_logits"), fn("llama_embd")
+        b = self._batch
+        fn("llama_batch_ext_clear")(b)
+        keep = []  # the rows' buffers, alive until llama.cpp has copied them
+        for token, pos, row, out in items:
+            if row is not None:
+                row = np.ascontiguousarray(row, np.float32)
+                keep.append(row)
+                e = embd(row.ctypes.data_as(_F), 1, row.shape[-1])
+            if token is None:
+                idx = add_embd(b, 0, e)
+            else:
+                idx = add_token(b, 0, token)
+            if idx < 0:
+                raise BackendError(f"internal: a head batch refused an item ({idx})")
+            set_pos(b, idx, ctypes.byref(ll.llama_pos(pos)))
+            if token is not None and row is not None and not set_embd(b, idx, e):
+                raise BackendError("internal: a head batch refused an embedding row")
+            if out:
+                set_out(b, idx, True)
+        t0 = time.perf_counter()
+        rc = fn("llama_process")(self._ctx, ll.LLAMA_PROCESS_TYPE_ENCODE if encode
+                                  else ll.LLAMA_PROCESS_TYPE_DECODE, b)
+        if rc != 0:
+            raise BackendError(f"the draft head's decode failed with code {rc}",
+                               hint="rerun with -v")
+        ll.llama_synchronize(self._ctx)
+        self.t_decode_s += time.perf_counter() - t0
+        self.n_decode_calls += 1
+        self.n_decode_tokens += len(items)
+
+    def logits(self, i: int) -> np.ndarray:
+        """The logits row of the last decode's batch item i."""
+        ptr = ll.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
+            raise BackendError(f"internal: no logits for head batch item {i}")
+        return np.ctypeslib.as_array(ptr, (self.n_vocab,))
+
+    def nextn(self, i: int) -> np.ndarray:
+        """The head's own state for batch item i (what it feeds back as its next input)."""
+        ptr = fn("llama_get_embeddings_nextn_ith")(self._ctx, i)
+        if not ptr:
+            raise BackendError(f"internal: no head state for batch item {i}")
+        return np.ctypeslib.as_array(ptr, (self.n_embd,)).copy()
+
+    def nextn_rows(self, n_rows: int) -> np.ndarray:
+        """A copy of the last decode's first n_rows head states (an encoder's output)."""
+        ptr = fn("llama_get_embeddings_nextn")(self._ctx)
+        if not ptr:
+            raise BackendError("internal: head states read from a decode that kept none")
+        return np.ctypeslib.as_array(ptr, (n_rows, self.n_embd)).copy()
+
+    def export_nextn(self, on: bool, masked: bool) -> None:
+        """This context keeps its own head states (masked: for its output rows only)."""
+        fn("llama_set_embeddings_nextn")(self._ctx, on, masked)
+
+    def layer_offset(self, k: int) -> None:
+        """Which of the model's prediction layers the next decodes run (chained MTP)."""
+        fn("llama_set_nextn_layer_offset")(self._ctx, k)
+
+    def causal(self, on: bool) -> None:
+        ll.llama_set_causal_attn(self._ctx, on)
+
+    def pos_max(self) -> int:
+        """The highest position the cache holds (-1 when empty)."""
+        return int(ll.llama_memory_seq_pos_max(self._mem, 0))
+
+    def rewind(self, n_keep: int) -> None:
+        """Keep the first n_keep of the target's tokens the head has taken in (`tokens`),
+        and the cache's positions before n_keep."""
+        del self.tokens[n_keep:]
+        self.rewind_cells(n_keep)
+
+    def rewind_cells(self, pos: int) -> None:
+        """Drop the cache's positions from pos on (a draft's own cells)."""
+        if self._ctx:
+            ll.llama_memory_seq_rm(self._mem, 0, pos, -1)
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            fn("llama_batch_ext_free")(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_own_model", False) and getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+        self._model = None
+
+    def __del__(self):
+        self.close()

@@ -1,0 +1,288 @@
+"""Draft heads: drafters that read the target's hidden states after every verification
+(llama.cpp's common/speculative.cpp: draft-mtp, draft-eagle3, draft-dflash, draft-dspark).
+
+Each runs in a backend.HeadContext beside the target's context. After every target decode it
+is told what was decoded with the states it asked for at `begin` (process): an MTP head the
+target's next-token-head state per token, an EAGLE-3 or DFlash head the inputs of chosen target
+layers. Its cache follows the target's committed tokens (`HeadContext.tokens`), so a prompt
+that shares a prefix with the last one is not decoded again, except the last shared token when
+the head needs the target's state there (Reads.redo).
+
+As in llama.cpp, a head drafts its top token at every position (a deterministic proposal,
+at any temperature: rejection sampling keeps the target's distribution), and p_min is judged
+on the softmax of its top ten logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specli.backend.heads import HeadContext
+from specli.config import DraftPolicy, SamplingParams
+from specli.drafts.base import Decoded, Outcome, Proposal, Reads
+from specli.verify import finite_argmax
+
+_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
+
+
+def _top(logits: np.ndarray) -> tuple[int, float]:
+    """The top token and its probability among the top ten (llama.cpp's p for p_min)."""
+    token = finite_argmax(logits)
+    top = logits[np.argpartition(logits, -_TOP_K)[-_TOP_K:]]
+    return token, float(1.0 / np.exp(top - logits[token]).sum())
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+class _Head:
+    """What every head shares: the context, its vocabulary cap, the prompt's reuse."""
+
+    name = ""
+    own_length = False  # --draft caps it
+
+    def __init__(self, head: HeadContext, n_vocab_target: int):
+        self.model = head
+        self.n_vocab = min(head.n_vocab, n_vocab_target)
+
+    def top(self, i: int) -> tuple[int, float]:
+        return _top(self.model.logits(i)[: self.n_vocab])
+
+    def end(self) -> None:
+        pass
+
+
+class MtpDraft(_Head):
+    """The target's own multi-token-prediction layers (llama.cpp's draft-mtp). Its cache
+    holds, at position p, token p with the target's state at p - 1. One head drafts every
+    token from its own state; several heads (n_heads > 1) draft one token each, the whole
+    draft decoded again through each."""
+
+    name = "draft-mtp"
+
+    def __init__(self, head: HeadContext, n_heads: int, n_vocab_target: int):
+        super().__init__(head, n_vocab_target)
+        self.n_heads = max(1, n_heads)
+        head.export_nextn(True, masked=True)
+        self.pending: np.ndarray | None = np.zeros(head.n_embd, np.float32)  # state at p-1
+        self.before: np.ndarray | None = None  # pending before the last batch
+        self.rows: np.ndarray | None = None  # the last batch's target states
+        self.pos0 = 0
+
+    def begin(self, prompt: Sequence[int]) -> Reads:
+        m = self.model
+        n = _shared(m.tokens, prompt[:-1])
+        if n < len(m.tokens):  # the target's state before position n is gone: decode
+            m.rewind(n)        # its last shared token again (its cell here stays)
+            self.pending = None
+        if n == 0:
+            self.pending = np.zeros(m.n_embd, np.float32)  # as llama.cpp starts
+        return Reads(nextn=True, redo=n - 1 if self.pending is None else n)
+
+    def process(self, batch: Decoded) -> None:
+        m, s = self.model, batch.pos[0]
+        skip = 1 if self.pending is None else 0  # its cell is held: the state is the batch's
+        m.rewind(s + skip)
+        items = [(t, p, batch.nextn[i - 1] if i else self.pending, False)
+                 for i, (t, p) in enumerate(zip(batch.tokens, batch.pos, strict=True))][skip:]
+        if items:
+            self._decode(items)
+        m.tokens.extend(batch.tokens[skip:])
+        self.before, self.rows, self.pos0 = self.pending, batch.nextn, s
+        self.pending = batch.nextn[-1]
+
+    def _decode(self, items: list, pos0: int | None = None) -> None:
+        m = self.model
+        if self.n_heads == 1:
+            m.run(items)
+            return
+        for head in range(self.n_heads):  # every head's cache layer gets the batch
+            m.rewind_cells(items[0][1] if pos0 is None else pos0)
+            m.layer_offset(head)
+            m.run(items)
+        m.layer_offset(0)
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                rules=None) -> Proposal:
+        m, n_past = self.model, len(context) - 1
+        p_min = policy.p_min if policy is not None else 0.0
+        out = Proposal(source=self.name)
+        k = min(k, self.n_heads) if self.n_heads > 1 else k
+        if k <= 0 or self.pending is None:
+            return out
+        states = [self.pending]
+        items = [(context[-1], n_past, self.pending, True)]
+        try:
+            for i in range(k):
+                if self.n_heads > 1:
+                    m.rewind_cells(n_past)
+                    m.layer_offset(i)
+                m.run(items)
+                token, p = self.top(len(items) - 1)
+                state = m.nextn(len(items) - 1)
+                if p < p_min:
+                    break
+                out.tokens.append(token)
+                if len(out.tokens) >= k:
+                    break
+                if self.n_heads > 1:  # the whole draft again, through the next head
+                    states.append(state)
+                    seq = [context[-1], *out.tokens]
+                    items = [(t, n_past + j, states[j], j == len(seq) - 1)
+                             for j, t in enumerate(seq)]
+                else:
+                    items = [(token, n_past + i + 1, state, True)]
+        finally:
+            if self.n_heads > 1:
+                m.layer_offset(0)
+            m.rewind_cells(n_past)  # the drafted cells go; the verification brings its own
+        return out
+
+    def accept(self, outcome: Outcome) -> None:
+        m, i = self.model, outcome.n_keep - 1 - self.pos0
+        m.rewind(outcome.n_keep)
+        if self.rows is not None and 0 <= i < len(self.rows):
+            self.pending = self.rows[i]  # the target's state at the last kept token
+        elif i == -1:
+            self.pending = self.before
+        self.rows = None
+
+
+class Eagle3Draft(_Head):
+    """An EAGLE-3 head (llama.cpp's draft-eagle3): the target's states at three layers go
+    through the head's encoder (g); its cache holds, at position p, token p + 1 with g at p,
+    and it drafts from its own state, a token per decode."""
+
+    name = "draft-eagle3"
+
+    def __init__(self, head: HeadContext, layers: Sequence[int], n_vocab_target: int):
+        super().__init__(head, n_vocab_target)
+        self.layers = tuple(layers)
+        head.export_nextn(True, masked=True)
+        self.pending: tuple[int, np.ndarray] | None = None  # (position, g) not yet cached
+        self.before: tuple[int, np.ndarray] | None = None
+        self.g: np.ndarray | None = None  # the last batch's g rows
+        self.pos0 = 0
+
+    def begin(self, prompt: Sequence[int]) -> Reads:
+        m = self.model
+        n = _shared(m.tokens, prompt[:-1])
+        if n < len(m.tokens) or self.pending is None:  # token n - 1's g is gone: the
+            m.rewind(max(n - 1, 0))                      # target decodes it again
+            self.pending = None
+        return Reads(layers=self.layers, redo=len(m.tokens))
+
+    def process(self, batch: Decoded) -> None:
+        m, s, n = self.model, batch.pos[0], len(batch.tokens)
+        g = np.empty((n, m.n_embd), np.float32)
+        base = m.pos_max() + 1
+        for a in range(0, n, m.n_ubatch):  # the encoder takes one ubatch at a time
+            b = min(a + m.n_ubatch, n)
+            m.run([(None, base + i, batch.layers[i], True) for i in range(a, b)], encode=True)
+            g[a:b] = m.nextn_rows(b - a)
+        m.rewind(s)
+        items = [(batch.tokens[i + 1], batch.pos[i], g[i], False) for i in range(n - 1)]
+        if items:
+            m.run(items)
+        m.tokens.extend(batch.tokens)
+        self.before, self.g, self.pos0 = self.pending, g, s
+        self.pending = (batch.pos[-1], g[-1])
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                rules=None) -> Proposal:
+        m, n_past = self.model, len(context) - 1
+        p_min = policy.p_min if policy is not None else 0.0
+        out = Proposal(source=self.name)
+        if k <= 0 or self.pending is None:
+            return out
+        pos, g = self.pending
+        m.rewind_cells(pos)
+        items = [(context[-1], pos, g, True)]
+        try:
+            for i in range(k):
+                m.run(items)
+                token, p = self.top(0)
+                state = m.nextn(0)
+                if p < p_min:
+                    break
+                out.tokens.append(token)
+                if len(out.tokens) >= k:
+                    break
+                items = [(token, pos + i + 1, state, True)]
+        finally:
+            m.rewind_cells(n_past)  # the seed's cell stays; the drafted ones go
+        return out
+
+    def accept(self, outcome: Outcome) -> None:
+        m, i = self.model, outcome.n_keep - 1 - self.pos0
+        m.rewind(outcome.n_keep)
+        if self.g is not None and 0 <= i < len(self.g):
+            self.pending = (self.pos0 + i, self.g[i])
+        elif i == -1:
+            self.pending = self.before
+        self.g = None
+
+
+class DflashDraft(_Head):
+    """A DFlash block-diffusion drafter (llama.cpp's draft-dflash), or DSpark with its Markov
+    head (draft-dspark): the target's layer states are written into its cache as keys and
+    values at their positions; a draft is one non-causal decode of [last token, mask, ...]."""
+
+    def __init__(self, head: HeadContext, layers: Sequence[int], n_vocab_target: int, *,
+                 block_size: int, mask: int, dspark: bool = False,
+                 from_anchor: bool = True):
+        super().__init__(head, n_vocab_target)
+        self.name = "draft-dspark" if dspark else "draft-dflash"
+        self.layers, self.mask = tuple(layers), mask
+        self.dspark, self.from_anchor = dspark, from_anchor
+        self.anchor = dspark and from_anchor  # the block's first token drafts too
+        self.n_max = block_size if self.anchor else block_size - 1
+        head.export_nextn(True, masked=True)
+        head.causal(False)
+
+    def begin(self, prompt: Sequence[int]) -> Reads:
+        m = self.model
+        m.rewind(_shared(m.tokens, prompt[:-1]))
+        return Reads(layers=self.layers, redo=len(m.tokens))
+
+    def process(self, batch: Decoded) -> None:
+        m, n = self.model, len(batch.tokens)
+        m.rewind(batch.pos[0])
+        for a in range(0, n, m.n_ubatch):  # a non-causal decode fits one ubatch
+            b = min(a + m.n_ubatch, n)
+            m.run([(None, batch.pos[i], batch.layers[i], False) for i in range(a, b)])
+        m.tokens.extend(batch.tokens)
+
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                rules=None) -> Proposal:
+        m, n_past = self.model, len(context) - 1
+        p_min = policy.p_min if policy is not None else 0.0
+        out = Proposal(source=self.name)
+        k = min(k, self.n_max)
+        if k <= 0:
+            return out
+        n_block = k + (0 if self.anchor else 1)
+        try:
+            m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
+                   for i in range(n_block)])
+            conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
+            for i in range(0 if self.anchor else 1, n_block):
+                token, p = self.top(i)
+                if conf is not None and conf[i] < p_min:
+                    break
+                if not self.dspark and p < p_min:
+                    break
+                out.tokens.append(token)
+        finally:
+            m.rewind_cells(n_past)  # the block's cells go
+        return out
+
+    def accept(self, outcome: Outcome) -> None:
+        self.model.rewind(outcome.n_keep)
