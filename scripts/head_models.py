@@ -3,9 +3,9 @@ with the gguf package in llama.cpp's tensor layout (src/models/{llama,hy-v3,eagl
 and the load_tensors of src/llama-model.cpp, in the llama.cpp that llama-cpp-python vendors).
 
 Every file carries SmolLM2's tokenizer (copied from the embedded model), so prompts and text
-are real. The weights are random, but each target speaks only LIVE (a few dozen ordinary
-word tokens): its output rows for every other token are zero, and the heads' output (their
-own, through d2t, or the target's) covers the same tokens. So the heads' drafts are accepted
+are real. The weights are random, but each target speaks only the live tokens (a few dozen
+ordinary words): its output rows for every other token are near zero, and the heads' output
+(their own, through d2t, or the target's) covers the same tokens. So the heads' drafts are accepted
 now and then, and the rewinds after a partial acceptance are exercised too.
 
     python scripts/head_models.py DIR    # writes every file into DIR and prints their paths
@@ -85,9 +85,11 @@ class _Weights:
         self.w.add_tensor(name, (1.0 + self._rng(name).normal(0.0, 0.1, n)).astype(np.float32))
 
     def rows(self, name: str, ne0: int, live: list[int], n_vocab: int, std: float = 0.5) -> None:
-        """An output matrix {ne0, n_vocab} whose rows are zero but for the live tokens."""
-        a = np.zeros((n_vocab, ne0), np.float32)
-        a[live] = self._rng(name).normal(0.0, std, (len(live), ne0))
+        """An output matrix {ne0, n_vocab} whose rows are near zero but for the live tokens'
+        (not zero: a row of equal logits makes every top-k selection slow)."""
+        rng = self._rng(name)
+        a = rng.normal(0.0, 0.002, (n_vocab, ne0)).astype(np.float32)
+        a[live] = rng.normal(0.0, std, (len(live), ne0))
         self.w.add_tensor(name, a.astype(self.dtype))
 
 

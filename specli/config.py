@@ -10,7 +10,7 @@ from specli.errors import UsageError
 
 # llama.cpp's --spec-type names specli has, in llama.cpp's order of precedence
 SPEC_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache",
-              "draft-simple")
+              "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 
 
 def parse_spec_types(text: str) -> tuple[str, ...]:

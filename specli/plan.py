@@ -7,10 +7,10 @@ names its own flag or request parameter for it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specli import loadable, pairing
-from specli.backend import Backend, Model, check_placement
+from specli.backend import Backend, HeadContext, Model, check_placement, require_head
 from specli.batching import Gate, SharedContext
 from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
 from specli.drafts import (
@@ -24,9 +24,11 @@ from specli.drafts import (
     NgramSimple,
     VerifyCost,
 )
+from specli.drafts.heads import DflashDraft, Eagle3Draft, MtpDraft
 from specli.drafts.translate import TranslateDraft
 from specli.engine import Engine
 from specli.errors import UsageError
+from specli.headmeta import HEAD_TYPES, HeadInfo, check_head, head_info
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
 
@@ -51,19 +53,34 @@ class SpecPlan:
     policy: DraftPolicy = field(default_factory=DraftPolicy)
     ngram: NgramParams = field(default_factory=NgramParams)
     draft: bool = False
+    head: HeadInfo | None = None  # the draft file's head, when it is one
 
     @classmethod
     def resolve(cls, spec_types: Sequence[str] = (), draft: bool = False,
-                policy: DraftPolicy | None = None, ngram: NgramParams | None = None) -> SpecPlan:
-        """The plan for these settings, or PlanError for one that cannot run."""
+                policy: DraftPolicy | None = None, ngram: NgramParams | None = None,
+                head: HeadInfo | None = None) -> SpecPlan:
+        """The plan for these settings, or PlanError for one that cannot run. head: what the
+        draft file is when it is a head (draft_head), which then drafts as its own type."""
         policy, ngram = policy or DraftPolicy(), ngram or NgramParams()
         types = spec_key(spec_types)
         if ("draft-simple" in types or policy.translate) and not draft:
             raise PlanError("drafting with a model (draft-simple, draft-translate) needs a "
                             "draft model", "draft")
-        plan = cls(spec_key([*types, *(["draft-simple"] if draft else [])]), policy, ngram, draft)
+        heads = [t for t in types if t in HEAD_TYPES]
+        if draft and not heads and head is not None and "draft-simple" not in types:
+            # the file says which (llama.cpp's inference from the draft file)
+            heads = [head.spec_type]
+            types = spec_key([*types, *heads])
+        _check_head(types, heads, draft, head, policy)
+        own = ["draft-simple"] if draft and not heads else []
+        plan = cls(spec_key([*types, *own]), policy, ngram, draft, head if heads else None)
         plan._check_tree()
         return plan
+
+    @property
+    def head_type(self) -> str | None:
+        """The draft head's type, if the plan drafts with one."""
+        return next((t for t in self.types if t in HEAD_TYPES), None)
 
     def _check_tree(self) -> None:
         """A tree (more than one draft sequence) needs a draft model, alone, with its own
@@ -100,9 +117,42 @@ class SpecPlan:
         if spec_types is None:
             return self.types
         types = spec_key(spec_types)
-        if "draft-simple" in types and not self.draft:
+        if "draft-simple" in types and (not self.draft or self.head_type):
             raise PlanError("speculative type draft-simple needs a draft model", "draft")
+        other = next((t for t in types if t in HEAD_TYPES and t != self.head_type), None)
+        if other:
+            raise PlanError(f"speculative type {other} needs its head loaded"
+                            + (f"; this server's is {self.head_type}" if self.head_type
+                               else ""), "types")
         return types
+
+
+def _check_head(types: Sequence[str], heads: Sequence[str], draft: bool,
+                head: HeadInfo | None, policy: DraftPolicy) -> None:
+    """A head drafts alone (no draft model beside it), from its own file (the target's own
+    layers for MTP), at one draft sequence, through the target's tokenizer."""
+    if len(heads) > 1 or heads and "draft-simple" in types:
+        raise PlanError("one draft model or head at a time: "
+                        + ", ".join(t for t in types if t == "draft-simple" or t in HEAD_TYPES),
+                        "types")
+    if not heads:
+        if head is not None and "draft-simple" in types:
+            raise PlanError(f"the draft file is a {head.spec_type} head, not a draft model: "
+                            f"use --spec-type {head.spec_type}", "types")
+        return
+    kind = heads[0]
+    if kind == "draft-mtp" and draft:
+        raise PlanError("draft-mtp drafts with the target's own prediction layers: no draft "
+                        "file", "draft")
+    if kind != "draft-mtp" and not draft:
+        raise PlanError(f"{kind} needs its head file as the draft", "draft")
+    if kind != "draft-mtp" and (head is None or head.spec_type != kind):
+        raise PlanError(f"{kind} needs a {kind.removeprefix('draft-')} head as the draft, "
+                        f"and the draft file is "
+                        + (f"a {head.spec_type} head" if head else "a model"), "draft")
+    if policy.translate:
+        raise PlanError(f"{kind} reads the target's states: translation is for a draft model",
+                        "types")
 
 
 def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
@@ -117,12 +167,13 @@ def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
 
 class Drafts:
     """One engine's draft sources (a server slot's own): for each type list, built once (an
-    n-gram type's memory lasts across requests, as in llama.cpp) around one draft-model
-    source, whose model the slot's draft sequence is."""
+    n-gram type's memory lasts across requests, as in llama.cpp) around one draft-model or
+    head source, whose model (or head context) the slot's draft is."""
 
-    def __init__(self, plan: SpecPlan, target: Model, draft: Model | None):
+    def __init__(self, plan: SpecPlan, target: Model, draft: Backend | HeadContext | None):
         self.plan, self.target = plan, target
         self.model_draft = (None if draft is None else
+                            head_source(plan, draft, target) if plan.head_type else
                             TranslateDraft(draft, target) if plan.policy.translate else
                             ModelDraft(draft, n_vocab_target=target.n_vocab))
         self._sources: dict[tuple[str, ...], DraftSource | None] = {}
@@ -132,7 +183,7 @@ class Drafts:
         key = self.plan.request(spec_types)
         if key not in self._sources:
             sources = ngram_drafts(key, self.plan.ngram, self.target.n_vocab)
-            if "draft-simple" in key:
+            if "draft-simple" in key or self.plan.head_type in key:
                 sources.append(self.model_draft)
             self._sources[key] = combine(sources, self.plan.policy.adaptive,
                                          self.plan.policy.n_min)
@@ -143,6 +194,29 @@ class Drafts:
         template), for a draft that translates; None: it reads the prompt's text."""
         if isinstance(self.model_draft, TranslateDraft):
             self.model_draft.draft_prompt = None if draft_prompt is None else list(draft_prompt)
+
+
+def head_source(plan: SpecPlan, head: HeadContext, target: Model) -> DraftSource:
+    """The draft head's source, as the plan's head type and file say."""
+    kind, info = plan.head_type, plan.head
+    if kind == "draft-mtp":
+        return MtpDraft(head, target.n_nextn, target.n_vocab)
+    if kind == "draft-eagle3":
+        return Eagle3Draft(head, info.layers, target.n_vocab)
+    return DflashDraft(head, info.layers, target.n_vocab, block_size=info.block_size,
+                       mask=info.mask, dspark=kind == "draft-dspark",
+                       from_anchor=info.from_anchor)
+
+
+def draft_head(draft: ModelParams | str | None) -> HeadInfo | None:
+    """What a draft file is when it is a head (None: a model, or no file), from its header;
+    a damaged header is left to check_files."""
+    if draft is None:
+        return None
+    try:
+        return head_info(loadable.check_file(getattr(draft, "path", draft)))
+    except UsageError:
+        return None
 
 
 def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
@@ -187,6 +261,9 @@ def check_files(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) 
     checked last."""
     header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
     info = pairing.tokenizer_info(header)
+    if plan.head_type:  # this llama-cpp-python can run it, and the head fits the target
+        require_head(plan.head_type)
+        check_head(header, plan.head or HeadInfo("draft-mtp", target.path))
     if draft is not None:
         draft_header = loadable.check_file(draft.path)
         if not plan.policy.translate:
@@ -203,12 +280,15 @@ def load(target: ModelParams, draft: ModelParams | None = None,
     before loading weights), then the models loaded. spec_types: llama.cpp's --spec-type
     names; n-gram types take precedence over the draft model, which drafts whenever `draft`
     is given."""
-    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram)
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
+                            draft_head(draft))
     check_files(target, draft, plan)
     n_seq = plan.policy.n_seq
-    t = Model(target, n_seq_max=n_seq, tree=True) if plan.tree else Model(target)
+    mtp = plan.head_type == "draft-mtp"
+    t = (Model(target, n_seq_max=n_seq, tree=True) if plan.tree else
+         Model(replace(target, mtp=True)) if mtp else Model(target))
     try:
-        dm = (None if draft is None else
+        dm = (HeadContext(t, draft) if plan.head_type else None if draft is None else
               Model(draft, n_seq_max=n_seq, tree=True) if plan.tree else Model(draft))
     except BaseException:
         t.close()
@@ -229,7 +309,8 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
     engines and the shared contexts, which the caller closes. A generation on a slot runs
     between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
-    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram)
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
+                            draft_head(draft))
     check_files(target, draft, plan)
     width = plan.policy.n_seq
     if n * width > MAX_SEQUENCES:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
+import json
 import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +52,7 @@ PROMPTS = [  # code, prose, chat-style, structured
 
 # the fixtures that hand out real GGUF files: a test that uses one (directly or through
 # another fixture) is marked `models`; `pytest -m "not models"` runs the rest
-MODEL_FIXTURES = {"model_dir", "q4_1", "f32", "f16", "q8_0", "gemma"}
+MODEL_FIXTURES = {"model_dir", "q4_1", "f32", "f16", "q8_0", "gemma", "heads"}
 
 
 def pytest_collection_modifyitems(items):
@@ -104,6 +106,24 @@ def f16(q4_1, model_dir) -> str:
 def q8_0(q4_1, model_dir) -> str:
     with once(model_dir):
         return defaults.derived("q8_0", q4_1)
+
+
+@pytest.fixture(scope="session")
+def heads(q4_1, model_dir) -> dict[str, str]:
+    """The tiny random-weight draft-head models (scripts/head_models.py): name -> path
+    (llama: the EAGLE-3 and DFlash heads' target; mtp, mtp2: targets with one and two
+    multi-token-prediction layers; eagle3, dflash, dspark: heads)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+    import head_models
+
+    out = model_dir / "heads"
+    with once(model_dir):
+        done = out / ".done"
+        if done.is_file():
+            return json.loads(done.read_text())
+        paths = head_models.write_all(out, q4_1)
+        done.write_text(json.dumps(paths))
+        return paths
 
 
 @pytest.fixture(scope="session")

@@ -175,11 +175,11 @@ PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
 def plan(drafting: Drafting, model_draft: str | None) -> SpecPlan:
     """The drafting flags as one plan, checked before any model loads; its errors name the
     flags."""
-    from specli.plan import PlanError, SpecPlan
+    from specli.plan import PlanError, SpecPlan, draft_head
 
     try:
         return SpecPlan.resolve(drafting.types, model_draft is not None, drafting.params,
-                                drafting.ngram)
+                                drafting.ngram, draft_head(model_draft))
     except PlanError as e:
         raise UsageError(e.message, hint=PLAN_HINTS[e.field]) from None
 

@@ -19,6 +19,7 @@ from specli.cli import options as o
 from specli.cli.console import err, out, spinner
 from specli.config import DraftPolicy
 from specli.errors import SpecliError, UsageError
+from specli.headmeta import HEAD_TYPES
 
 SWEEP = "Sweep"
 TASKS = ("mixed", "all", "code-completion", "code-generation", "structured", "summarisation",
@@ -116,7 +117,7 @@ def tune_draft(
         with _progress(len(settings) + 1, repeat, quiet) as advance:
             result = tuning.sweep(engine, prompts, settings, n_predict, repeat,
                                   progress=advance)
-        if model_draft is not None:
+        if model_draft is not None and not any(t in HEAD_TYPES for t in loaded):
             tuning.predict(result, tuning.measure_costs(engine, prompts[0], max(ks)))
     finally:
         engine.close()
@@ -151,17 +152,24 @@ def _floats(text: str, flag: str) -> list[float]:
 
 
 def _types(text: str | None, model_draft: str | None) -> list[tuple[str, ...]]:
+    from specli.plan import PlanError, SpecPlan, draft_head
+
+    head = draft_head(model_draft)
     if text is None:
         if model_draft is None:
             raise UsageError("nothing to sweep: give a draft model (-md) or --spec-type")
-        return [("draft-simple",)]
-    from specli.plan import PlanError, SpecPlan
-
-    plan = SpecPlan.resolve(draft=model_draft is not None)  # what the loaded models serve
+        return [(head.spec_type if head else "draft-simple",)]
+    items = [(item, o.spec_types(item.replace("+", ","))) for item in text.split(",")]
+    heads = sorted({t for _, types in items for t in types if t in HEAD_TYPES})
+    try:  # what the loaded models serve: the draft model or head, and the n-gram types
+        plan = SpecPlan.resolve(heads, model_draft is not None, head=head)
+    except PlanError as e:
+        raise UsageError(f"--spec-type {text}: {e.message}", hint=o.PLAN_HINTS[e.field]) \
+            from None
     combos = []
-    for item in text.split(","):  # settings by commas, the types of one setting by +
+    for item, types in items:  # settings by commas, the types of one setting by +
         try:
-            combos.append(plan.request(o.spec_types(item.replace("+", ","))))
+            combos.append(plan.request(types))
         except PlanError as e:
             raise UsageError(f"--spec-type {item}: {e.message}",
                              hint=o.PLAN_HINTS[e.field]) from None
@@ -275,10 +283,9 @@ def _print(result, model: str, model_draft: str | None, placement: Sequence[str]
     out.print(f"best: {s.label}: {best.median:.1f} t/s, {best.speedup:.2f}x the target alone "
               f"({base.median:.1f} t/s)", markup=False)
     args = ["-m", model]
-    if "draft-simple" in s.types:
+    if "draft-simple" in s.types or any(t in HEAD_TYPES and t != "draft-mtp" for t in s.types):
         args += ["-md", model_draft]
-    ngram = [t for t in s.types if t != "draft-simple"]
-    if ngram:
+    if [t for t in s.types if t != "draft-simple"]:
         args += ["--spec-type", ",".join(s.types)]
     args += ["--draft", str(s.k), *placement]
     if s.p_min:

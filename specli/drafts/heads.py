@@ -27,9 +27,12 @@ from specli.verify import finite_argmax
 _TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
 
 
-def _top(logits: np.ndarray) -> tuple[int, float]:
-    """The top token and its probability among the top ten (llama.cpp's p for p_min)."""
+def _top(logits: np.ndarray, p_min: float) -> tuple[int, float]:
+    """The top token and, when p_min asks, its probability among the top ten (llama.cpp's p
+    for p_min; 1.0 otherwise)."""
     token = finite_argmax(logits)
+    if p_min <= 0.0:
+        return token, 1.0
     top = logits[np.argpartition(logits, -_TOP_K)[-_TOP_K:]]
     return token, float(1.0 / np.exp(top - logits[token]).sum())
 
@@ -49,8 +52,8 @@ class _Head:
         self.model = head
         self.n_vocab = min(head.n_vocab, n_vocab_target)
 
-    def top(self, i: int) -> tuple[int, float]:
-        return _top(self.model.logits(i)[: self.n_vocab])
+    def top(self, i: int, p_min: float = 0.0) -> tuple[int, float]:
+        return _top(self.model.logits(i)[: self.n_vocab], p_min)
 
     def end(self) -> None:
         pass
@@ -123,7 +126,7 @@ class MtpDraft(_Head):
                     m.rewind_cells(n_past)
                     m.layer_offset(i)
                 m.run(items)
-                token, p = self.top(len(items) - 1)
+                token, p = self.top(len(items) - 1, p_min)
                 state = m.nextn(len(items) - 1)
                 if p < p_min:
                     break
@@ -207,7 +210,7 @@ class Eagle3Draft(_Head):
         try:
             for i in range(k):
                 m.run(items)
-                token, p = self.top(0)
+                token, p = self.top(0, p_min)
                 state = m.nextn(0)
                 if p < p_min:
                     break
@@ -274,7 +277,7 @@ class DflashDraft(_Head):
                    for i in range(n_block)])
             conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
             for i in range(0 if self.anchor else 1, n_block):
-                token, p = self.top(i)
+                token, p = self.top(i, 0.0 if self.dspark else p_min)
                 if conf is not None and conf[i] < p_min:
                     break
                 if not self.dspark and p < p_min:

@@ -17,7 +17,7 @@ from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
 from specli.grammar_host import Checkers, GrammarHost
-from specli.plan import SpecPlan, load_slots
+from specli.plan import SpecPlan, draft_head, load_slots
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
 
@@ -79,7 +79,8 @@ class State:
     def plan(self) -> SpecPlan:
         """What the server drafts with (checked before it listened: cli/serve.py)."""
         c = self.config
-        return SpecPlan.resolve(c.spec_types, c.draft is not None, c.draft_params, c.ngram)
+        return SpecPlan.resolve(c.spec_types, c.draft is not None, c.draft_params, c.ngram,
+                                draft_head(c.draft))
 
     @property
     def engine(self) -> Engine:

@@ -1,0 +1,210 @@
+"""The draft heads (draft-mtp, draft-eagle3, draft-dflash, draft-dspark) on tiny random-weight
+models (scripts/head_models.py, written once per session): greedy output identical to the
+target's, the target's distribution under sampling, a resumed prompt drafting as a fresh one,
+native llama-speculative-simple's drafts step for step, and the CLI's one-line refusals."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from conftest import cli
+from test_sampling import chi_square, exact_sequences, sample_runs
+
+from specli.backend import ext
+from specli.config import DEFAULT_THREADS, DraftPolicy, ModelParams, SamplingParams
+from specli.plan import load
+from specli.stats import Stats
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import native  # noqa: E402
+
+K, N = 4, 48
+GREEDY = SamplingParams(temp=0.0)
+# id -> (--spec-type, the target, the head file or None: MTP runs the target's own layers)
+CASES = {"mtp": ("draft-mtp", "mtp", None), "mtp-chained": ("draft-mtp", "mtp2", None),
+         "eagle3": ("draft-eagle3", "llama", "eagle3"),
+         "dflash": ("draft-dflash", "llama", "dflash"),
+         "dspark": ("draft-dspark", "llama", "dspark")}
+PROMPTS = ["The history of the city is", "In the beginning there was a",
+           "She said that the people of this land"]
+
+
+def engine(heads: dict[str, str], case: str, k: int = K):
+    spec, target, head = CASES[case]
+    return load(ModelParams(heads[target]), ModelParams(heads[head]) if head else None,
+                DraftPolicy(n_max=k), spec_types=(spec,))
+
+
+def run_steps(e, ids: list[int], n: int = N) -> tuple[list[int], list[list[int]], list[tuple]]:
+    """(tokens, each step's draft, each step's (accepted, drafted)) of a greedy run."""
+    drafts: list[list[int]] = []
+    source, propose = e.draft, e.draft.propose
+
+    def spy(*a, **kw):
+        out = propose(*a, **kw)
+        drafts.append(list(out.tokens))
+        return out
+
+    source.propose = spy
+    stats, tokens, steps, run, before = Stats(), [], [], 0, 0
+    try:
+        for token, from_draft in e.steps(ids, n, GREEDY, stats):
+            tokens.append(token)
+            if from_draft:
+                run += 1
+                continue
+            steps.append((run, stats.n_drafted - before))
+            before, run = stats.n_drafted, 0
+    finally:
+        del source.propose
+    return tokens, drafts, steps
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_output_is_the_targets(heads, case):
+    e = engine(heads, case)
+    drafted = accepted = 0
+    try:
+        for text in PROMPTS:
+            ids = e.tokenize(text)
+            plain = e.complete(ids, N, GREEDY, speculative=False)
+            fast = e.complete(ids, N, GREEDY)
+            assert fast.tokens == plain.tokens, text
+            drafted += fast.stats.n_drafted
+            accepted += fast.stats.n_accept
+    finally:
+        e.close()
+    assert drafted > 0
+    if case.startswith("mtp"):  # its head passes the target's state through (head_models)
+        assert accepted > 0
+
+
+@pytest.mark.parametrize("case", ["mtp", "dspark"])
+def test_sampling_keeps_the_targets_distribution(heads, case):
+    """A head's draft is deterministic (its top token, as in llama.cpp, at any temperature):
+    accepted with the target's probability, else the target samples without it. The prompt
+    is the target's own greedy text, cut where the head's first draft is accepted only
+    sometimes (random weights: at most places it never is)."""
+    e = engine(heads, case)
+    try:
+        ids = e.tokenize(PROMPTS[0])
+        path = e.complete(ids, 40, GREEDY, speculative=False).tokens
+        prompt = next(p for p in ([*ids, *path[:j]] for j in range(len(path)))
+                      if 0.1 < sample_runs(e, p, 2, 50)[1] < 0.9)
+        exact = exact_sequences(e, prompt, 1)
+        runs, rate = sample_runs(e, prompt, 2, 1000)
+    finally:
+        e.close()
+    assert 0.05 < rate < 0.95
+    assert chi_square(Counter(r[:1] for r in runs), exact, 1000) > 0.01
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_resumed_prompt_drafts_as_a_fresh_one(heads, case):
+    """The head's cache follows the target's: a prompt that extends the last generation, or
+    shares only its start, drafts exactly what a fresh engine drafts for it."""
+    e = engine(heads, case)
+    try:
+        first = e.tokenize(PROMPTS[0])
+        tokens, _, _ = run_steps(e, first, 24)
+        prompts = ([*first, *tokens[:12], *e.tokenize(" and then the")],
+                   [*first[:3], *e.tokenize(" people of the land")])
+        resumed = [run_steps(e, ids, 24) for ids in prompts]
+    finally:
+        e.close()
+    fresh = []
+    for ids in prompts:
+        f = engine(heads, case)
+        try:
+            fresh.append(run_steps(f, ids, 24))
+        finally:
+            f.close()
+    assert resumed == fresh
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_drafts_match_native_step_for_step(heads, case, tmp_path):
+    """The same files, prompt and k: every step's drafted tokens and accepted count are
+    native llama-speculative-simple's, while both draft in full (native's last step runs past
+    -n)."""
+    bin_dir = native.native_bin_dir()
+    if bin_dir is None:
+        pytest.skip("no native llama.cpp build (scripts/build_native.sh)")
+    spec, target, head = CASES[case]
+    e = engine(heads, case)
+    compared = 0
+    try:
+        for i, text in enumerate(PROMPTS[:2]):
+            f = tmp_path / f"p{i}.txt"
+            f.write_text(text + "\n")  # native -f drops one trailing newline
+            theirs = native.head(bin_dir, heads[target], spec, heads[head] if head else None,
+                                 str(f), N, K, threads=DEFAULT_THREADS)
+            _, drafts, steps = run_steps(e, e.tokenize(text))
+            full = max(d for _, d in steps)  # K, or chained MTP's one token per head
+            n = min(len(steps), len(theirs.steps)) - 1
+            n = next((j for j in range(n) if steps[j][1] < full or theirs.steps[j][1] < full),
+                     n)
+            assert drafts[:n] == theirs.drafts[:n], text
+            assert steps[:n] == theirs.steps[:n], text
+            compared += n
+    finally:
+        e.close()
+    assert compared >= 10
+
+
+@pytest.mark.parametrize("case", ["mtp", "eagle3", "dspark"])
+def test_run_prints_the_heads_statistics_and_the_targets_text(heads, case):
+    spec, target, head = CASES[case]
+    args = ["run", "-m", heads[target], *(["-md", heads[head]] if head else []),
+            "-p", PROMPTS[1], "-n", "24", "--temp", "0", "--draft", str(K)]
+    r = cli(*args, "--spec-type", spec)
+    assert r.returncode == 0, r.stderr
+    assert f"statistics {spec}: #gen drafts = " in r.stderr
+    plain = cli(*args, "--no-spec")
+    assert plain.returncode == 0, plain.stderr
+    assert r.stdout == plain.stdout
+
+
+def test_a_head_file_drafts_as_its_own_type(heads):
+    """-md with a head file and no --spec-type: the file says which (as llama.cpp infers
+    DFlash and MTP from the file; EAGLE-3 too, which llama.cpp leaves to --spec-type)."""
+    for head in ("eagle3", "dflash", "dspark"):
+        r = cli("run", "-m", heads["llama"], "-md", heads[head], "-p", PROMPTS[0], "-n", "8",
+                "--temp", "0")
+        assert r.returncode == 0, r.stderr
+        assert f"statistics {CASES[head][0]}: " in r.stderr
+
+
+@pytest.mark.parametrize("args,code,says", [
+    (["-m", "mtp", "-md", "eagle3"], 1, "reads target layer 2, and "),
+    (["-m", "llama", "--spec-type", "draft-mtp"], 1, "no multi-token-prediction layers"),
+    (["-m", "llama", "--spec-type", "draft-eagle3"], 2, "draft-eagle3 needs its head file"),
+    (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-dflash"], 2,
+     "the draft file is a draft-eagle3 head"),
+    (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-simple"], 2,
+     "is a draft-eagle3 head, not a draft model"),
+    (["-m", "mtp", "-md", "mtp", "--spec-type", "draft-mtp"], 2, "no draft file"),
+])
+def test_a_head_that_cannot_run_is_one_line(heads, args, code, says):
+    args = [heads.get(a, a) for a in args]
+    r = cli("run", *args, "-p", "Hi", "-n", "4")
+    assert r.returncode == code, r.stderr
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_build_without_the_head_functions_is_refused_before_loading(heads, monkeypatch):
+    """Where llama-cpp-python lacks a function a head needs: its name, what to install,
+    exit 2, and no weights loaded."""
+    name = "llama_get_embeddings_layer_inp"
+    monkeypatch.setitem(ext._EXT, name, ("_Z_not_in_this_build", *ext._EXT[name][1:]))
+    monkeypatch.setattr(ext, "_bound", {})
+    import specli.backend.model as model
+
+    monkeypatch.setattr(model.Model, "__init__", lambda *a, **k: pytest.fail("loaded"))
+    r = cli("run", "-m", heads["llama"], "-md", heads["eagle3"], "-p", "Hi", "-n", "4")
+    assert r.returncode == 2, r.stderr
+    assert f"needs {name}, which this llama-cpp-python build lacks" in r.stderr
+    assert "llama-cpp-python>=0.3.36" in r.stderr
