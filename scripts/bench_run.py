@@ -2,6 +2,7 @@
 
     python scripts/build_native.sh            # once: native binaries from the same llama.cpp
     python scripts/bench_run.py [--write docs/performance.md] [-ngl 99 -ngld 99]
+    python scripts/bench_run.py --heads [--write docs/performance.md]   # the draft heads
 
 Greedy, same pair, same prompts, same k, same threads. Every configuration runs --repeat
 times, interleaved, and the median decode speed is reported: speeds are ratios measured on one
@@ -51,6 +52,10 @@ WIDE = {
     "recipe": "Give a recipe for pancakes.",
 }
 BEGIN, END = "<!-- bench_run:begin -->", "<!-- bench_run:end -->"
+HEADS_BEGIN, HEADS_END = "<!-- bench_heads:begin -->", "<!-- bench_heads:end -->"
+# the draft heads: --spec-type, the target and the head file among head_models.write_all's
+HEADS = {"draft-mtp": ("mtp", None), "draft-eagle3": ("llama", "eagle3"),
+         "draft-dflash": ("llama", "dflash"), "draft-dspark": ("llama", "dspark")}
 
 
 def machine() -> str:
@@ -106,6 +111,66 @@ def fair_tps(r: native.NativeRun, ours) -> float:
     return tokens / seconds
 
 
+def bench_heads(args, ks: list[int]) -> None:
+    """The four draft heads on the same files and k as native llama-speculative-simple: the
+    tiny random-weight models of head_models.py (or -m/-md/--spec-type), where the decode
+    is cheap and what differs is each engine's work per step around it."""
+    import head_models
+
+    from specli.plan import load
+
+    bin_dir = native.native_bin_dir()
+    tmp = Path(tempfile.mkdtemp())
+    files = head_models.write_all(tmp / "heads", defaults.smollm2_q4_1())
+    cases = ({args.spec_type: (args.model, args.model_draft)} if args.spec_type else
+             {t: (files[a], files[b] if b else None) for t, (a, b) in HEADS.items()})
+    texts = list((WIDE if args.prompts == "wide" else PROMPTS).values())
+    greedy = SamplingParams(temp=0.0)
+    tps: dict[tuple[str, int, str], list[float]] = {}
+    acc: dict[tuple[str, int, str], list[float]] = {}
+    for spec, (target, head) in cases.items():
+        for k in ks:
+            e = load(ModelParams(target, n_threads=args.threads, n_gpu_layers=args.ngl),
+                     ModelParams(head, n_threads=args.threads) if head else None,
+                     DraftParams(n_max=k), spec_types=(spec,))
+            try:
+                for rep in range(args.repeat):
+                    for i, text in enumerate(texts):
+                        print(f"[{rep + 1}/{args.repeat}] {spec} k={k} {i}", file=sys.stderr)
+                        e.forget()  # every run evaluates its prompt, as native's does
+                        out = e.complete(e.tokenize(text), args.n, greedy)
+                        tps.setdefault((spec, k, "specli"), []).append(out.stats.decode_tps)
+                        acc.setdefault((spec, k, "specli"), []).append(out.stats.accept_rate)
+                        if bin_dir is None:
+                            continue
+                        f = tmp / f"p{i}.txt"
+                        f.write_text(text + "\n")  # native -f drops one trailing newline
+                        r = native.head(bin_dir, target, spec, head, str(f), args.n, k,
+                                        args.threads, extra=("-ngl", str(args.ngl)),
+                                        steps=False)
+                        tps.setdefault((spec, k, "native"), []).append(fair_tps(r, out.stats))
+                        acc.setdefault((spec, k, "native"), []).append(r.accept_rate)
+            finally:
+                e.close()
+    lines = [f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl}.",
+             "Draft heads on " + ("the given files" if args.spec_type else
+                                  "head_models.py's tiny random-weight models") +
+             f", greedy, -n {args.n}, {len(texts)} prompts, median of {args.repeat} "
+             "interleaved rounds.", "",
+             "| type | k | specli t/s | native t/s | specli / native | accept specli "
+             "| accept native |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for spec in cases:
+        for k in ks:
+            ours = statistics.median(tps[(spec, k, "specli")])
+            theirs = statistics.median(tps.get((spec, k, "native"), [0.0]))
+            a = 100 * statistics.mean(acc[(spec, k, "specli")])
+            b = 100 * statistics.mean(acc.get((spec, k, "native"), [0.0]))
+            ratio = f"{ours / theirs:.2f}x" if theirs else "-"
+            lines.append(f"| {spec} | {k} | {ours:.1f} | {theirs:.1f} | {ratio} | {a:.1f}% "
+                         f"| {b:.1f}% |")
+    publish(lines, args.write, HEADS_BEGIN, HEADS_END)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", help="target GGUF (default: SmolLM2 F32 derived)")
@@ -120,7 +185,13 @@ def main() -> None:
     ap.add_argument("--per-prompt", action="store_true",
                     help="also a table per prompt and k: acceptance and ms per step, both engines")
     ap.add_argument("--write", help="replace the results block of this markdown file")
+    ap.add_argument("--heads", action="store_true",
+                    help="benchmark the draft heads (MTP, EAGLE-3, DFlash, DSpark) instead")
+    ap.add_argument("--spec-type", help="with --heads: this head type on -m/-md only")
     args = ap.parse_args()
+    if args.heads:
+        bench_heads(args, [int(k) for k in args.k.split(",")])
+        return
 
     draft_path = args.model_draft or defaults.smollm2_q4_1()
     target_path = args.model or defaults.derived("f32", draft_path)

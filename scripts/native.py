@@ -69,12 +69,13 @@ def ngram(bin_dir: Path, target: str, spec_type: str, prompt_file: str, n: int, 
 
 
 def head(bin_dir: Path, target: str, spec_type: str, draft: str | None, prompt_file: str,
-         n: int, k: int, threads: int = 2, extra: tuple[str, ...] = ()) -> NativeRun:
+         n: int, k: int, threads: int = 2, extra: tuple[str, ...] = (),
+         steps: bool = True) -> NativeRun:
     """llama-speculative-simple with a draft head (draft-mtp: the target's own layers, no
-    draft file; draft-eagle3, -dflash, -dspark: the head's file), greedy, with -v: every
-    step's drafted tokens and acceptance (slower: do not time such a run)."""
+    draft file; draft-eagle3, -dflash, -dspark: the head's file), greedy; steps adds -v:
+    every step's drafted tokens and acceptance (slower: do not time such a run)."""
     return _run(bin_dir / "llama-speculative-simple", target, draft, prompt_file, n, k, threads,
-                ("--spec-type", spec_type, "-v", *extra))
+                ("--spec-type", spec_type, *(("-v",) if steps else ()), *extra))
 
 
 def _run(program: Path, target: str, draft: str | None, prompt_file: str, n: int, k: int,

@@ -93,6 +93,7 @@ class SharedContext:
             self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
         self._hidden: set[Model] = set()  # slots whose draft reads hidden states (set_hidden)
+        self._exports: dict[Model, tuple[tuple[int, ...], bool]] = {}  # slots' heads' reads
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
         self.decoding = False
@@ -114,7 +115,7 @@ class SharedContext:
         if req.error is not None:
             raise req.error
         rows = req.rows if n_out else np.empty((0, m.n_vocab), dtype=np.float32)
-        return Ran(rows, req.hidden, req.seconds, 1)
+        return Ran(rows, req.hidden, req.seconds, 1, req.layers, req.nextn)
 
     @contextmanager
     def editing(self):
@@ -144,6 +145,35 @@ class SharedContext:
                     self._hidden.discard(m)
                 if live:
                     self.base.keep_hidden(self.base, bool(self._hidden))
+
+    def keep_exports(self, m: Model, layers: tuple[int, ...], nextn: bool) -> None:
+        """The context exports what any of its slots' heads reads."""
+        with self.editing() as live:
+            if layers or nextn:
+                self._exports[m] = (layers, nextn)
+            else:
+                self._exports.pop(m, None)
+            if live:
+                self.base.keep_exports(self.base, *self._union())
+
+    def _union(self) -> tuple[tuple[int, ...], bool]:
+        layers = tuple(sorted({lid for ls, _ in self._exports.values() for lid in ls}))
+        return layers, any(n for _, n in self._exports.values())
+
+    def _export(self, batch: list[_Request], n_tokens: int) -> None:
+        """Each request's share of what the last decode (n_tokens, the batch's tokens in
+        order) exported, for the slots that read it."""
+        if not any(r.hidden_of in self._exports for r in batch):
+            return
+        layers, nextn = self.base.read_exports(n_tokens, *self._union())
+        off = 0
+        for r in batch:
+            n = len(r.tokens)
+            if r.hidden_of in self._exports:
+                mine, wants = self._exports[r.hidden_of]
+                r.layers = {lid: layers[lid][off:off + n] for lid in mine} if mine else None
+                r.nextn = nextn[off:off + n] if wants else None
+            off += n
 
     def close(self) -> None:
         with self.gate.cond:  # never under a decode; later decodes are refused
@@ -219,6 +249,7 @@ class SharedContext:
                     r.rows = np.array(m.rows(r.n_out))  # a copy: see below
                     if r.hidden_of in self._hidden:
                         r.hidden = np.array(m.hidden_rows(r.n_out))
+                    self._export([r], min(len(r.tokens), m.n_batch))
                 except BackendError as e:
                     r.error = e
             return
@@ -230,6 +261,12 @@ class SharedContext:
             return
         rows = m.rows(sum(r.n_out for r in batch))
         hidden = m.hidden_rows(rows.shape[0]) if self._hidden else None
+        try:
+            self._export(batch, sum(len(r.tokens) for r in batch))
+        except BackendError as e:
+            for r in batch:
+                r.error = e
+            return
         off = 0
         for r in batch:
             # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
@@ -254,6 +291,8 @@ class _Request:
     error: Exception | None = None
     seconds: float = 0.0
     hidden: np.ndarray | None = None  # the rows' hidden states, when its slot reads them
+    layers: dict[int, np.ndarray] | None = None  # its tokens' exported layer inputs
+    nextn: np.ndarray | None = None  # its tokens' next-token-head states
     hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
 

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from specli import loadable, pairing
-from specli.backend import Backend, HeadContext, Model, check_placement, require_head
+from specli.backend import (
+    Backend,
+    HeadContext,
+    HeadModel,
+    Model,
+    check_placement,
+    require_head,
+)
 from specli.batching import Gate, SharedContext
 from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
 from specli.drafts import (
@@ -27,7 +34,7 @@ from specli.drafts import (
 from specli.drafts.heads import DflashDraft, Eagle3Draft, MtpDraft
 from specli.drafts.translate import TranslateDraft
 from specli.engine import Engine
-from specli.errors import UsageError
+from specli.errors import SpecliError, UsageError
 from specli.headmeta import HEAD_TYPES, HeadInfo, check_head, head_info
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
@@ -215,7 +222,7 @@ def draft_head(draft: ModelParams | str | None) -> HeadInfo | None:
         return None
     try:
         return head_info(loadable.check_file(getattr(draft, "path", draft)))
-    except UsageError:
+    except SpecliError:  # check_files says what is wrong with it
         return None
 
 
@@ -319,8 +326,18 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
     cells = width * (plan.policy.n_max + 1) if width > 1 else 0
     gate = Gate()
-    shared = [SharedContext(target, n, gate, width=width, tree_cells=cells)]
+    mtp = plan.head_type == "draft-mtp"
+    shared = [SharedContext(replace(target, mtp=True) if mtp else target, n, gate, width=width,
+                            tree_cells=cells)]
     try:
+        if plan.head_type:  # a head context a slot, on one head model (freed after them)
+            head = HeadModel(draft) if draft is not None else None
+            if head is not None:
+                shared.append(head)
+            views = [shared[0].view(i) for i in range(n)]
+            engines = [engine(plan, v, HeadContext(v, head, decoder=gate.decoder))
+                       for v in views]
+            return engines, shared
         if draft is not None:
             shared.append(SharedContext(draft, n, gate, first=True, width=width,
                                         tree_cells=cells))

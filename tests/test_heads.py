@@ -6,16 +6,18 @@ native llama-speculative-simple's drafts step for step, and the CLI's one-line r
 from __future__ import annotations
 
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import cli
 from test_sampling import chi_square, exact_sequences, sample_runs
+from test_serve import Server
 
 from specli.backend import ext
 from specli.config import DEFAULT_THREADS, DraftPolicy, ModelParams, SamplingParams
-from specli.plan import load
+from specli.plan import load, load_slots
 from specli.stats import Stats
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
@@ -208,3 +210,60 @@ def test_a_build_without_the_head_functions_is_refused_before_loading(heads, mon
     assert r.returncode == 2, r.stderr
     assert f"needs {name}, which this llama-cpp-python build lacks" in r.stderr
     assert "llama-cpp-python>=0.3.36" in r.stderr
+
+
+@pytest.mark.parametrize("case", ["mtp", "eagle3", "dflash"])
+def test_server_slots_each_keep_their_own_head(heads, case):
+    """Two slots generating together, their target decodes batched into one: each slot's
+    head drafts what a lone engine's drafts, and the text is the target's."""
+    spec, target, head = CASES[case]
+    alone = engine(heads, case)
+    try:
+        ids = [alone.tokenize(t) for t in PROMPTS[:2]]
+        want = [run_steps(alone, p, 24) for p in ids]
+    finally:
+        alone.close()
+    engines, shared = load_slots(2, ModelParams(heads[target], n_ctx=512),
+                                 ModelParams(heads[head]) if head else None,
+                                 DraftPolicy(n_max=K), spec_types=(spec,))
+    got: list = [None, None]
+
+    def slot(i: int) -> None:
+        with engines[i].target.generating():
+            got[i] = run_steps(engines[i], ids[i], 24)
+
+    try:
+        threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        for e in engines:
+            e.close()
+        for c in shared:
+            c.close()
+    assert got == want
+
+
+def test_serve_answers_the_openai_client_with_a_head(heads):
+    """`specli serve` with draft-mtp: the text is the target's, the head drafted, and a
+    request's speculative.type may name it (or turn to an n-gram type)."""
+    s = Server("-m", heads["mtp"], "--spec-type", "draft-mtp", "-np", "2", "-c", "1024",
+               "--temp", "0", "--draft", str(K))
+    try:
+        client = s.client()
+
+        def ask(spec):
+            return client.completions.create(model="m", prompt=PROMPTS[0], max_tokens=24,
+                                             extra_body={"speculative": spec})
+
+        base, head, ngram = ask(False), ask({"type": "draft-mtp"}), ask({"type": "ngram-simple"})
+        assert head.choices[0].text == base.choices[0].text == ngram.choices[0].text
+        assert head.usage.model_extra["speculative"]["draft_n"] > 0
+        with s.http() as h:
+            r = h.post("/completion", json={"prompt": "Hi", "n_predict": 4,
+                                            "speculative": {"type": "draft-eagle3"}})
+        assert r.status_code == 400 and "draft-eagle3" in r.text
+    finally:
+        s.stop()

@@ -16,7 +16,7 @@ from specli.backend.devices import (
     supports_gpu_offload,
 )
 from specli.backend.ext import require as require_head
-from specli.backend.heads import HeadContext
+from specli.backend.heads import HeadContext, HeadModel
 from specli.backend.model import Model, Tokenizer
 from specli.backend.protocol import Backend
 from specli.backend.quantize import QUANT_TYPES, quantize
@@ -31,7 +31,8 @@ from specli.backend.templates import apply_builtin_template, builtin_templates, 
 
 __all__ = ["GRAMMAR_MAX_NESTING", "GRAMMAR_MAX_RULES", "QUANT_TYPES", "SPLIT_MODES", "Backend",
            "Device",
-           "Dry", "HeadContext", "Grammar", "Model", "Tokenizer", "apply_builtin_template",
+           "Dry", "HeadContext", "HeadModel", "Grammar", "Model", "Tokenizer",
+           "apply_builtin_template",
            "builtin_templates", "check_placement", "connect_rpc", "knows_template",
            "kv_type", "list_devices", "ll", "local_gpu", "quantize", "require_head",
            "rpc_available",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -28,6 +29,31 @@ from specli.errors import BackendError, ModelFileError
 _F = ctypes.POINTER(ctypes.c_float)
 
 
+class HeadModel:
+    """A draft head's own GGUF (EAGLE-3, DFlash, DSpark), loaded once for every context on
+    it (a server's slots each have one); closed after them."""
+
+    def __init__(self, params: ModelParams):
+        check_gguf(params.path)
+        set_verbose(params.verbose)
+        t0 = time.perf_counter()
+        mp = ll.llama_model_default_params()
+        mp.n_gpu_layers = params.n_gpu_layers
+        self.params, self.handle = params, ll.llama_model_load_from_file(params.path.encode(), mp)
+        if not self.handle:
+            raise ModelFileError(f"llama.cpp could not load the draft head {params.path}",
+                                 hint="rerun with -v")
+        self.load_ms = 1e3 * (time.perf_counter() - t0)
+
+    def close(self) -> None:
+        if getattr(self, "handle", None):
+            ll.llama_model_free(self.handle)
+            self.handle = None
+
+    def __del__(self):
+        self.close()
+
+
 class HeadContext:
     """A draft head's context beside the target's (llama.cpp's ctx_other): on the target's
     own model with its multi-token-prediction layers (MTP), or on a head file of its own
@@ -39,24 +65,20 @@ class HeadContext:
     offloaded = False
     max_token_bytes = 1
 
-    def __init__(self, target: Model, params: ModelParams | None = None):
-        self.target, self.params = target, params or target.params
+    def __init__(self, target: Model, head: ModelParams | HeadModel | None = None,
+                 decoder: Executor | None = None):
+        """head: the head's file (loaded here, freed on close), or a HeadModel another
+        owns; None: the target's own prediction layers (MTP). decoder: where the decodes run
+        (a server's one decode thread), else on the caller's thread."""
+        self.target, self.decoder = target, decoder
         self.t_decode_s = 0.0
         self.n_decode_calls = self.n_decode_tokens = 0
         self.tokens: list[int] = []  # the target's tokens the head has taken in, committed
-        self._own_model = params is not None
-        t0 = time.perf_counter()
-        if self._own_model:
-            check_gguf(params.path)
-            set_verbose(params.verbose)
-            mp = ll.llama_model_default_params()
-            mp.n_gpu_layers = params.n_gpu_layers
-            self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
-            if not self._model:
-                raise ModelFileError(f"llama.cpp could not load the draft head {params.path}",
-                                     hint="rerun with -v")
-        else:
-            self._model = target.llama_handles[0]
+        self._owned = HeadModel(head) if isinstance(head, ModelParams) else None
+        shared = self._owned or head
+        self.params = shared.params if shared is not None else target.params
+        self._own_model = shared is not None
+        self._model = shared.handle if shared is not None else target.llama_handles[0]
         tp = target.params
         cp = ll.llama_context_default_params()
         cp.n_ctx = target.n_ctx
@@ -75,7 +97,7 @@ class HeadContext:
             self.close()
             raise BackendError("llama.cpp could not create the draft head's context",
                                hint="rerun with -v")
-        self.load_ms = 1e3 * (time.perf_counter() - t0) if self._own_model else 0.0
+        self.load_ms = self._owned.load_ms if self._owned is not None else 0.0
         self._mem = ll.llama_get_memory(self._ctx)
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
@@ -118,8 +140,10 @@ class HeadContext:
             if out:
                 set_out(b, idx, True)
         t0 = time.perf_counter()
-        rc = fn("llama_process")(self._ctx, ll.LLAMA_PROCESS_TYPE_ENCODE if encode
-                                  else ll.LLAMA_PROCESS_TYPE_DECODE, b)
+        process = fn("llama_process")
+        kind = ll.LLAMA_PROCESS_TYPE_ENCODE if encode else ll.LLAMA_PROCESS_TYPE_DECODE
+        rc = (process(self._ctx, kind, b) if self.decoder is None else
+              self.decoder.submit(process, self._ctx, kind, b).result())
         if rc != 0:
             raise BackendError(f"the draft head's decode failed with code {rc}",
                                hint="rerun with -v")
@@ -182,8 +206,8 @@ class HeadContext:
         if getattr(self, "_ctx", None):
             ll.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_own_model", False) and getattr(self, "_model", None):
-            ll.llama_model_free(self._model)
+        if getattr(self, "_owned", None) is not None:
+            self._owned.close()
         self._model = None
 
     def __del__(self):

@@ -81,12 +81,15 @@ class Tokenizer:
 
 class Ran(NamedTuple):
     """A decode's outcome: its logits rows, their hidden states (when kept), the seconds
-    inside llama_decode and the llama_decode calls."""
+    inside llama_decode and the llama_decode calls; what a draft head reads of it (when
+    exported): each exported layer's input and the next-token-head states, a row per token."""
 
     rows: np.ndarray
     hidden: np.ndarray | None
     seconds: float
     calls: int
+    layers: dict[int, np.ndarray] | None = None
+    nextn: np.ndarray | None = None
 
 
 class Runner(Protocol):
@@ -108,6 +111,9 @@ class Runner(Protocol):
 
     def keep_hidden(self, m: Model, on: bool) -> None:
         """Whether m's decodes keep their hidden states."""
+
+    def keep_exports(self, m: Model, layers: tuple[int, ...], nextn: bool) -> None:
+        """What m's decodes export for a draft head (layer inputs, next-token-head states)."""
 
 
 class Model:
@@ -134,6 +140,9 @@ class Model:
         self._runner: Runner = runner or self
         self._hidden: np.ndarray | None = None  # the last decode's, when kept
         self._keeps_hidden = False
+        self._exports: tuple[tuple[int, ...], bool] = ((), False)  # set on this context
+        self._layers: dict[int, np.ndarray] | None = None  # the last decode's, when exported
+        self._nextn: np.ndarray | None = None
         if share is not None:
             self._model, self._ctx, self.vocab, self._mem = (share._model, share._ctx,
                                                               share.vocab, share._mem)
@@ -287,6 +296,7 @@ class Model:
         self.n_decode_calls += ran.calls
         self.n_decode_tokens += n_tokens
         self._hidden = ran.hidden
+        self._layers, self._nextn = ran.layers, ran.nextn
 
     def _plan(self, tokens: Sequence[int], logits: str | int) -> int:
         """The number of logits rows a decode returns, after checking that it can run."""
@@ -498,30 +508,39 @@ class Model:
     def export(self, layers: Sequence[int] = (), nextn: bool = False, on: bool = True) -> None:
         """Decodes keep (on) or stop keeping the input of these layers and the state the
         next-token heads take, for every token decoded (layer_rows, nextn_rows)."""
-        f = ext.fn("llama_set_embeddings_layer_inp")
-        for lid in layers:
-            f(self._ctx, lid, on)
-        if nextn:
-            ext.fn("llama_set_embeddings_nextn")(self._ctx, on, False)
+        self._runner.keep_exports(self, tuple(layers) if on else (), nextn and on)
 
     def layer_rows(self, layers: Sequence[int], n_tokens: int) -> np.ndarray:
         """The last decode's inputs of `layers`, a row per token decoded: (n_tokens,
         len(layers) * n_embd), the layers side by side (the features a head's encoder takes)."""
-        f, n_embd = ext.fn("llama_get_embeddings_layer_inp"), self.n_embd
-        out = np.empty((n_tokens, len(layers) * n_embd), np.float32)
-        for k, lid in enumerate(layers):
-            ptr = f(self._ctx, lid)
-            if not ptr:
-                raise BackendError(f"internal: layer {lid}'s input was not kept")
-            out[:, k * n_embd:(k + 1) * n_embd] = np.ctypeslib.as_array(ptr, (n_tokens, n_embd))
-        return out
+        if self._layers is None or any(lid not in self._layers for lid in layers):
+            raise BackendError("internal: layer inputs read from a decode that kept none")
+        return np.hstack([self._layers[lid][-n_tokens:] for lid in layers])
 
     def nextn_rows(self, n_tokens: int) -> np.ndarray:
-        """A copy of the last decode's next-token-head states, a row per token decoded."""
-        ptr = ext.fn("llama_get_embeddings_nextn")(self._ctx)
-        if not ptr:
+        """The last decode's next-token-head states, a row per token decoded."""
+        if self._nextn is None:
             raise BackendError("internal: head states read from a decode that kept none")
-        return np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
+        return self._nextn[-n_tokens:]
+
+    def read_exports(self, n_tokens: int, layers: Sequence[int],
+                     nextn: bool) -> tuple[dict[int, np.ndarray] | None, np.ndarray | None]:
+        """Copies of what this context's last decode of n_tokens exported."""
+        out = None
+        if layers:
+            f, out = ext.fn("llama_get_embeddings_layer_inp"), {}
+            for lid in layers:
+                ptr = f(self._ctx, lid)
+                if not ptr:
+                    raise BackendError(f"internal: layer {lid}'s input was not kept")
+                out[lid] = np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
+        rows = None
+        if nextn:
+            ptr = ext.fn("llama_get_embeddings_nextn")(self._ctx)
+            if not ptr:
+                raise BackendError("internal: head states read from a decode that kept none")
+            rows = np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
+        return out, rows
 
     def generating(self) -> AbstractContextManager[None]:
         """Around a generation (the engine's steps): see Runner.generation."""
@@ -535,8 +554,11 @@ class Model:
         else:
             secs, calls = self.decode_items(
                 [(t, p, ss, True) for t, p, ss in zip(tokens, *nodes, strict=True)]), 1
+        layers, nextn = self._exports
+        exported = (self.read_exports(min(len(tokens), self.n_batch), layers, nextn)
+                    if layers or nextn else (None, None))
         return Ran(self.rows(n_out), self.hidden_rows(n_out) if self._keeps_hidden else None,
-                   secs, calls)
+                   secs, calls, *exported)
 
     def editing(self) -> AbstractContextManager[bool]:
         return nullcontext(True)
@@ -547,6 +569,19 @@ class Model:
     def keep_hidden(self, m: Model, on: bool) -> None:
         self._keeps_hidden = on
         ll.llama_set_embeddings(self._ctx, on)
+
+    def keep_exports(self, m: Model, layers: tuple[int, ...], nextn: bool) -> None:
+        """This context exports exactly these layers' inputs (and the next-token-head
+        states if nextn), for every token it decodes."""
+        old_layers, old_nextn = self._exports
+        f = ext.fn("llama_set_embeddings_layer_inp") if old_layers or layers else None
+        for lid in set(old_layers) - set(layers):
+            f(self._ctx, lid, False)
+        for lid in set(layers) - set(old_layers):
+            f(self._ctx, lid, True)
+        if nextn != old_nextn:
+            ext.fn("llama_set_embeddings_nextn")(self._ctx, nextn, False)
+        self._exports = (tuple(layers), nextn)
 
     def hidden_rows(self, n_out: int) -> np.ndarray:
         """A view of the last decode's n_out hidden states, on the context that ran it."""
