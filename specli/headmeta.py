@@ -11,6 +11,7 @@ from specli.errors import IncompatiblePairError
 from specli.ggufmeta import Header
 
 HEAD_TYPES = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+HEAD_ARRAYS = ("eagle3.target_layers", "dflash.target_layers")  # to decode in full
 # the architectures whose graphs have multi-token-prediction layers (src/llama-model.cpp,
 # where ctx_type == LLAMA_CONTEXT_TYPE_MTP), in the llama.cpp llama-cpp-python vendors
 MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4",
@@ -32,6 +33,18 @@ class HeadInfo:
     mask: int | None = None
     from_anchor: bool = True
     n_nextn: int = 0
+
+    def text(self) -> str:
+        """One line, as `info` and `check-pair` show it."""
+        if self.spec_type == "draft-mtp":
+            return f"{self.spec_type}: {self.n_nextn} prediction layer" + \
+                "s" * (self.n_nextn != 1)
+        out = (f"{self.spec_type}: target layers {', '.join(map(str, self.layers)) or '-'}, "
+               f"target width {self.hidden if self.hidden is not None else '?'}")
+        if self.spec_type != "draft-eagle3":
+            out += (f", block {self.block_size}, mask token "
+                    f"{self.mask if self.mask is not None else '-'}")
+        return out
 
     def to_dict(self) -> dict:
         return {"type": self.spec_type, "target_layers": list(self.layers),

@@ -5,6 +5,7 @@ native llama-speculative-simple's drafts step for step, and the CLI's one-line r
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from collections import Counter
@@ -267,3 +268,23 @@ def test_serve_answers_the_openai_client_with_a_head(heads):
         assert r.status_code == 400 and "draft-eagle3" in r.text
     finally:
         s.stop()
+
+
+def test_check_pair_and_info_know_heads(heads):
+    """check-pair checks a head against its target (exit 1 when it does not fit) and info
+    shows a file's head, from the headers alone."""
+    ok = cli("check-pair", heads["llama"], heads["eagle3"])
+    assert ok.returncode == 0, ok.stderr
+    assert "draft head: draft-eagle3: target layers 0, 2, 3, target width 64" in ok.stdout
+    bad = cli("check-pair", heads["mtp"], heads["eagle3"], "--json")
+    assert bad.returncode == 1
+    doc = json.loads(bad.stdout)
+    assert doc["compatible"] is False and doc["rule"] == "head"
+    assert doc["head"]["ok"] is False and "reads target layer 2" in doc["head"]["problem"]
+    shown = {name: cli("info", heads[name]).stdout for name in ("mtp2", "dspark", "llama")}
+    assert "draft head: draft-mtp: 2 prediction layers" in shown["mtp2"]
+    assert "draft head: draft-dspark: target layers 1, 3, target width 64, block 8" \
+        in shown["dspark"]
+    assert "draft head: none" in shown["llama"]
+    doc = json.loads(cli("info", heads["dflash"], "--json").stdout)
+    assert doc["head"]["type"] == "draft-dflash" and doc["head"]["target_layers"] == [1, 3]

@@ -14,7 +14,8 @@ from rich.text import Text
 from specli import loadable
 from specli.cli import options as o
 from specli.cli.console import err, out, safe, spinner
-from specli.errors import UsageError
+from specli.errors import IncompatiblePairError, UsageError
+from specli.headmeta import check_head, head_info
 from specli.pairing import PairReport, compare, read_model_info
 from specli.tuning import ProbeResult
 
@@ -57,19 +58,32 @@ def check_pair(
     """
     if n_predict < 1 or draft_max < 1:
         raise UsageError("-n/--n-predict and --draft must be at least 1")
-    for path in (target, draft):  # a file run would refuse or abort on gets no verdict
-        loadable.check_file(str(path))
-    report = compare(read_model_info(str(target)), read_model_info(str(draft)))
+    headers = [loadable.check_file(str(path)) for path in (target, draft)]  # a file run
+    report = compare(read_model_info(str(target)), read_model_info(str(draft)))  # refuses or
+    head, head_problem = head_info(headers[1]), None  # aborts on gets no verdict
+    if head is not None:  # a draft head: it must fit the target too
+        try:
+            check_head(headers[0], head)
+        except IncompatiblePairError as e:
+            head_problem = e.message
     result = None
-    if probe and report.verdict.ok:
+    ok = report.verdict.ok and head_problem is None
+    if probe and ok:
         result = _probe(report, n_predict, draft_max, resources, gpu, verbose, quiet=json_out)
     if json_out:
         doc = {"schema_version": SCHEMA_VERSION, **report.to_dict(),
                "probe": result.to_dict() if result else None}
+        if head is not None:  # a head's fit to the target (no key for a draft model)
+            doc["head"] = {**head.to_dict(), "ok": head_problem is None,
+                           "problem": head_problem}
+        if head_problem is not None and doc["compatible"]:
+            doc.update(compatible=False, rule="head", message=head_problem)
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
-        _print(report, result)
-    if not report.verdict.ok:
+        if head is not None:
+            out.print(f"draft head: {head.text()}", markup=False)
+        _print(report, result, head_problem)
+    if not ok:
         raise typer.Exit(1)
 
 
@@ -93,7 +107,8 @@ def _probe(report: PairReport, n_predict: int, k: int, resources: o.Resources,
         engine.close()
 
 
-def _print(report: PairReport, result: ProbeResult | None) -> None:
+def _print(report: PairReport, result: ProbeResult | None,
+           head_problem: str | None = None) -> None:
     out.print(f"target: {safe(report.target.path)}", markup=False)
     out.print(f"draft:  {safe(report.draft.path)}", markup=False)
     table = Table(show_edge=False, pad_edge=False)
@@ -112,7 +127,9 @@ def _print(report: PairReport, result: ProbeResult | None) -> None:
     if result is not None:
         _print_probe(result)
     v = report.verdict
-    if v.ok:
+    if v.ok and head_problem is not None:
+        out.print(f"verdict: incompatible (head): {safe(head_problem)}", markup=False)
+    elif v.ok:
         n = len(report.warnings)
         tail = f", {n} warning{'s' * (n != 1)}" if n else ""
         out.print(f"verdict: compatible{tail}", markup=False)

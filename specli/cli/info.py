@@ -15,6 +15,7 @@ from specli import loadable
 from specli.cli import options as o
 from specli.cli.console import err, safe
 from specli.ggufmeta import ArrayInfo, Header, read_header
+from specli.headmeta import HEAD_ARRAYS, head_info
 from specli.pairing import TOKENS, model_info, size_text, vocab_type
 
 SCHEMA_VERSION = 1
@@ -38,8 +39,9 @@ def info(
     One `key = value` line per metadata key, so `specli info m.gguf | grep tokenizer.ggml.model`
     works as it does with llama-gguf-info.
     """
-    h = read_header(str(model), {TOKENS}, preview=PREVIEW)
+    h = read_header(str(model), {TOKENS, *HEAD_ARRAYS}, preview=PREVIEW)
     m = model_info(h)
+    head = head_info(h)
     unloadable = loadable.problem(str(model))
     if unloadable:
         err.print(f"warning: llama.cpp would abort on this file: {safe(unloadable)}",
@@ -49,6 +51,7 @@ def info(
                "version": h.version, "byte_order": h.byte_order, "n_kv": len(h.types),
                "n_tensors": len(h.tensors), "summary": m.to_dict(),
                "loadable": {"ok": unloadable is None, "problem": unloadable},
+               "head": head.to_dict() if head else None,
                "metadata": {k: _json_value(h, k) for k in h.types},
                "tensors": _tensor_summary(h, tensors)}
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
@@ -65,6 +68,7 @@ def info(
         f"EOT {_id(t.eot_id)}, PAD {_id(t.pad_id)}, {t.n_merges} merges, chat template "
         f"{'yes' if t.chat_template else 'no'}",
         f"loadable: {'no: ' + unloadable if unloadable else 'yes'}",
+        f"draft head: {head.text() if head else 'none'}",
         "",
         f"metadata ({len(h.types)} keys):",
     ]
