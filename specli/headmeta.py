@@ -95,12 +95,24 @@ def n_nextn(h: Header) -> int:
     return int(kv.get(f"{arch}.nextn_predict_layers") or 1)
 
 
-def check_head(target: Header, head: HeadInfo) -> None:
+def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> None:
     """IncompatiblePairError (exit 1) naming what does not fit: an EAGLE-3 head needs three
     target layers, and its layers and width must be the target's; a DFlash head's too, and a
-    mask token; an MTP draft needs a target with prediction layers."""
+    mask token; an MTP draft needs a target with prediction layers, or a draft file (an MTP
+    sidecar) with them, of the target's architecture and width."""
     kv, arch = target.kv, target.kv.get("general.architecture")
     name = target.path
+    if head.spec_type == "draft-mtp" and draft is not None:
+        d_arch = draft.kv.get("general.architecture")
+        if d_arch != arch or draft.kv.get(f"{d_arch}.embedding_length") != kv.get(
+                f"{arch}.embedding_length"):
+            raise IncompatiblePairError(
+                f"draft-mtp: {draft.path} is {d_arch}, "
+                f"{draft.kv.get(f'{d_arch}.embedding_length')} wide, and {name} is {arch}, "
+                f"{kv.get(f'{arch}.embedding_length')} wide: an MTP file runs beside its own "
+                "model", "mtp")
+        target = draft  # its prediction layers are what must be there
+        kv, name = target.kv, target.path
     if head.spec_type == "draft-mtp":
         if arch not in MTP_ARCHS:
             raise IncompatiblePairError(

@@ -148,9 +148,9 @@ def _check_head(types: Sequence[str], heads: Sequence[str], draft: bool,
                             f"use --spec-type {head.spec_type}", "types")
         return
     kind = heads[0]
-    if kind == "draft-mtp" and draft:
-        raise PlanError("draft-mtp drafts with the target's own prediction layers: no draft "
-                        "file", "draft")
+    if kind == "draft-mtp" and draft and (head is None or head.spec_type != kind):
+        raise PlanError("draft-mtp drafts with the target's own prediction layers, or a "
+                        "draft file's (an MTP sidecar): the draft file has none", "types")
     if kind != "draft-mtp" and not draft:
         raise PlanError(f"{kind} needs its head file as the draft", "draft")
     if kind != "draft-mtp" and (head is None or head.spec_type != kind):
@@ -207,7 +207,7 @@ def head_source(plan: SpecPlan, head: HeadContext, target: Model) -> DraftSource
     """The draft head's source, as the plan's head type and file say."""
     kind, info = plan.head_type, plan.head
     if kind == "draft-mtp":
-        return MtpDraft(head, target.n_nextn, target.n_vocab)
+        return MtpDraft(head, head.n_nextn, target.n_vocab)
     if kind == "draft-eagle3":
         return Eagle3Draft(head, info.layers, target.n_vocab)
     return DflashDraft(head, info.layers, target.n_vocab, block_size=info.block_size,
@@ -268,11 +268,11 @@ def check_files(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) 
     checked last."""
     header = loadable.check_file(target.path)  # what llama.cpp would abort on, refused
     info = pairing.tokenizer_info(header)
+    draft_header = loadable.check_file(draft.path) if draft is not None else None
     if plan.head_type:  # this llama-cpp-python can run it, and the head fits the target
         require_head(plan.head_type)
-        check_head(header, plan.head or HeadInfo("draft-mtp", target.path))
-    if draft is not None:
-        draft_header = loadable.check_file(draft.path)
+        check_head(header, plan.head or HeadInfo("draft-mtp", target.path), draft_header)
+    if draft_header is not None:
         if not plan.policy.translate:
             pairing.ensure_compatible(info, pairing.tokenizer_info(draft_header))
     for params in (target, draft):
@@ -293,9 +293,10 @@ def load(target: ModelParams, draft: ModelParams | None = None,
     n_seq = plan.policy.n_seq
     mtp = plan.head_type == "draft-mtp"
     t = (Model(target, n_seq_max=n_seq, tree=True) if plan.tree else
-         Model(replace(target, mtp=True)) if mtp else Model(target))
+         Model(replace(target, mtp=True)) if mtp and draft is None else Model(target))
     try:
-        dm = (HeadContext(t, draft) if plan.head_type else None if draft is None else
+        head = replace(draft, mtp=True) if mtp and draft is not None else draft
+        dm = (HeadContext(t, head) if plan.head_type else None if draft is None else
               Model(draft, n_seq_max=n_seq, tree=True) if plan.tree else Model(draft))
     except BaseException:
         t.close()
@@ -327,11 +328,11 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     cells = width * (plan.policy.n_max + 1) if width > 1 else 0
     gate = Gate()
     mtp = plan.head_type == "draft-mtp"
-    shared = [SharedContext(replace(target, mtp=True) if mtp else target, n, gate, width=width,
-                            tree_cells=cells)]
+    shared = [SharedContext(replace(target, mtp=True) if mtp and draft is None else target, n,
+                            gate, width=width, tree_cells=cells)]
     try:
         if plan.head_type:  # a head context a slot, on one head model (freed after them)
-            head = HeadModel(draft) if draft is not None else None
+            head = (HeadModel(replace(draft, mtp=mtp)) if draft is not None else None)
             if head is not None:
                 shared.append(head)
             views = [shared[0].view(i) for i in range(n)]

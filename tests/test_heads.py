@@ -6,13 +6,14 @@ native llama-speculative-simple's drafts step for step, and the CLI's one-line r
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import cli, specli
 from test_sampling import chi_square, exact_sequences, sample_runs
 from test_serve import Server
 
@@ -28,6 +29,7 @@ K, N = 4, 48
 GREEDY = SamplingParams(temp=0.0)
 # id -> (--spec-type, the target, the head file or None: MTP runs the target's own layers)
 CASES = {"mtp": ("draft-mtp", "mtp", None), "mtp-chained": ("draft-mtp", "mtp2", None),
+         "mtp-file": ("draft-mtp", "mtp", "mtp"),  # an MTP file beside its model (a sidecar)
          "eagle3": ("draft-eagle3", "llama", "eagle3"),
          "dflash": ("draft-dflash", "llama", "dflash"),
          "dspark": ("draft-dspark", "llama", "dspark")}
@@ -189,7 +191,9 @@ def test_a_head_file_drafts_as_its_own_type(heads):
      "the draft file is a draft-eagle3 head"),
     (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-simple"], 2,
      "is a draft-eagle3 head, not a draft model"),
-    (["-m", "mtp", "-md", "mtp", "--spec-type", "draft-mtp"], 2, "no draft file"),
+    (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-mtp"], 2,
+     "the draft file has none"),
+    (["-m", "llama", "-md", "mtp"], 1, "is hy_v3, 64 wide, and "),
 ])
 def test_a_head_that_cannot_run_is_one_line(heads, args, code, says):
     args = [heads.get(a, a) for a in args]
@@ -288,3 +292,30 @@ def test_check_pair_and_info_know_heads(heads):
     assert "draft head: none" in shown["llama"]
     doc = json.loads(cli("info", heads["dflash"], "--json").stdout)
     assert doc["head"]["type"] == "draft-dflash" and doc["head"]["target_layers"] == [1, 3]
+
+
+def test_tune_draft_sweeps_a_head(heads):
+    """tune-draft with a head file: its own type, each k against the target alone, and the
+    recommendation names the head's flags."""
+    r = cli("tune-draft", "-m", heads["llama"], "-md", heads["dspark"], "--draft", "2,4",
+            "--repeat", "1", "-n", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert [p["label"] for p in doc["points"]] == ["draft-dspark k=2", "draft-dspark k=4"]
+    assert all(p["tps_median"] > 0 for p in doc["points"])
+    r = cli("tune-draft", "-m", heads["mtp"], "--spec-type", "draft-mtp,ngram-simple",
+            "--draft", "2", "--repeat", "1", "-n", "8")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="the audit isolates with unshare")
+def test_audit_proves_a_head_run_offline(heads):
+    r = specli("audit", "-m", heads["llama"], "-md", heads["eagle3"], "-p", PROMPTS[0],
+               "-n", "8", "--temp", "0", "--json")
+    if r.returncode == 2 and "isolat" in r.stderr:
+        pytest.skip("isolation is not permitted here: " + r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "clean" and doc["run"]["n_drafted"] > 0
+    assert [(m["role"], m["path"]) for m in doc["models"]] == [
+        ("target", heads["llama"]), ("draft", heads["eagle3"])]

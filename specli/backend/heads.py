@@ -30,8 +30,9 @@ _F = ctypes.POINTER(ctypes.c_float)
 
 
 class HeadModel:
-    """A draft head's own GGUF (EAGLE-3, DFlash, DSpark), loaded once for every context on
-    it (a server's slots each have one); closed after them."""
+    """A draft head's own GGUF (EAGLE-3, DFlash, DSpark, or an MTP file beside its target:
+    params.mtp), loaded once for every context on it (a server's slots each have one);
+    closed after them."""
 
     def __init__(self, params: ModelParams):
         check_gguf(params.path)
@@ -39,6 +40,7 @@ class HeadModel:
         t0 = time.perf_counter()
         mp = ll.llama_model_default_params()
         mp.n_gpu_layers = params.n_gpu_layers
+        mp.load_mtp = params.mtp
         self.params, self.handle = params, ll.llama_model_load_from_file(params.path.encode(), mp)
         if not self.handle:
             raise ModelFileError(f"llama.cpp could not load the draft head {params.path}",
@@ -79,6 +81,7 @@ class HeadContext:
         self.params = shared.params if shared is not None else target.params
         self._own_model = shared is not None
         self._model = shared.handle if shared is not None else target.llama_handles[0]
+        self.mtp = self.params.mtp  # multi-token-prediction layers: the target's or a file's
         tp = target.params
         cp = ll.llama_context_default_params()
         cp.n_ctx = target.n_ctx
@@ -89,7 +92,7 @@ class HeadContext:
         cp.flash_attn_type = _FLASH_ATTN[tp.flash_attn]
         cp.n_seq_max = 1
         cp.ctx_other = target.llama_handles[1]
-        if not self._own_model:
+        if self.mtp:
             cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
             cp.n_outputs_max = 1  # as llama.cpp's draft context: one sequence, one row
         self._ctx = ll.llama_init_from_model(self._model, cp)
@@ -106,6 +109,11 @@ class HeadContext:
         self.n_batch = target.n_batch
         self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
         self._batch = fn("llama_batch_ext_init")(self._ctx)
+
+    @property
+    def n_nextn(self) -> int:
+        """The multi-token-prediction layers of the model it runs (MTP)."""
+        return int(fn("llama_model_n_layer_nextn")(self._model)) if self.mtp else 0
 
     def meta(self, key: str) -> str | None:
         """A metadata value of the head's model, as text."""
