@@ -55,6 +55,19 @@ class _Head:
     def top(self, i: int, p_min: float = 0.0) -> tuple[int, float]:
         return _top(self.model.logits(i)[: self.n_vocab], p_min)
 
+    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
+                rng: np.random.Generator, policy: DraftPolicy | None = None,
+                rules=None) -> Proposal:
+        """Up to k of its top tokens after `context` (p_min from the policy); the cells it
+        drafted into are dropped after (the verification brings its own)."""
+        out, n_past = Proposal(source=self.name), len(context) - 1
+        try:
+            if k > 0:
+                self._draft(context, n_past, k, policy.p_min if policy else 0.0, out.tokens)
+        finally:
+            self.model.rewind_cells(n_past)
+        return out
+
     def end(self) -> None:
         pass
 
@@ -109,15 +122,12 @@ class MtpDraft(_Head):
             m.run(items)
         m.layer_offset(0)
 
-    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules=None) -> Proposal:
-        m, n_past = self.model, len(context) - 1
-        p_min = policy.p_min if policy is not None else 0.0
-        out = Proposal(source=self.name)
+    def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
+               out: list[int]) -> None:
+        m = self.model
         k = min(k, self.n_heads) if self.n_heads > 1 else k
-        if k <= 0 or self.pending is None:
-            return out
+        if self.pending is None:
+            return
         states = [self.pending]
         items = [(context[-1], n_past, self.pending, True)]
         try:
@@ -130,12 +140,12 @@ class MtpDraft(_Head):
                 state = m.nextn(len(items) - 1)
                 if p < p_min:
                     break
-                out.tokens.append(token)
-                if len(out.tokens) >= k:
+                out.append(token)
+                if len(out) >= k:
                     break
                 if self.n_heads > 1:  # the whole draft again, through the next head
                     states.append(state)
-                    seq = [context[-1], *out.tokens]
+                    seq = [context[-1], *out]
                     items = [(t, n_past + j, states[j], j == len(seq) - 1)
                              for j, t in enumerate(seq)]
                 else:
@@ -143,8 +153,6 @@ class MtpDraft(_Head):
         finally:
             if self.n_heads > 1:
                 m.layer_offset(0)
-            m.rewind_cells(n_past)  # the drafted cells go; the verification brings its own
-        return out
 
     def accept(self, outcome: Outcome) -> None:
         m, i = self.model, outcome.n_keep - 1 - self.pos0
@@ -196,31 +204,26 @@ class Eagle3Draft(_Head):
         self.before, self.g, self.pos0 = self.pending, g, s
         self.pending = (batch.pos[-1], g[-1])
 
-    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules=None) -> Proposal:
-        m, n_past = self.model, len(context) - 1
-        p_min = policy.p_min if policy is not None else 0.0
-        out = Proposal(source=self.name)
-        if k <= 0 or self.pending is None:
-            return out
+    def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
+               out: list[int]) -> None:
+        """From the seed (the last token with g at the position before it, whose cell stays
+        after), a token per decode."""
+        m = self.model
+        if self.pending is None:
+            return
         pos, g = self.pending
         m.rewind_cells(pos)
         items = [(context[-1], pos, g, True)]
-        try:
-            for i in range(k):
-                m.run(items)
-                token, p = self.top(0, p_min)
-                state = m.nextn(0)
-                if p < p_min:
-                    break
-                out.tokens.append(token)
-                if len(out.tokens) >= k:
-                    break
-                items = [(token, pos + i + 1, state, True)]
-        finally:
-            m.rewind_cells(n_past)  # the seed's cell stays; the drafted ones go
-        return out
+        for i in range(k):
+            m.run(items)
+            token, p = self.top(0, p_min)
+            state = m.nextn(0)
+            if p < p_min:
+                break
+            out.append(token)
+            if len(out) >= k:
+                break
+            items = [(token, pos + i + 1, state, True)]
 
     def accept(self, outcome: Outcome) -> None:
         m, i = self.model, outcome.n_keep - 1 - self.pos0
@@ -262,30 +265,21 @@ class DflashDraft(_Head):
             m.run([(None, batch.pos[i], batch.layers[i], False) for i in range(a, b)])
         m.tokens.extend(batch.tokens)
 
-    def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
-                rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules=None) -> Proposal:
-        m, n_past = self.model, len(context) - 1
-        p_min = policy.p_min if policy is not None else 0.0
-        out = Proposal(source=self.name)
-        k = min(k, self.n_max)
-        if k <= 0:
-            return out
-        n_block = k + (0 if self.anchor else 1)
-        try:
-            m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
-                   for i in range(n_block)])
-            conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
-            for i in range(0 if self.anchor else 1, n_block):
-                token, p = self.top(i, 0.0 if self.dspark else p_min)
-                if conf is not None and conf[i] < p_min:
-                    break
-                if not self.dspark and p < p_min:
-                    break
-                out.tokens.append(token)
-        finally:
-            m.rewind_cells(n_past)  # the block's cells go
-        return out
+    def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
+               out: list[int]) -> None:
+        """One decode of the block [last token, mask, ...] (its cells go after)."""
+        m = self.model
+        n_block = min(k, self.n_max) + (0 if self.anchor else 1)
+        m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
+               for i in range(n_block)])
+        conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
+        for i in range(0 if self.anchor else 1, n_block):
+            token, p = self.top(i, 0.0 if self.dspark else p_min)
+            if conf is not None and conf[i] < p_min:
+                break
+            if not self.dspark and p < p_min:
+                break
+            out.append(token)
 
     def accept(self, outcome: Outcome) -> None:
         self.model.rewind(outcome.n_keep)
