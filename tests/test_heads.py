@@ -286,6 +286,7 @@ def test_check_pair_and_info_know_heads(heads):
     ok = cli("check-pair", heads["llama"], heads["eagle3"])
     assert ok.returncode == 0, ok.stderr
     assert "draft head: draft-eagle3: target layers 0, 2, 3, target width 64" in ok.stdout
+    assert "warn: architecture" not in ok.stdout  # a head's architecture is its own
     bad = cli("check-pair", heads["mtp"], heads["eagle3"], "--json")
     assert bad.returncode == 1
     doc = json.loads(bad.stdout)
