@@ -27,6 +27,10 @@ _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 # GGUF files in model repos that are not the model (llama.cpp's gguf_filename_is_model)
 _NOT_MODEL = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 _REPO = re.compile(r"^[\w.-]+/[\w.-]+$")
+# a model repository's draft-head sidecars, by the word in their file names (llama.cpp's
+# find_best_mtp/-dspark/-dflash/-eagle3), in the order it infers a type from them
+SIDECARS = {"draft-mtp": "mtp-", "draft-dspark": "dspark-", "draft-dflash": "dflash-",
+            "draft-eagle3": "eagle3-"}
 
 
 class HubError(SpecliError):
@@ -243,6 +247,56 @@ def choose(files: Sequence[str], tag: str | None, repo: str = "") -> list[str]:
         raise HubError(f"no GGUF file in {repo} matches the tag {tag}" + _listing(firsts),
                        hint="tags are quantization names such as Q4_K_M or Q8_0")
     return split_parts(sorted(firsts)[0], files)
+
+
+def _bits(path: str) -> int:
+    """The bits of a file's quantization tag (Q4_K_M: 4, F16: 16; 0 when it has none)."""
+    stem = _SPLIT.sub("", path.rsplit("/", 1)[-1])
+    stem = stem[:-5] if stem.lower().endswith(".gguf") else stem
+    m = re.search(r"\d+", stem.rsplit("-", 1)[-1]) if "-" in stem else None
+    return int(m.group()) if m else 0
+
+
+def sidecar(files: Sequence[str], model: str | None, word: str,
+            tag: str | None = None) -> str | None:
+    """The sidecar GGUF whose name has `word` that goes with `model` (llama.cpp's
+    find_best_sibling): in the model's folder or one above it, the deepest first, then the
+    exact tag, then the nearest quantization (to the tag, else to the model's)."""
+    model_dir = (model or "").split("/")[:-1]
+    want = int(m.group()) if tag and (m := re.search(r"\d+", tag)) else _bits(model or "")
+    best, best_key = None, None
+    for f in files:
+        if not f.endswith(".gguf") or word not in f:
+            continue
+        sib_dir = f.split("/")[:-1]
+        if sib_dir != model_dir[:len(sib_dir)]:
+            continue  # not in a folder on the model's path
+        exact = bool(tag) and f"-{tag.upper()}." in f.upper()
+        key = (len(sib_dir), exact, -abs(_bits(f) - want))
+        if best_key is None or key > best_key:
+            best, best_key = f, key
+    return best
+
+
+def fetch_sidecars(ref: Ref, kinds: Sequence[str], revision: str | None = None,
+                   token: str | None = None, local_dir: str | None = None,
+                   progress: bool = True,
+                   on_file: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """The draft-head sidecars of these types (SIDECARS' keys) that `ref`'s repository ships
+    beside its model, downloaded: {type: local path}; a type it lacks is left out."""
+    by_path = {f.path: f for f in list_files(ref.repo, revision, token)}
+    try:
+        model = choose(list(by_path), ref.tag, ref.repo)[0]
+    except HubError:  # sidecars alone: llama.cpp resolves them without a model too
+        model = None
+    out = {}
+    for kind in kinds:
+        name = sidecar(list(by_path), model, SIDECARS[kind], ref.tag)
+        if name is not None:
+            out[kind] = download(ref.repo, [by_path[n] for n in split_parts(name, list(by_path))],
+                                 revision, local_dir, token, progress=progress,
+                                 on_file=on_file)[0]
+    return out
 
 
 def _listing(names: Sequence[str], what: str = "candidates") -> str:

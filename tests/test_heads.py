@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 from conftest import cli, specli
+from fakehub import FakeHub
 from test_sampling import chi_square, exact_sequences, sample_runs
 from test_serve import Server
 
+from specli import hub
 from specli.backend import ext
 from specli.config import DEFAULT_THREADS, DraftPolicy, ModelParams, SamplingParams
 from specli.plan import load, load_slots
@@ -326,3 +328,60 @@ def test_audit_proves_a_head_run_offline(heads):
     assert doc["verdict"] == "clean" and doc["run"]["n_drafted"] > 0
     assert [(m["role"], m["path"]) for m in doc["models"]] == [
         ("target", heads["llama"]), ("draft", heads["eagle3"])]
+
+
+# -- sidecars on the hub (llama.cpp's mtp-/eagle3-/dflash-/dspark- siblings) ----------------
+
+def test_the_sidecar_beside_the_model_is_chosen_as_llama_cpp_chooses():
+    files = ["m-Q4_K_M.gguf", "m-Q8_0.gguf", "mtp-m-Q8_0.gguf", "mtp-m-Q4_K_M.gguf",
+             "mtp-m-F16.gguf", "sub/mtp-m-Q4_K_M.gguf", "eagle3-m-BF16.gguf",
+             "other/dflash-m-Q4_K_M.gguf"]
+    assert hub.sidecar(files, "m-Q4_K_M.gguf", "mtp-", "Q4_K_M") == "mtp-m-Q4_K_M.gguf"
+    assert hub.sidecar(files, "m-Q8_0.gguf", "mtp-") == "mtp-m-Q8_0.gguf"  # nearest bits
+    assert hub.sidecar(files, "sub/m-Q4_K_M.gguf", "mtp-") == "sub/mtp-m-Q4_K_M.gguf"
+    assert hub.sidecar(files, "m-Q4_K_M.gguf", "eagle3-") == "eagle3-m-BF16.gguf"
+    assert hub.sidecar(files, "m-Q4_K_M.gguf", "dflash-") is None  # not on its path
+    assert hub.sidecar(files, None, "mtp-", "Q8_0") == "mtp-m-Q8_0.gguf"  # sidecars alone
+
+
+@pytest.fixture
+def head_hub(heads):
+    h = FakeHub()
+    h.add("acme/tiny-GGUF", {"tiny-F16.gguf": Path(heads["llama"]).read_bytes(),
+                             "eagle3-tiny-F16.gguf": Path(heads["eagle3"]).read_bytes(),
+                             "dspark-tiny-F16.gguf": Path(heads["dspark"]).read_bytes()})
+    yield h
+    h.close()
+
+
+def hub_env(h: FakeHub, tmp_path: Path) -> dict:
+    return {"HF_ENDPOINT": h.url, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_TOKEN": "",
+            "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+
+
+def test_download_fetches_the_sidecars_asked_for(head_hub, tmp_path):
+    r = specli("download", "acme/tiny-GGUF:F16", "--eagle3", "--mtp", env=hub_env(
+        head_hub, tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert [Path(p).name for p in lines] == ["eagle3-tiny-F16.gguf", "tiny-F16.gguf"]
+    assert "ships no mtp-*.gguf sidecar" in r.stderr
+    r = specli("download", "acme/tiny-GGUF:F16", "--dspark", "--json",
+               env=hub_env(head_hub, tmp_path), timeout=120)
+    doc = json.loads(r.stdout)
+    assert Path(doc["sidecars"]["dspark"]).name == "dspark-tiny-F16.gguf"
+    assert Path(doc["path"]).name == "tiny-F16.gguf"
+
+
+def test_hfd_takes_the_repos_sidecar_and_its_type(head_hub, tmp_path):
+    """-hfd REPO with no draft type: the first sidecar it ships in llama.cpp's order (DSpark
+    before Eagle3), which then drafts as its own type; a type asked for takes its own."""
+    env = hub_env(head_hub, tmp_path)
+    args = ["run", "-hf", "acme/tiny-GGUF:F16", "-hfd", "acme/tiny-GGUF:F16", "-p", PROMPTS[0],
+            "-n", "8", "--temp", "0"]
+    r = specli(*args, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "statistics draft-dspark: " in r.stderr
+    r = specli(*args, "--spec-type", "draft-eagle3", env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "statistics draft-eagle3: " in r.stderr

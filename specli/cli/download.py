@@ -16,6 +16,7 @@ from specli.errors import UsageError
 
 HUB = "Hugging Face"
 
+SIDECAR = "Draft-head sidecars"
 HfToken = Annotated[str | None, typer.Option(
     "-hft", "--hf-token", help="Hugging Face token (default: HF_TOKEN or the saved login).",
     rich_help_panel=HUB, show_default=False)]
@@ -47,11 +48,25 @@ def download(
         "--json", help="Print JSON on stdout: the repository, tag, revision and files "
         "downloaded (with --pair both paths and the check-pair report; with --list-pairs the "
         "pairs).", rich_help_panel=o.OUTPUT)] = False,
+    mtp: Annotated[bool, typer.Option(
+        "--mtp", help="Also download the MTP sidecar (mtp-*.gguf), if available.",
+        rich_help_panel=SIDECAR)] = False,
+    dflash: Annotated[bool, typer.Option(
+        "--dflash", help="Also download the DFlash sidecar (dflash-*.gguf), if available.",
+        rich_help_panel=SIDECAR)] = False,
+    eagle3: Annotated[bool, typer.Option(
+        "--eagle3", help="Also download the Eagle3 sidecar (eagle3-*.gguf), if available.",
+        rich_help_panel=SIDECAR)] = False,
+    dspark: Annotated[bool, typer.Option(
+        "--dspark", help="Also download the DSpark sidecar (dspark-*.gguf), if available.",
+        rich_help_panel=SIDECAR)] = False,
 ) -> None:
     """Download GGUF files from Hugging Face into the cache other tools share.
 
     The last line on stdout is the local path of the model (the first part of a split one),
-    so `path=$(specli download REPO:Q4_K_M | tail -1)` works. Interrupted downloads resume;
+    so `path=$(specli download REPO:Q4_K_M | tail -1)` works; a sidecar asked for comes on a
+    line of its own before it (--mtp, --dflash, --eagle3, --dspark: a draft head the repository
+    ships beside the model, as llama.cpp's --mtp and --dflash fetch). Interrupted downloads resume;
     each file is checked against the hub's sha256. HF_HOME, HF_HUB_CACHE, HF_ENDPOINT,
     HF_TOKEN and HF_HUB_OFFLINE are honoured.
     """
@@ -71,13 +86,30 @@ def download(
                              "they do not go with --pair")
         return _pair(hub.pair(pair_name), revision, hf_token, local_dir, progress, json_out)
     r = hub.parse_ref(ref)
-    paths = hub.fetch(r, file, revision, hf_token, str(local_dir) if local_dir else None,
-                      progress, on_file=None if progress or json_out else _say)
+    where = str(local_dir) if local_dir else None
+    say = None if progress or json_out else _say
+    kinds = [t for t, on in (("draft-mtp", mtp), ("draft-dspark", dspark),
+                             ("draft-dflash", dflash), ("draft-eagle3", eagle3)) if on]
+    heads = hub.fetch_sidecars(r, kinds, revision, hf_token, where, progress, say) \
+        if kinds else {}
+    for kind in kinds:
+        if kind not in heads:
+            err.print(f"note: {r.repo} ships no {hub.SIDECARS[kind]}*.gguf sidecar",
+                      markup=False)
+    try:
+        paths = hub.fetch(r, file, revision, hf_token, where, progress, on_file=say)
+    except hub.HubError:
+        if not heads:  # a sidecar asked for can come without a model of its tag
+            raise
+        paths = []
     if json_out:
-        out.print_json(json.dumps({"repo": r.repo, "tag": r.tag, "revision": revision,
-                                   "files": [str(p) for p in paths], "path": str(paths[0])}))
+        doc = {"repo": r.repo, "tag": r.tag, "revision": revision,
+               "files": [str(p) for p in paths], "path": str(paths[0]) if paths else None}
+        if kinds:
+            doc["sidecars"] = {k.removeprefix("draft-"): str(p) for k, p in heads.items()}
+        out.print_json(json.dumps(doc))
         return
-    sys.stdout.write(str(paths[0]) + "\n")
+    sys.stdout.write("".join(f"{p}\n" for p in [*heads.values(), *paths[:1]]))
 
 
 def _say(name: str) -> None:

@@ -3,15 +3,20 @@ embedded pair."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from specli.cli.console import err, spinner
 from specli.errors import UsageError
 
 
 def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
                    hf_file: str | None, hf_draft: str | None, hf_file_draft: str | None,
-                   token: str | None, quiet: bool = False) -> tuple[str, str | None]:
+                   token: str | None, quiet: bool = False,
+                   spec_types: Sequence[str] = ()) -> tuple[str, str | None]:
     """-m/-md, or -hf/-hff and -hfd/-hffd resolved through the hub (llama.cpp's spellings);
-    with neither, the embedded SmolLM2 pair."""
+    with neither, the embedded SmolLM2 pair. -hfd without -hffd takes the draft-head sidecar
+    the repository ships, as llama.cpp does: the one a head type in spec_types names, or
+    with no draft type asked for, the first it ships (MTP, DSpark, DFlash, Eagle3)."""
     from specli import hub
 
     progress = not quiet and err.is_terminal
@@ -26,8 +31,13 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             raise UsageError("give -md or -hfd, not both")
         if hf_draft is None:
             raise UsageError("-hffd/--hf-file-draft needs -hfd REPO")
-        model_draft = str(hub.fetch(hub.parse_ref(hf_draft), hf_file_draft, token=token,
-                                    progress=progress)[0])
+        ref = hub.parse_ref(hf_draft)
+        heads = [t for t in hub.SIDECARS if t in spec_types] or (
+            [] if "draft-simple" in spec_types else list(hub.SIDECARS))
+        found = (hub.fetch_sidecars(ref, heads, token=token, progress=progress)
+                 if heads and hf_file_draft is None else {})
+        model_draft = str(next(iter(found.values()), None) or
+                          hub.fetch(ref, hf_file_draft, token=token, progress=progress)[0])
     if model is None:
         if model_draft is not None:
             raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")

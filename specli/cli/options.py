@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
@@ -105,14 +105,16 @@ class ModelFiles:
     hf_file_draft: str | None = None
     hf_token: str | None = None
 
-    def resolve(self, quiet: bool = False) -> tuple[str, str | None]:
-        """The target's and the draft's paths: downloaded through the hub for -hf/-hfd, the
-        embedded SmolLM2 pair when neither -m nor -hf is given."""
+    def resolve(self, quiet: bool = False,
+                spec_types: Sequence[str] = ()) -> tuple[str, str | None]:
+        """The target's and the draft's paths: downloaded through the hub for -hf/-hfd (a
+        draft-head sidecar first, see resolve_models), the embedded SmolLM2 pair when neither
+        -m nor -hf is given."""
         from specli.cli.models import resolve_models
 
         return resolve_models(self.model, self.model_draft, self.hf_repo, self.hf_file,
                               self.hf_repo_draft, self.hf_file_draft, self.hf_token,
-                              quiet=quiet)
+                              quiet=quiet, spec_types=spec_types)
 
 
 def _model_opt(*names: str, help: str, envvar: str | list[str] | None = None):

@@ -96,7 +96,7 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
         drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     text, chat = _prompt(prompt, file, chat)
     types = list(drafting.types)
-    model, model_draft = models.resolve(quiet=quiet)
+    model, model_draft = models.resolve(quiet=quiet, spec_types=drafting.types)
     o.plan(drafting, model_draft)
     if no_spec:
         model_draft, types = None, []

@@ -126,7 +126,7 @@ def serve(
     if drafting.ngram.lookup_dynamic and parallel > 1:
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
-    model, model_draft = models.resolve()
+    model, model_draft = models.resolve(spec_types=drafting.types)
     plan = o.plan(drafting, model_draft)
     keys = _keys(api_key or [], api_key_file)
 

@@ -96,7 +96,9 @@ def tune_draft(
     quiet = json_out or csv_out
     if plot is not None:  # before the sweep, not after it
         _check_plot(plot)
-    model, model_draft = models.resolve(quiet=quiet)
+    model, model_draft = models.resolve(
+        quiet=quiet, spec_types=[t for item in (spec_type or "").split(",")
+                                 for t in item.split("+")])
     types = _types(spec_type, model_draft)
     if max(seqs) > 1 and types != [("draft-simple",)]:
         raise UsageError("--draft-n-seq above 1 sweeps draft trees, which draft with the "
