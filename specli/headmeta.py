@@ -12,6 +12,7 @@ from specli.ggufmeta import Header
 
 HEAD_TYPES = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 HEAD_ARRAYS = ("eagle3.target_layers", "dflash.target_layers")  # to decode in full
+HEAD_ARCHS = frozenset({"eagle3", "dflash"})  # the architectures that are heads alone
 # the architectures whose graphs have multi-token-prediction layers (src/llama-model.cpp,
 # where ctx_type == LLAMA_CONTEXT_TYPE_MTP), in the llama.cpp llama-cpp-python vendors
 MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4",

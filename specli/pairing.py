@@ -18,6 +18,7 @@ from gguf.utility import model_weight_count_rounded_notation
 
 from specli.errors import IncompatiblePairError
 from specli.ggufmeta import Header, invalid, read_header
+from specli.headmeta import HEAD_ARCHS
 
 # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID
 VOCAB_MAX_SIZE_DIFFERENCE = 128
@@ -393,6 +394,8 @@ def family(arch: str | None) -> str | None:
 def _arch_row(t: str | None, d: str | None) -> Row:
     if t == d:
         return Row("architecture", _opt(t), _opt(d), "ok")
+    if d in HEAD_ARCHS:  # a draft head's architecture is its own, not a family
+        return Row("architecture", _opt(t), _opt(d), "info", "a draft head's own")
     if family(t) == family(d):
         return Row("architecture", _opt(t), _opt(d), "warn",
                    f"same family ({family(t)}), different architecture: acceptance may be lower")

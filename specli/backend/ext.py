@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ctypes
 
+import numpy as np
+
 from specli.backend._lib import ll
-from specli.errors import UsageError
+from specli.errors import BackendError, UsageError
 
 _P, _F = ctypes.c_void_p, ctypes.POINTER(ctypes.c_float)
 
@@ -80,3 +82,12 @@ def require(spec_type: str) -> None:
                          "llama-cpp-python build lacks",
                          hint="install llama-cpp-python 0.3.36 or newer (pip install -U "
                          "'llama-cpp-python>=0.3.36')")
+
+
+def rows(name: str, ctx, *args: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A copy of the float rows a llama-ext.h getter returns (the nextn states, a layer's
+    input), shape rows x n_embd; BackendError when the context kept none."""
+    ptr = fn(name)(ctx, *args)
+    if not ptr:
+        raise BackendError(f"internal: {name} read from a decode that kept none")
+    return np.ctypeslib.as_array(ptr, shape).copy()

@@ -19,6 +19,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 
+from specli.backend import ext
 from specli.backend._lib import ll, set_verbose
 from specli.backend.ext import fn
 from specli.backend.files import check_gguf
@@ -62,10 +63,6 @@ class HeadContext:
     (EAGLE-3, DFlash, DSpark: `params`). It decodes llama.cpp's extended batches: a token
     with an embedding row (or a row alone) at a position, an output or not. It keeps the
     timings a Model keeps, for the statistics."""
-
-    n_branch = 1
-    offloaded = False
-    max_token_bytes = 1
 
     def __init__(self, target: Model, head: ModelParams | HeadModel | None = None,
                  decoder: Executor | None = None):
@@ -115,12 +112,6 @@ class HeadContext:
         """The multi-token-prediction layers of the model it runs (MTP)."""
         return int(fn("llama_model_n_layer_nextn")(self._model)) if self.mtp else 0
 
-    def meta(self, key: str) -> str | None:
-        """A metadata value of the head's model, as text."""
-        buf = ctypes.create_string_buffer(256)
-        n = ll.llama_model_meta_val_str(self._model, key.encode(), buf, 256)
-        return buf.value.decode("utf-8", "replace") if n >= 0 else None
-
     def run(self, items: Sequence[tuple[int | None, int, np.ndarray | None, bool]],
             encode: bool = False) -> None:
         """One llama_process of (token or None, position, embedding row or None, output)
@@ -169,17 +160,11 @@ class HeadContext:
 
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""
-        ptr = fn("llama_get_embeddings_nextn_ith")(self._ctx, i)
-        if not ptr:
-            raise BackendError(f"internal: no head state for batch item {i}")
-        return np.ctypeslib.as_array(ptr, (self.n_embd,)).copy()
+        return ext.rows("llama_get_embeddings_nextn_ith", self._ctx, i, shape=(self.n_embd,))
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """A copy of the last decode's first n_rows head states (an encoder's output)."""
-        ptr = fn("llama_get_embeddings_nextn")(self._ctx)
-        if not ptr:
-            raise BackendError("internal: head states read from a decode that kept none")
-        return np.ctypeslib.as_array(ptr, (n_rows, self.n_embd)).copy()
+        return ext.rows("llama_get_embeddings_nextn", self._ctx, shape=(n_rows, self.n_embd))
 
     def export_nextn(self, on: bool, masked: bool) -> None:
         """This context keeps its own head states (masked: for its output rows only)."""

@@ -526,21 +526,11 @@ class Model:
     def read_exports(self, n_tokens: int, layers: Sequence[int],
                      nextn: bool) -> tuple[dict[int, np.ndarray] | None, np.ndarray | None]:
         """Copies of what this context's last decode of n_tokens exported."""
-        out = None
-        if layers:
-            f, out = ext.fn("llama_get_embeddings_layer_inp"), {}
-            for lid in layers:
-                ptr = f(self._ctx, lid)
-                if not ptr:
-                    raise BackendError(f"internal: layer {lid}'s input was not kept")
-                out[lid] = np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
-        rows = None
-        if nextn:
-            ptr = ext.fn("llama_get_embeddings_nextn")(self._ctx)
-            if not ptr:
-                raise BackendError("internal: head states read from a decode that kept none")
-            rows = np.ctypeslib.as_array(ptr, (n_tokens, self.n_embd)).copy()
-        return out, rows
+        shape = (n_tokens, self.n_embd)
+        out = {lid: ext.rows("llama_get_embeddings_layer_inp", self._ctx, lid, shape=shape)
+               for lid in layers} if layers else None
+        return out, (ext.rows("llama_get_embeddings_nextn", self._ctx, shape=shape)
+                     if nextn else None)
 
     def generating(self) -> AbstractContextManager[None]:
         """Around a generation (the engine's steps): see Runner.generation."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -62,14 +61,11 @@ def check_pair(
     headers = [loadable.check_file(str(path)) for path in (target, draft)]  # a file run
     report = compare(read_model_info(str(target)), read_model_info(str(draft)))  # refuses or
     head, head_problem = head_info(headers[1]), None  # aborts on gets no verdict
-    if head is not None:  # a draft head: it must fit the target too; its architecture is
-        try:              # its own (eagle3, dflash), no family to warn about
+    if head is not None:  # a draft head: it must fit the target too
+        try:
             check_head(headers[0], head)
         except IncompatiblePairError as e:
             head_problem = e.message
-        report = replace(report, rows=tuple(
-            replace(r, status="info", note="a draft head's own") if r.field == "architecture"
-            and r.status == "warn" else r for r in report.rows))
     result = None
     ok = report.verdict.ok and head_problem is None
     if probe and ok:

@@ -111,13 +111,13 @@ class MtpDraft(_Head):
         self.before, self.rows, self.pos0 = self.pending, batch.nextn, s
         self.pending = batch.nextn[-1]
 
-    def _decode(self, items: list, pos0: int | None = None) -> None:
+    def _decode(self, items: list) -> None:
         m = self.model
         if self.n_heads == 1:
             m.run(items)
             return
         for head in range(self.n_heads):  # every head's cache layer gets the batch
-            m.rewind_cells(items[0][1] if pos0 is None else pos0)
+            m.rewind_cells(items[0][1])
             m.layer_offset(head)
             m.run(items)
         m.layer_offset(0)
