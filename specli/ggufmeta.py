@@ -91,12 +91,33 @@ def read_header(path: str, arrays: Collection[str] = (), preview: int = 0) -> He
         raise invalid(path, "not a regular file")
     try:
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
+            st = os.fstat(f.fileno())
+            if st.st_size == 0:
                 raise invalid(path, "empty file")
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _Walk(mm, path, set(arrays), preview).header()
+                key = (path, st.st_dev, st.st_ino, st.st_size, frozenset(arrays), preview)
+                hit = _read.get(key)
+                if hit is not None and hit[0] == _digest(mm, hit[1].data_offset):
+                    return hit[1]
+                h = _Walk(mm, path, set(arrays), preview).header()
+                _read.pop(key, None)
+                _read[key] = (_digest(mm, h.data_offset), h)
+                while len(_read) > _KEEP:
+                    del _read[next(iter(_read))]
+                return h
     except OSError as e:
         raise ModelFileError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+# Headers read in this process, each kept with a digest of the bytes it was read from: a
+# model loaded again (serve's slots, tune-draft's sweep, a pair checked then loaded) is
+# parsed once, and a file rewritten since, whatever its size and timestamps, is read again.
+_read: dict[tuple, tuple[bytes, Header]] = {}
+_KEEP = 16
+
+
+def _digest(buf, end: int) -> bytes:
+    return hashlib.sha1(buf[:end], usedforsecurity=False).digest()
 
 
 def invalid(path: str, why: str) -> ModelFileError:
