@@ -80,3 +80,23 @@ def test_the_cli_says_it_in_one_line_and_exits_2(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not a valid GGUF file (duplicated key" in lines[0], r.stderr
+
+
+def test_a_header_read_again_is_the_files_bytes_now(tmp_path):
+    """read_header keeps what it parsed, for a model loaded again; a file rewritten in place
+    since (same size, same inode, within one timestamp tick) is read again, not served stale."""
+    from specli.ggufmeta import read_header
+
+    path = tmp_path / "m.gguf"
+    path.write_bytes(header(2, ARCH + kv_string(b"general.name", b"first")))
+    assert read_header(str(path)).kv["general.name"] == "first"
+    assert read_header(str(path)) is read_header(str(path))  # kept
+    with open(path, "r+b") as f:  # the same length, the same file
+        data = f.read()
+        f.seek(data.index(b"first"))
+        f.write(b"other")
+    assert read_header(str(path)).kv["general.name"] == "other"
+    with open(path, "r+b") as f:  # now damaged: the error, not the header kept before
+        f.write(b"GGML")
+    with pytest.raises(ModelFileError, match="wrong magic"):
+        read_header(str(path))
