@@ -10,6 +10,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from specli.ggufmeta import Header, read_header
+
 T = gguf.GGUFValueType
 
 
@@ -21,18 +23,18 @@ def copy_gguf(src: str, dst: Path, set_kv: dict[str, tuple[object, T, T | None]]
     drop left out, and each tensor's data passed through tensor(name, data) if given; with
     tensors=False, the metadata alone (a header-only file, for checks that read no weights)."""
     set_kv = dict(set_kv or {})
-    r, fields = _read(src)
+    h, fields = _read(src)
     arch = set_kv.pop("general.architecture", (None,))[0]
-    w = gguf.GGUFWriter(str(dst), arch or r.fields["general.architecture"].contents())
+    w = gguf.GGUFWriter(str(dst), arch or h.kv["general.architecture"])
     for key, (value, vtype, sub) in fields.items():
         if key not in drop and key not in set_kv:
             w.add_key_value(key, value, vtype, sub_type=sub)
     for key, (value, vtype, sub) in set_kv.items():
         w.add_key_value(key, value, vtype, sub_type=sub)
     datas = []
-    for t in r.tensors if tensors else ():
-        data = np.array(t.data) if tensor is None else tensor(t.name, np.array(t.data))
-        w.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, t.tensor_type)
+    for name, kind, raw in _tensors(src) if tensors else ():
+        data = raw if tensor is None else tensor(name, np.array(raw))
+        w.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
         datas.append(data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -44,16 +46,36 @@ def copy_gguf(src: str, dst: Path, set_kv: dict[str, tuple[object, T, T | None]]
 
 
 @functools.cache
-def _read(src: str) -> tuple[gguf.GGUFReader, dict]:
-    """The file, and its metadata decoded once (the token list takes seconds to decode)."""
-    r = gguf.GGUFReader(src)
+def _read(src: str) -> tuple[Header, dict]:
+    """The header, and its metadata as (value, type, array item type), read once (specli's
+    own reader: gguf's GGUFReader takes seconds over a 49,152-token vocabulary)."""
+    h = read_header(src)
+    h = read_header(src, list(h.arrays))  # every array decoded too
     fields = {}
-    for key, field in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+    for key, kind in h.types.items():
+        if key == "general.architecture":
             continue
-        vtype = T(field.types[0])
-        fields[key] = (field.contents(), vtype, T(field.types[1]) if vtype == T.ARRAY else None)
-    return r, fields
+        info = h.arrays.get(key)
+        fields[key] = ((h.kv[key], T.ARRAY, T[info.element_type]) if info is not None
+                       else (h.kv[key], T[kind], None))
+    return h, fields
+
+
+def _tensors(src: str):
+    """(name, GGML type, data) for each tensor, the data mapped from the file: float arrays
+    in numpy's dimension order, quantized ones as rows of bytes (as GGUFReader gives them)."""
+    h = _read(src)[0]
+    mapped = np.memmap(src, dtype=np.uint8, mode="r")
+    for t in h.tensors:
+        kind = gguf.GGMLQuantizationType[t.type]
+        raw = mapped[h.data_offset + t.offset:h.data_offset + t.offset + t.n_bytes]
+        shape = tuple(reversed(t.shape))
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            raw = raw.view(np.float32 if kind == gguf.GGMLQuantizationType.F32
+                           else np.float16).reshape(shape)
+        else:
+            raw = raw.reshape(gguf.quant_shape_to_byte_shape(shape, kind))
+        yield t.name, kind, raw
 
 
 def with_template(src: str, dst: Path, template: str) -> str:

@@ -13,6 +13,8 @@ from hostile_models import T, copy_gguf, with_nan, with_template
 
 from specli.chat import render_messages
 from specli.errors import UsageError
+from specli.ggufmeta import read_header
+from specli.loadable import TOKENS
 
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 DOUBLE = ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
@@ -73,9 +75,7 @@ def test_check_pair_refuses_what_run_cannot_load(hostile, q4_1, name):
 
 
 def test_a_duplicated_token_is_refused(tmp_path, q4_1):
-    import gguf
-
-    tokens = list(gguf.GGUFReader(q4_1).fields["tokenizer.ggml.tokens"].contents())
+    tokens = list(read_header(q4_1, {TOKENS}).kv[TOKENS])
     tokens[100] = tokens[99]
     bad = copy_gguf(q4_1, tmp_path / "dup.gguf",
                     {"tokenizer.ggml.tokens": (tokens, T.ARRAY, T.STRING)}, tensors=False)
@@ -221,11 +221,9 @@ def test_serve_says_one_line_for_a_file_it_cannot_load(hostile):
 def test_what_llama_cpp_loads_is_not_refused(tmp_path, q4_1):
     """The first part of a split model, a recurrent model without attention heads, longer
     per-token arrays: llama.cpp loads these, so the checks let them through."""
-    import gguf
-
     from specli import loadable
 
-    n = len(gguf.GGUFReader(q4_1).fields["tokenizer.ggml.tokens"].data)
+    n = len(read_header(q4_1, {TOKENS}).kv[TOKENS])
     for i, kv in enumerate([
         {"split.count": (2, T.UINT16, None), "split.no": (0, T.UINT16, None)},
         {"llama.attention.head_count": (9, U32, None),
