@@ -191,6 +191,15 @@ def test_a_head_file_drafts_as_its_own_type(heads):
         assert f"statistics {CASES[head][0]}: " in r.stderr
 
 
+def test_a_head_file_is_placed_as_a_draft_is(heads):
+    """The draft's placement flags (-ngld, -devd, -otd) place a head file as they place a
+    draft model: llama.cpp says so for the tensor -otd names."""
+    r = cli("run", "-m", heads["llama"], "-md", heads["dflash"], "-p", "Hi", "-n", "4",
+            "--temp", "0", "-v", "-otd", "fc=CPU")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "tensor fc.weight" in r.stderr and "buffer type overridden to CPU" in r.stderr
+
+
 @pytest.mark.parametrize("args,code,says", [
     (["-m", "mtp", "-md", "eagle3"], 1, "reads target layer 2, and "),
     (["-m", "llama", "--spec-type", "draft-mtp"], 1, "no multi-token-prediction layers"),

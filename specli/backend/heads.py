@@ -20,12 +20,11 @@ from concurrent.futures import Executor
 import numpy as np
 
 from specli.backend import ext
-from specli.backend._lib import ll, set_verbose
+from specli.backend._lib import ll
 from specli.backend.ext import fn
-from specli.backend.files import check_gguf
-from specli.backend.model import _FLASH_ATTN, Model
+from specli.backend.model import _FLASH_ATTN, Model, load_weights
 from specli.config import ModelParams
-from specli.errors import BackendError, ModelFileError
+from specli.errors import BackendError
 
 _F = ctypes.POINTER(ctypes.c_float)
 
@@ -36,16 +35,9 @@ class HeadModel:
     closed after them."""
 
     def __init__(self, params: ModelParams):
-        check_gguf(params.path)
-        set_verbose(params.verbose)
         t0 = time.perf_counter()
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = params.n_gpu_layers
-        mp.load_mtp = params.mtp
-        self.params, self.handle = params, ll.llama_model_load_from_file(params.path.encode(), mp)
-        if not self.handle:
-            raise ModelFileError(f"llama.cpp could not load the draft head {params.path}",
-                                 hint="rerun with -v")
+        self.params = params
+        self.handle, self._keep = load_weights(params, "the draft head ")
         self.load_ms = 1e3 * (time.perf_counter() - t0)
 
     def close(self) -> None:

@@ -116,6 +116,28 @@ class Runner(Protocol):
         """What m's decodes export for a draft head (layer inputs, next-token-head states)."""
 
 
+
+def load_weights(params: ModelParams, what: str = "") -> tuple[object, list]:
+    """llama.cpp's model from params.path, placed as params say (-ngl, -dev, -sm, -ts, -mg,
+    -ot, --rpc) with its multi-token-prediction layers when params.mtp: (the handle, the
+    arrays whose pointers llama.cpp keeps). For a Model and a draft head's file alike; `what`
+    names the file in the error ("the draft head ")."""
+    check_gguf(params.path)
+    set_verbose(params.verbose)
+    mp = ll.llama_model_default_params()
+    mp.n_gpu_layers = params.n_gpu_layers
+    mp.load_mtp = params.mtp  # its multi-token-prediction layers too (draft-mtp)
+    keep = placement(mp, params)
+    handle = ll.llama_model_load_from_file(params.path.encode(), mp)
+    if not handle:
+        placed = (params.devices is not None or params.tensor_overrides
+                  or params.split_mode != "layer" or params.main_gpu or params.tensor_split)
+        raise ModelFileError(f"llama.cpp could not load {what}{params.path} (damaged or "
+                             "truncated GGUF, an unsupported architecture" +
+                             (", or a placement it refused: -dev/-sm/-ts/-mg/-ot"
+                              if placed else "") + ")", hint="rerun with -v")
+    return handle, keep
+
 class Model:
     """One GGUF model, one context, one sequence. A context may hold n_seq_max sequences (a
     server's slots, batching.SharedContext): `share` makes a Model for sequence `seq` of
@@ -152,22 +174,8 @@ class Model:
             self.n_ctx = n_ctx or share.n_ctx_seq
             self.n_embd = share.n_embd
             return
-        check_gguf(params.path)
-        set_verbose(params.verbose)
         t0 = time.perf_counter()
-        mp = ll.llama_model_default_params()
-        mp.n_gpu_layers = params.n_gpu_layers
-        mp.load_mtp = params.mtp  # its multi-token-prediction layers too (draft-mtp)
-        keep = placement(mp, params)
-        self._model = ll.llama_model_load_from_file(params.path.encode(), mp)
-        self._keep = keep  # llama.cpp keeps the device and override arrays' pointers
-        if not self._model:
-            placed = (params.devices is not None or params.tensor_overrides
-                      or params.split_mode != "layer" or params.main_gpu or params.tensor_split)
-            raise ModelFileError(f"llama.cpp could not load {params.path} (damaged or truncated "
-                                 "GGUF, an unsupported architecture" +
-                                 (", or a placement it refused: -dev/-sm/-ts/-mg/-ot"
-                                  if placed else "") + ")", hint="rerun with -v")
+        self._model, self._keep = load_weights(params)
         cp = ll.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
