@@ -54,8 +54,12 @@ WIDE = {
 BEGIN, END = "<!-- bench_run:begin -->", "<!-- bench_run:end -->"
 HEADS_BEGIN, HEADS_END = "<!-- bench_heads:begin -->", "<!-- bench_heads:end -->"
 # the draft heads: --spec-type, the target and the head file among head_models.write_all's
-HEADS = {"draft-mtp": ("mtp", None), "draft-eagle3": ("llama", "eagle3"),
-         "draft-dflash": ("llama", "dflash"), "draft-dspark": ("llama", "dspark")}
+# (label: --spec-type, target, head)
+HEADS = {"draft-mtp": ("draft-mtp", "mtp", None),
+         "draft-mtp (Gemma 4 assistant)": ("draft-mtp", "gemma4", "assistant"),
+         "draft-eagle3": ("draft-eagle3", "llama", "eagle3"),
+         "draft-dflash": ("draft-dflash", "llama", "dflash"),
+         "draft-dspark": ("draft-dspark", "llama", "dspark")}
 
 
 def machine() -> str:
@@ -122,13 +126,15 @@ def bench_heads(args, ks: list[int]) -> None:
     bin_dir = native.native_bin_dir()
     tmp = Path(tempfile.mkdtemp())
     files = head_models.write_all(tmp / "heads", defaults.smollm2_q4_1())
-    cases = ({args.spec_type: (args.model, args.model_draft)} if args.spec_type else
-             {t: (files[a], files[b] if b else None) for t, (a, b) in HEADS.items()})
+    cases = ({args.spec_type: (args.spec_type, args.model, args.model_draft)}
+             if args.spec_type else
+             {label: (t, files[a], files[b] if b else None)
+              for label, (t, a, b) in HEADS.items()})
     texts = list((WIDE if args.prompts == "wide" else PROMPTS).values())
     greedy = SamplingParams(temp=0.0)
     tps: dict[tuple[str, int, str], list[float]] = {}
     acc: dict[tuple[str, int, str], list[float]] = {}
-    for spec, (target, head) in cases.items():
+    for label, (spec, target, head) in cases.items():
         for k in ks:
             e = load(ModelParams(target, n_threads=args.threads, n_gpu_layers=args.ngl),
                      ModelParams(head, n_threads=args.threads) if head else None,
@@ -136,11 +142,11 @@ def bench_heads(args, ks: list[int]) -> None:
             try:
                 for rep in range(args.repeat):
                     for i, text in enumerate(texts):
-                        print(f"[{rep + 1}/{args.repeat}] {spec} k={k} {i}", file=sys.stderr)
+                        print(f"[{rep + 1}/{args.repeat}] {label} k={k} {i}", file=sys.stderr)
                         e.forget()  # every run evaluates its prompt, as native's does
                         out = e.complete(e.tokenize(text), args.n, greedy)
-                        tps.setdefault((spec, k, "specli"), []).append(out.stats.decode_tps)
-                        acc.setdefault((spec, k, "specli"), []).append(out.stats.accept_rate)
+                        tps.setdefault((label, k, "specli"), []).append(out.stats.decode_tps)
+                        acc.setdefault((label, k, "specli"), []).append(out.stats.accept_rate)
                         if bin_dir is None:
                             continue
                         f = tmp / f"p{i}.txt"
@@ -148,8 +154,8 @@ def bench_heads(args, ks: list[int]) -> None:
                         r = native.head(bin_dir, target, spec, head, str(f), args.n, k,
                                         args.threads, extra=("-ngl", str(args.ngl)),
                                         steps=False)
-                        tps.setdefault((spec, k, "native"), []).append(fair_tps(r, out.stats))
-                        acc.setdefault((spec, k, "native"), []).append(r.accept_rate)
+                        tps.setdefault((label, k, "native"), []).append(fair_tps(r, out.stats))
+                        acc.setdefault((label, k, "native"), []).append(r.accept_rate)
             finally:
                 e.close()
     lines = [f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl}.",

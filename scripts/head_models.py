@@ -89,13 +89,17 @@ class _Weights:
     def norm(self, name: str, n: int) -> None:
         self.w.add_tensor(name, (1.0 + self._rng(name).normal(0.0, 0.1, n)).astype(np.float32))
 
-    def rows(self, name: str, ne0: int, live: list[int], n_vocab: int, std: float = 0.5) -> None:
+    def rows(self, name: str, ne0: int, live: list[int], n_vocab: int, std: float = 0.5,
+             add: bool = True) -> np.ndarray:
         """An output matrix {ne0, n_vocab} whose rows are near zero but for the live tokens'
-        (not zero: a row of equal logits makes every top-k selection slow)."""
+        (not zero: a row of equal logits makes every top-k selection slow); add=False: only
+        the array, the same one."""
         rng = self._rng(name)
         a = rng.normal(0.0, 0.002, (n_vocab, ne0)).astype(np.float32)
         a[live] = rng.normal(0.0, std, (len(live), ne0))
-        self.w.add_tensor(name, a.astype(self.dtype))
+        if add:
+            self.w.add_tensor(name, a.astype(self.dtype))
+        return a
 
 
 def _n_vocab(src: str) -> int:
@@ -118,9 +122,9 @@ def _block(x: _Weights, i: int, qk_norm: bool = False) -> None:
     x.mat(f"blk.{i}.ffn_down.weight", FF, E)
 
 
-def _dims(w: gguf.GGUFWriter, arch: str, n_block: int) -> None:
+def _dims(w: gguf.GGUFWriter, arch: str, n_block: int, width: int = E) -> None:
     w.add_uint32(f"{arch}.context_length", 4096)
-    w.add_uint32(f"{arch}.embedding_length", E)
+    w.add_uint32(f"{arch}.embedding_length", width)
     w.add_uint32(f"{arch}.block_count", n_block)
     w.add_uint32(f"{arch}.feed_forward_length", FF)
     w.add_uint32(f"{arch}.attention.head_count", HEADS)
@@ -227,6 +231,86 @@ def dflash_head(path: Path, src: str, layers: tuple[int, ...] = (1, 3), block: i
     return str(path)
 
 
+G_SWA = (True, True, True, False)  # gemma4: sliding-window layers, the last one global
+G_WINDOW = 512
+A_E = 32  # the gemma4 assistant's own width (its input and output rows are the target's, E)
+
+
+def _gemma4_dims(w: gguf.GGUFWriter, arch: str, width: int, n_block: int,
+                 swa: tuple[bool, ...]) -> None:
+    _dims(w, arch, n_block, width)
+    hd = E // HEADS
+    for key in ("key_length", "value_length", "key_length_swa", "value_length_swa"):
+        w.add_uint32(f"{arch}.attention.{key}", hd)
+    w.add_uint32(f"{arch}.attention.sliding_window", G_WINDOW)
+    w.add_array(f"{arch}.attention.sliding_window_pattern", list(swa))
+    w.add_float32(f"{arch}.rope.freq_base_swa", 10000.0)
+
+
+def gemma4_target(path: Path, src: str, seed: int = 5) -> str:
+    """A gemma4 target: three sliding-window blocks and a global one, each with its own keys
+    and values (no shared-KV layers, no per-layer embeddings), for gemma4_assistant."""
+    live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
+    w = _writer(path, "gemma4", src)
+    _gemma4_dims(w, "gemma4", E, len(G_SWA), G_SWA)
+    w.add_uint32("gemma4.embedding_length_per_layer_input", 0)
+    x = _Weights(w, seed)
+    hd = E // HEADS
+    x.mat("token_embd.weight", E, n_vocab, std=1.0 / np.sqrt(E))
+    w.add_tensor("rope_freqs.weight", np.ones(hd // 2, np.float32))
+    for i in range(len(G_SWA)):
+        _block(x, i, qk_norm=True)
+        x.norm(f"blk.{i}.post_attention_norm.weight", E)
+        x.norm(f"blk.{i}.post_ffw_norm.weight", E)
+    x.norm("output_norm.weight", E)
+    x.rows("output.weight", E, live, n_vocab)
+    _done(w)
+    return str(path)
+
+
+def gemma4_assistant(path: Path, src: str, n_layer: int = 2, seed: int = 6,
+                     target_seed: int = 5) -> str:
+    """A gemma4 assistant for gemma4_target (llama.cpp's gemma4-assistant): its blocks have
+    queries only and attend over the target's own keys and values (the last sliding-window
+    and the last global layer's), llama.cpp's shared-KV MTP mode."""
+    live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
+    arch = "gemma4-assistant"
+    swa = G_SWA[-n_layer:]
+    w = _writer(path, arch, src)
+    _gemma4_dims(w, arch, A_E, n_layer, swa)
+    w.add_uint32(f"{arch}.embedding_length_out", E)
+    w.add_uint32(f"{arch}.nextn_predict_layers", n_layer)
+    x = _Weights(w, seed, std=0.01)
+    hd = E // HEADS
+    # an assistant that mostly passes the target's state through, as mtp_target's head: its
+    # input is the state's first A_E values, its output rows the target's, cut to them; so
+    # it predicts what the target predicted one position before (right where it repeats)
+    out = _Weights(w, target_seed).rows("output.weight", E, live, n_vocab, add=False)
+    w.add_tensor("token_embd.weight", out[:, :A_E].astype(np.float16))
+    w.add_tensor("output_norm.weight", np.ones(A_E, np.float32))
+    pre = np.random.default_rng([seed, 0]).normal(0.0, 0.01, (A_E, 2 * E))
+    pre[:, E:E + A_E] += np.eye(A_E)
+    w.add_tensor("nextn.pre_projection.weight", pre.astype(np.float16))
+    post = np.random.default_rng([seed, 1]).normal(0.0, 0.01, (E, A_E))
+    post[:A_E] += np.eye(A_E)
+    w.add_tensor("nextn.post_projection.weight", post.astype(np.float16))
+    w.add_tensor("rope_freqs.weight", np.ones(hd // 2, np.float32))
+    for i in range(n_layer):
+        x.norm(f"blk.{i}.attn_norm.weight", A_E)
+        x.mat(f"blk.{i}.attn_q.weight", A_E, HEADS * hd)
+        x.mat(f"blk.{i}.attn_output.weight", HEADS * hd, A_E)
+        x.norm(f"blk.{i}.attn_q_norm.weight", hd)
+        for norm in ("post_attention_norm", "post_ffw_norm"):  # small: each block adds
+            w.add_tensor(f"blk.{i}.{norm}.weight", np.full(A_E, 0.01, np.float32))  # little
+        w.add_tensor(f"blk.{i}.layer_output_scale.weight", np.ones(1, np.float32))
+        x.norm(f"blk.{i}.ffn_norm.weight", A_E)
+        x.mat(f"blk.{i}.ffn_gate.weight", A_E, FF)
+        x.mat(f"blk.{i}.ffn_up.weight", A_E, FF)
+        x.mat(f"blk.{i}.ffn_down.weight", FF, A_E)
+    _done(w)
+    return str(path)
+
+
 def write_all(out: Path, src: str) -> dict[str, str]:
     """Every head model into out: {name: path}."""
     out.mkdir(parents=True, exist_ok=True)
@@ -237,6 +321,8 @@ def write_all(out: Path, src: str) -> dict[str, str]:
         "eagle3": eagle3_head(out / "tiny-eagle3.gguf", src),
         "dflash": dflash_head(out / "tiny-dflash.gguf", src),
         "dspark": dflash_head(out / "tiny-dspark.gguf", src, markov=8),
+        "gemma4": gemma4_target(out / "tiny-gemma4.gguf", src),
+        "assistant": gemma4_assistant(out / "tiny-gemma4-assistant.gguf", src),
     }
 
 

@@ -12,7 +12,9 @@ from specli.ggufmeta import Header
 
 HEAD_TYPES = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 HEAD_ARRAYS = ("eagle3.target_layers", "dflash.target_layers")  # to decode in full
-HEAD_ARCHS = frozenset({"eagle3", "dflash"})  # the architectures that are heads alone
+# a Gemma 4 assistant: MTP layers in a file of their own that attend over the target's cache
+ASSISTANT = "gemma4-assistant"
+HEAD_ARCHS = frozenset({"eagle3", "dflash", ASSISTANT})  # the architectures that are heads alone
 # the architectures whose graphs have multi-token-prediction layers (src/llama-model.cpp,
 # where ctx_type == LLAMA_CONTEXT_TYPE_MTP), in the llama.cpp llama-cpp-python vendors
 MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4",
@@ -39,7 +41,9 @@ class HeadInfo:
         """One line, as `info` and `check-pair` show it."""
         if self.spec_type == "draft-mtp":
             return f"{self.spec_type}: {self.n_nextn} prediction layer" + \
-                "s" * (self.n_nextn != 1)
+                "s" * (self.n_nextn != 1) + ("" if self.hidden is None else
+                                             f", target width {self.hidden}, on the "
+                                             "target's own cache (Gemma 4 assistant)")
         out = (f"{self.spec_type}: target layers {', '.join(map(str, self.layers)) or '-'}, "
                f"target width {self.hidden if self.hidden is not None else '?'}")
         if self.spec_type != "draft-eagle3":
@@ -82,6 +86,9 @@ def head_info(h: Header) -> HeadInfo | None:
                         int(kv.get("dflash.block_size", 16)),
                         kv.get("tokenizer.ggml.mask_token_id"),
                         _flag(kv.get("dflash.sample_from_anchor"), True))
+    if arch == ASSISTANT:  # llama.cpp infers no type from it: it drafts as draft-mtp
+        return HeadInfo("draft-mtp", h.path, hidden=kv.get(f"{arch}.embedding_length_out"),
+                        n_nextn=int(kv.get(f"{arch}.nextn_predict_layers") or 0))
     n = n_nextn(h)
     return HeadInfo("draft-mtp", h.path, n_nextn=n) if n else None
 
@@ -103,6 +110,15 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
     sidecar) with them, of the target's architecture and width."""
     kv, arch = target.kv, target.kv.get("general.architecture")
     name = target.path
+    if head.spec_type == "draft-mtp" and draft is not None and (
+            draft.kv.get("general.architecture") == ASSISTANT):
+        width = kv.get(f"{arch}.embedding_length")
+        if arch != "gemma4" or head.hidden != width:
+            raise IncompatiblePairError(
+                f"draft-mtp: {draft.path} is a Gemma 4 assistant for a gemma4 target "
+                f"{head.hidden} wide, and {name} is {arch}, {width} wide", "mtp",
+                hint="the assistant was trained for another target")
+        return
     if head.spec_type == "draft-mtp" and draft is not None:
         d_arch = draft.kv.get("general.architecture")
         if d_arch != arch or draft.kv.get(f"{d_arch}.embedding_length") != kv.get(
@@ -119,8 +135,9 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
             raise IncompatiblePairError(
                 f"draft-mtp: {name} is {arch}, an architecture llama.cpp runs no "
                 "multi-token-prediction layers for", "mtp",
-                hint="MTP needs a model that ships them: Qwen3.5, GLM-4.5, DeepSeek-V3, "
-                "MiMo, Step-3.5, Hunyuan...")
+                hint="a Gemma 4 model drafts with its assistant file: -md ...assistant.gguf"
+                if arch == "gemma4" else "MTP needs a model that ships them: Qwen3.5, "
+                "GLM-4.5, DeepSeek-V3, MiMo, Step-3.5, Hunyuan...")
         if not n_nextn(target):
             raise IncompatiblePairError(
                 f"draft-mtp: {name} has no multi-token-prediction layers "

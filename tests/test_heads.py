@@ -32,6 +32,8 @@ GREEDY = SamplingParams(temp=0.0)
 # id -> (--spec-type, the target, the head file or None: MTP runs the target's own layers)
 CASES = {"mtp": ("draft-mtp", "mtp", None), "mtp-chained": ("draft-mtp", "mtp2", None),
          "mtp-file": ("draft-mtp", "mtp", "mtp"),  # an MTP file beside its model (a sidecar)
+         # a Gemma 4 assistant: its own file, attending over the target's cache
+         "mtp-assistant": ("draft-mtp", "gemma4", "assistant"),
          "mtp+ngram": ("ngram-simple,draft-mtp", "mtp", None),  # combined, n-gram first
          "eagle3": ("draft-eagle3", "llama", "eagle3"),
          "dflash": ("draft-dflash", "llama", "dflash"),
@@ -183,12 +185,14 @@ def test_run_prints_the_heads_statistics_and_the_targets_text(heads, case):
 
 def test_a_head_file_drafts_as_its_own_type(heads):
     """-md with a head file and no --spec-type: the file says which (as llama.cpp infers
-    DFlash and MTP from the file; EAGLE-3 too, which llama.cpp leaves to --spec-type)."""
-    for head in ("eagle3", "dflash", "dspark"):
-        r = cli("run", "-m", heads["llama"], "-md", heads[head], "-p", PROMPTS[0], "-n", "8",
+    DFlash and MTP from the file; EAGLE-3 and a Gemma 4 assistant too, which llama.cpp
+    leaves to --spec-type)."""
+    for case in ("eagle3", "dflash", "dspark", "mtp-assistant"):  # (llama.cpp asks
+        spec, target, head = CASES[case]                         # --spec-type of the last)
+        r = cli("run", "-m", heads[target], "-md", heads[head], "-p", PROMPTS[0], "-n", "8",
                 "--temp", "0")
         assert r.returncode == 0, r.stderr
-        assert f"statistics {CASES[head][0]}: " in r.stderr
+        assert f"statistics {spec}: " in r.stderr
 
 
 def test_a_head_file_is_placed_as_a_draft_is(heads):
@@ -211,6 +215,8 @@ def test_a_head_file_is_placed_as_a_draft_is(heads):
     (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-mtp"], 2,
      "the draft file has none"),
     (["-m", "llama", "-md", "mtp"], 1, "is hy_v3, 64 wide, and "),
+    (["-m", "mtp", "-md", "assistant"], 1, "is hy_v3, 64 wide (hint: the assistant"),
+    (["-m", "gemma4", "--spec-type", "draft-mtp"], 1, "drafts with its assistant file"),
 ])
 def test_a_head_that_cannot_run_is_one_line(heads, args, code, says):
     args = [heads.get(a, a) for a in args]
@@ -234,7 +240,7 @@ def test_a_build_without_the_head_functions_is_refused_before_loading(heads, mon
     assert "llama-cpp-python>=0.3.36" in r.stderr
 
 
-@pytest.mark.parametrize("case", ["mtp", "eagle3", "dflash"])
+@pytest.mark.parametrize("case", ["mtp", "mtp-assistant", "eagle3", "dflash"])
 def test_server_slots_each_keep_their_own_head(heads, case):
     """Two slots generating together, their target decodes batched into one: each slot's
     head drafts what a lone engine's drafts, and the text is the target's."""
@@ -303,8 +309,16 @@ def test_check_pair_and_info_know_heads(heads):
     doc = json.loads(bad.stdout)
     assert doc["compatible"] is False and doc["rule"] == "head"
     assert doc["head"]["ok"] is False and "reads target layer 2" in doc["head"]["problem"]
-    shown = {name: cli("info", heads[name]).stdout for name in ("mtp2", "dspark", "llama")}
+    assistant = cli("check-pair", heads["gemma4"], heads["assistant"])  # its own target
+    assert assistant.returncode == 0, assistant.stdout + assistant.stderr
+    for target in ("llama", "mtp"):  # a Gemma 4 assistant drafts for gemma4 alone
+        r = cli("check-pair", heads[target], heads["assistant"])
+        assert r.returncode == 1 and "is a Gemma 4 assistant for a gemma4 target" in r.stdout
+    shown = {name: cli("info", heads[name]).stdout
+             for name in ("mtp2", "dspark", "llama", "assistant")}
     assert "draft head: draft-mtp: 2 prediction layers" in shown["mtp2"]
+    assert ("draft head: draft-mtp: 2 prediction layers, target width 64, on the target's "
+            "own cache (Gemma 4 assistant)") in shown["assistant"]
     assert "draft head: draft-dspark: target layers 1, 3, target width 64, block 8" \
         in shown["dspark"]
     assert "draft head: none" in shown["llama"]

@@ -28,6 +28,7 @@ _EXT = {
         [_P, ctypes.c_uint32, ctypes.c_bool]),
     "llama_get_embeddings_layer_inp": (
         "_Z30llama_get_embeddings_layer_inpP13llama_contextj", _F, [_P, ctypes.c_uint32]),
+    "llama_get_ctx_other": ("_Z19llama_get_ctx_otherP13llama_context", _P, [_P]),
 }
 # the C functions and names each head type needs of llama-cpp-python's bindings
 _C = ("llama_batch_ext_init", "llama_batch_ext_add_token", "llama_batch_ext_add_embd",
@@ -38,7 +39,8 @@ _C = ("llama_batch_ext_init", "llama_batch_ext_add_token", "llama_batch_ext_add_
 NEEDS = {
     "draft-mtp": (*_C, "LLAMA_CONTEXT_TYPE_MTP", "llama_model_n_layer_nextn",
                   "llama_set_embeddings_nextn", "llama_get_embeddings_nextn",
-                  "llama_get_embeddings_nextn_ith", "llama_set_nextn_layer_offset"),
+                  "llama_get_embeddings_nextn_ith", "llama_set_nextn_layer_offset",
+                  "llama_get_ctx_other"),
     "draft-eagle3": (*_C, "llama_set_embeddings_nextn", "llama_get_embeddings_nextn",
                      "llama_get_embeddings_nextn_ith", "llama_set_embeddings_layer_inp",
                      "llama_get_embeddings_layer_inp"),

@@ -29,6 +29,13 @@ from specli.errors import BackendError
 _F = ctypes.POINTER(ctypes.c_float)
 
 
+def _arch(model) -> str:
+    """A loaded model's general.architecture."""
+    buf = ctypes.create_string_buffer(64)
+    n = ll.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf))
+    return buf.value.decode("utf-8", "replace") if n >= 0 else ""
+
+
 class HeadModel:
     """A draft head's own GGUF (EAGLE-3, DFlash, DSpark, or an MTP file beside its target:
     params.mtp), loaded once for every context on it (a server's slots each have one);
@@ -71,19 +78,26 @@ class HeadContext:
         self._own_model = shared is not None
         self._model = shared.handle if shared is not None else target.llama_handles[0]
         self.mtp = self.params.mtp  # multi-token-prediction layers: the target's or a file's
+        # a Gemma 4 assistant attends over the target's own cache (llama.cpp's shared-KV MTP
+        # mode): its context mirrors the target's sequences, and it decodes in this one's
+        self.shares_memory = _arch(self._model) == "gemma4-assistant"
+        self.seq = target.seq if self.shares_memory else 0
+        t_ctx = target.llama_handles[1]
         tp = target.params
         cp = ll.llama_context_default_params()
-        cp.n_ctx = target.n_ctx
+        cp.n_ctx = ll.llama_n_ctx(t_ctx) if self.shares_memory else target.n_ctx
         cp.n_batch = target.n_batch
         cp.n_ubatch = min(tp.n_ubatch, target.n_batch)
         cp.n_threads = tp.n_threads
         cp.n_threads_batch = tp.n_threads_batch or tp.n_threads
         cp.flash_attn_type = _FLASH_ATTN[tp.flash_attn]
-        cp.n_seq_max = 1
-        cp.ctx_other = target.llama_handles[1]
+        cp.n_seq_max = ll.llama_n_seq_max(t_ctx) if self.shares_memory else 1
+        cp.ctx_other = t_ctx
         if self.mtp:
             cp.ctx_type = ll.LLAMA_CONTEXT_TYPE_MTP
             cp.n_outputs_max = 1  # as llama.cpp's draft context: one sequence, one row
+        if self.shares_memory:
+            cp.n_outputs_max = cp.n_seq_max
         self._ctx = ll.llama_init_from_model(self._model, cp)
         if not self._ctx:
             self.close()
@@ -94,6 +108,9 @@ class HeadContext:
         self.vocab = ll.llama_model_get_vocab(self._model)
         self.n_vocab = ll.llama_vocab_n_tokens(self.vocab)
         self.n_embd = ll.llama_model_n_embd(self._model)
+        # the width of the states it reads and writes: an MTP head's are the target's (a
+        # Gemma 4 assistant is narrower inside), the other heads' their own
+        self.n_state = ll.llama_model_n_embd_out(self._model) if self.mtp else self.n_embd
         self.n_ctx = target.n_ctx
         self.n_batch = target.n_batch
         self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
@@ -107,7 +124,7 @@ class HeadContext:
     def run(self, items: Sequence[tuple[int | None, int, np.ndarray | None, bool]],
             encode: bool = False) -> None:
         """One llama_process of (token or None, position, embedding row or None, output)
-        items, all in sequence 0; encode: the head's encoder (no cache) instead."""
+        items, all in this head's sequence; encode: the head's encoder (no cache) instead."""
         add_token, add_embd = fn("llama_batch_ext_add_token"), fn("llama_batch_ext_add_embd")
         set_pos, set_embd = fn("llama_batch_ext_set_pos"), fn("llama_batch_ext_set_embd_token")
         set_out, embd = fn("llama_batch_ext_set_output_logits"), fn("llama_embd")
@@ -120,9 +137,9 @@ class HeadContext:
                 keep.append(row)
                 e = embd(row.ctypes.data_as(_F), 1, row.shape[-1])
             if token is None:
-                idx = add_embd(b, 0, e)
+                idx = add_embd(b, self.seq, e)
             else:
-                idx = add_token(b, 0, token)
+                idx = add_token(b, self.seq, token)
             if idx < 0:
                 raise BackendError(f"internal: a head batch refused an item ({idx})")
             set_pos(b, idx, ctypes.byref(ll.llama_pos(pos)))
@@ -152,11 +169,11 @@ class HeadContext:
 
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""
-        return ext.rows("llama_get_embeddings_nextn_ith", self._ctx, i, shape=(self.n_embd,))
+        return ext.rows("llama_get_embeddings_nextn_ith", self._ctx, i, shape=(self.n_state,))
 
     def nextn_rows(self, n_rows: int) -> np.ndarray:
         """A copy of the last decode's first n_rows head states (an encoder's output)."""
-        return ext.rows("llama_get_embeddings_nextn", self._ctx, shape=(n_rows, self.n_embd))
+        return ext.rows("llama_get_embeddings_nextn", self._ctx, shape=(n_rows, self.n_state))
 
     def export_nextn(self, on: bool, masked: bool) -> None:
         """This context keeps its own head states (masked: for its output rows only)."""
@@ -171,7 +188,7 @@ class HeadContext:
 
     def pos_max(self) -> int:
         """The highest position the cache holds (-1 when empty)."""
-        return int(ll.llama_memory_seq_pos_max(self._mem, 0))
+        return int(ll.llama_memory_seq_pos_max(self._mem, self.seq))
 
     def rewind(self, n_keep: int) -> None:
         """Keep the first n_keep of the target's tokens the head has taken in (`tokens`),
@@ -180,9 +197,10 @@ class HeadContext:
         self.rewind_cells(n_keep)
 
     def rewind_cells(self, pos: int) -> None:
-        """Drop the cache's positions from pos on (a draft's own cells)."""
+        """Drop the cache's positions from pos on (a draft's own cells; none when the cache
+        is the target's, where llama.cpp leaves them to the target)."""
         if self._ctx:
-            ll.llama_memory_seq_rm(self._mem, 0, pos, -1)
+            ll.llama_memory_seq_rm(self._mem, self.seq, pos, -1)
 
     def close(self) -> None:
         if getattr(self, "_batch", None) is not None:

@@ -63,7 +63,7 @@ def check_pair(
     head, head_problem = head_info(headers[1]), None  # aborts on gets no verdict
     if head is not None:  # a draft head: it must fit the target too
         try:
-            check_head(headers[0], head)
+            check_head(headers[0], head, headers[1])
         except IncompatiblePairError as e:
             head_problem = e.message
     result = None

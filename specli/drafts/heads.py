@@ -76,15 +76,18 @@ class MtpDraft(_Head):
     """The target's own multi-token-prediction layers (llama.cpp's draft-mtp). Its cache
     holds, at position p, token p with the target's state at p - 1. One head drafts every
     token from its own state; several heads (n_heads > 1) draft one token each, the whole
-    draft decoded again through each."""
+    draft decoded again through each. A head that attends over the target's own cache (a
+    Gemma 4 assistant: HeadContext.shares_memory) has no cache to fill, and drafts every
+    token at the position after the target's last, from its own state."""
 
     name = "draft-mtp"
 
     def __init__(self, head: HeadContext, n_heads: int, n_vocab_target: int):
         super().__init__(head, n_vocab_target)
-        self.n_heads = max(1, n_heads)
+        self.shared = head.shares_memory
+        self.n_heads = 1 if self.shared else max(1, n_heads)  # its heads run in one graph
         head.export_nextn(True, masked=True)
-        self.pending: np.ndarray | None = np.zeros(head.n_embd, np.float32)  # state at p-1
+        self.pending: np.ndarray | None = np.zeros(head.n_state, np.float32)  # state at p-1
         self.before: np.ndarray | None = None  # pending before the last batch
         self.rows: np.ndarray | None = None  # the last batch's target states
         self.pos0 = 0
@@ -96,7 +99,7 @@ class MtpDraft(_Head):
             m.rewind(n)        # its last shared token again (its cell here stays)
             self.pending = None
         if n == 0:
-            self.pending = np.zeros(m.n_embd, np.float32)  # as llama.cpp starts
+            self.pending = np.zeros(m.n_state, np.float32)  # as llama.cpp starts
         return Reads(nextn=True, redo=n - 1 if self.pending is None else n)
 
     def process(self, batch: Decoded) -> None:
@@ -105,7 +108,7 @@ class MtpDraft(_Head):
         m.rewind(s + skip)
         items = [(t, p, batch.nextn[i - 1] if i else self.pending, False)
                  for i, (t, p) in enumerate(zip(batch.tokens, batch.pos, strict=True))][skip:]
-        if items:
+        if items and not self.shared:  # a shared cache holds the target's decode already
             self._decode(items)
         m.tokens.extend(batch.tokens[skip:])
         self.before, self.rows, self.pos0 = self.pending, batch.nextn, s
@@ -148,8 +151,8 @@ class MtpDraft(_Head):
                     seq = [context[-1], *out]
                     items = [(t, n_past + j, states[j], j == len(seq) - 1)
                              for j, t in enumerate(seq)]
-                else:
-                    items = [(token, n_past + i + 1, state, True)]
+                else:  # a shared cache: llama.cpp drafts at one position, as transformers
+                    items = [(token, n_past if self.shared else n_past + i + 1, state, True)]
         finally:
             if self.n_heads > 1:
                 m.layer_offset(0)
