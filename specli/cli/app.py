@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import re
 import sys
@@ -55,6 +56,14 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Speculative decoding of local GGUF models, on llama.cpp."""
 
 
+@functools.cache
+def _command():
+    """The app as Click's command, built once per process: Typer builds it anew from every
+    command's signature on each call (50 ms), which `specli` pays once anyway but a process
+    that runs several commands (tests, scripts/gen_cli_docs.py) would pay each time."""
+    return typer.main.get_command(app)
+
+
 def main() -> None:
     """Console entry point: every error, Click's usage errors included, is one line on stderr
     and its exit code (2 for a usage error)."""
@@ -63,7 +72,7 @@ def main() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     try:
         try:
-            rc = app(prog_name="specli", standalone_mode=False)
+            rc = _command().main(prog_name="specli", standalone_mode=False)
         except SystemExit as e:  # Click turns EPIPE into a silent exit 1 even so
             if isinstance(e.__context__, console.OutputError):
                 raise e.__context__ from None
