@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
 import functools
 import os
@@ -22,7 +23,7 @@ from specli.cli import run as run_cmd
 from specli.cli import serve as serve_cmd
 from specli.cli import tune as tune_cmd
 from specli.cli.console import err
-from specli.errors import SpecliError
+from specli.errors import SpecliError, UsageError
 
 app = typer.Typer(
     name="specli",
@@ -64,6 +65,72 @@ def _command():
     return typer.main.get_command(app)
 
 
+def whole_words(args: list[str], command=None) -> None:
+    """UsageError for a single-dash spelling the command does not have, before Click sees
+    it: Click splits `-ps` into `-p s` and `-nkvo` into `-n kvo`, and llama.cpp, whose flags
+    these are, reads every spelling as a whole word."""
+    cmd, i = _subcommand(args, command)
+    if cmd is None:
+        return  # Click names a command it does not know
+    takes: dict[str, int] = {}  # spelling -> how many values follow it
+    for p in getattr(cmd, "params", ()):
+        n = 0 if getattr(p, "is_flag", False) or getattr(p, "count", False) else p.nargs
+        for name in (*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())):
+            if name.startswith("-"):
+                takes[name] = n
+    for name in ("-h", "--help"):
+        takes.setdefault(name, 0)
+    while i < len(args):
+        a, i = args[i], i + 1
+        if a == "--":
+            return
+        if not a.startswith("-") or len(a) < 2:
+            continue
+        name = a.split("=", 1)[0] if a.startswith("--") else a
+        if name in takes:
+            i += takes[name] if "=" not in a else 0
+        elif not a.startswith("--") and len(a) > 2 and not _number(a):
+            near = difflib.get_close_matches(a, takes, n=3, cutoff=0.6)
+            raise UsageError(f"no such option {a}" + (
+                f" (did you mean {' or '.join(near)}?)" if near else ""))
+
+
+def _subcommand(args: list[str], command=None):
+    """(the Click command args name, the index of its first argument); None for a name the
+    app does not have."""
+    cmd, i = command or _command(), 0
+    while i < len(args) and not args[i].startswith("-"):
+        cmd, i = (getattr(cmd, "commands", None) or {}).get(args[i]), i + 1
+        if cmd is None:
+            return None, i
+    return cmd, i
+
+
+def name_environment(message: str, args: list[str]) -> str:
+    """The message with each flag whose value came from an environment variable (the user
+    typed none of its spellings) named as that variable: `LLAMA_ARG_CTX_SIZE (-c/--ctx-size)
+    must be at least 16`, not a flag the user never typed."""
+    cmd, _ = _subcommand(args)
+    typed = {a.split("=", 1)[0] for a in args}
+    for p in getattr(cmd, "params", ()) if cmd is not None else ():
+        spellings = [*getattr(p, "opts", ()), *getattr(p, "secondary_opts", ())]
+        env = getattr(p, "envvar", None) or ()
+        var = next((v for v in ([env] if isinstance(env, str) else env) if os.environ.get(v)),
+                   None)
+        names = "/".join(getattr(p, "opts", ()))
+        if var and names and names in message and not typed.intersection(spellings):
+            message = message.replace(names, f"{var} ({names})", 1)
+    return message
+
+
+def _number(a: str) -> bool:
+    try:
+        float(a)
+    except ValueError:
+        return False
+    return True
+
+
 def main() -> None:
     """Console entry point: every error, Click's usage errors included, is one line on stderr
     and its exit code (2 for a usage error)."""
@@ -72,6 +139,7 @@ def main() -> None:
         sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
     try:
         try:
+            whole_words(sys.argv[1:])
             rc = _command().main(prog_name="specli", standalone_mode=False)
         except SystemExit as e:  # Click turns EPIPE into a silent exit 1 even so
             if isinstance(e.__context__, console.OutputError):
@@ -95,7 +163,8 @@ def main() -> None:
         if os.environ.get("SPECLI_DEBUG") == "1":
             raise
         hint = f" (hint: {e.hint})" if e.hint else ""
-        err.print(f"error: {e.message}{hint}", markup=False, soft_wrap=True)
+        message = name_environment(e.message, sys.argv[1:])
+        err.print(f"error: {message}{hint}", markup=False, soft_wrap=True)
         sys.exit(e.exit_code)
     except Exception as e:
         # Click's errors (Typer's own copy of Click, or Click): by their protocol, not their
@@ -117,6 +186,18 @@ def _plain(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
+def _from_environment(e: Exception, param) -> str | None:
+    """`LLAMA_ARG_CTX_SIZE (-c/--ctx-size)` when the bad value came from that variable, not
+    the command line (the user typed no -c)."""
+    ctx, envvar = getattr(e, "ctx", None), getattr(param, "envvar", None)
+    source = ctx.get_parameter_source(param.name) if ctx is not None and param.name else None
+    if getattr(source, "name", "") != "ENVIRONMENT" or not envvar:
+        return None
+    names = [envvar] if isinstance(envvar, str) else list(envvar)
+    var = next((v for v in names if os.environ.get(v)), names[0])
+    return f"{var} ({'/'.join(getattr(param, 'opts', None) or [param.name])})"
+
+
 def usage_line(e: Exception) -> str:
     """A Click error as one line in specli's words: `no such option --draf (did you mean
     --draft?)`, `invalid value for -fa/--flash-attn: 'maybe' is not one of ...`,
@@ -134,7 +215,8 @@ def usage_line(e: Exception) -> str:
             if getattr(param, "param_type_name", "") == "argument":
                 return f"missing argument {(param.name or '?').upper()}"
             return f"missing {names}"
-        return f"invalid value for {names}" + (f": {_plain(message)}" if message else "")
+        where = _from_environment(e, param)
+        return f"invalid value for {where or names}" + (f": {_plain(message)}" if message else "")
     m = re.fullmatch(r"Option '(.+)' requires an argument\.", message)
     if m:
         return f"{m.group(1)} needs a value"
