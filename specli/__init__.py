@@ -13,7 +13,11 @@ import sys  # noqa: E402
 # rule).
 # (boot.ROLE_ENV; audit_boot.early() re-executes on the same test)
 AUDITOR = sys.argv[1:2] == ["audit"] and os.environ.get("SPECLI_AUDIT_ROLE") != "audited"
-if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not AUDITOR:
+# `specli --version`, `specli --help` and `specli CMD --help` load no model either: they print
+# without llama.cpp's libraries, as llama.cpp's own do at once
+QUICK = sys.argv[1:] == ["--version"] or (len(sys.argv) <= 3 and sys.argv[-1] in ("--help",
+                                                                                  "-h"))
+if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not AUDITOR and not QUICK:
     from specli import backend as _backend  # noqa: E402, F401
 
 from specli.config import DraftParams, DraftPolicy, ModelParams, SamplingParams  # noqa: E402

@@ -2,6 +2,13 @@
 
 
 def main() -> None:
+    import sys
+
+    import specli
+
+    if specli.QUICK and sys.argv[1:] == ["--version"]:  # no CLI to build for it
+        print(f"specli {specli.__version__}")
+        return
     from specli.cli import audit_boot
 
     audit_boot.early()  # `specli audit`: re-executes here, before the CLI is imported

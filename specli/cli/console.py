@@ -10,8 +10,11 @@ from contextlib import nullcontext
 
 from rich.console import Console
 
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# NO_COLOR (no-color.org): no escapes at all. Rich's own reading of it drops colours but
+# keeps bold and dim; a terminal that asked for plain text gets plain text.
+_PLAIN = {"color_system": None} if os.environ.get("NO_COLOR") else {}
+out = Console(highlight=False, soft_wrap=True, **_PLAIN)
+err = Console(stderr=True, highlight=False, soft_wrap=True, **_PLAIN)
 if not out.is_terminal and "COLUMNS" not in os.environ:
     # into a file or a pipe, a table is as wide as its cells: Rich's 80 columns would cut
     # tune-draft's labels and figures to "…"
