@@ -171,7 +171,7 @@ def format_llama(s: Stats) -> str:
         f"decoded {s.n_predict:4d} tokens in {s.t_decode_s:8.3f} seconds, "
         f"speed: {_speed(s.decode_tps, s.t_decode_s)} t/s",
         "",
-        f"n_draft   = {s.max_drafted or s.n_draft}",  # the longest draft made, per source below
+        f"n_draft   = {s.n_draft}",  # the configured maximum, as llama-speculative-simple
         f"n_predict = {s.n_predict}",
         f"n_drafted = {s.n_drafted}",
         f"n_accept  = {s.n_accept}",
@@ -189,6 +189,7 @@ def format_llama(s: Stats) -> str:
     lines += [
         f"seed      = {s.seed if s.seed is not None else '-'}",
         f"finish    = {s.finish_reason or '-'}",
+        f"max draft = {s.max_drafted} (the longest draft verified)",
         f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",
         f"acceptance per position = {per_pos}",
         f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "

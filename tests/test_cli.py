@@ -10,6 +10,8 @@ import sys
 import pytest
 from conftest import PROMPTS, cli
 
+from specli.config import DEFAULT_DRAFT_MAX
+
 FAST = ("-n", "24", "--temp", "0")
 
 
@@ -170,11 +172,14 @@ def test_spec_types_are_checked_and_ngram_runs_without_a_draft_model(f16):
                "one two three four five six seven eight nine ten")
     assert r.returncode == 0, r.stderr
     assert "statistics ngram-simple: " in r.stderr and "draft:" not in r.stderr
-    # n_draft is the longest draft made (ngram-simple drafts up to its own 48, not --draft's
-    # 8), the same as the source's own #max draft
+    # n_draft is the configured maximum, as llama-speculative-simple prints it (--draft's),
+    # and `max draft` the longest draft verified (ngram-simple drafts up to its own 48), the
+    # same as the source's own #max draft
     n_draft = int(re.search(r"^n_draft   = (\d+)$", r.stderr, re.M).group(1))
+    longest = int(re.search(r"^max draft = (\d+) ", r.stderr, re.M).group(1))
     most = int(re.search(r"#max draft = (\d+)", r.stderr).group(1))
-    assert n_draft == most > 0
+    assert n_draft == DEFAULT_DRAFT_MAX and longest == most > 0
+    n_draft = longest
     per_pos = re.search(r"^acceptance per position = (.*)$", r.stderr, re.M).group(1)
     shown = per_pos.split(" (")[0].split(", ")
     assert len(shown) <= n_draft and (len(shown) == n_draft or "never accepted" in per_pos)
