@@ -33,21 +33,26 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def _ready_line(self, timeout: float) -> str:
+        """The `listening on` line; stderr is read on to its end after it (a line per
+        request would otherwise fill the pipe and stop the server), into `log`."""
         out: list[str] = []
+        self.log = out
+        ready = threading.Event()
 
         def read() -> None:
             for line in self.proc.stderr:
                 out.append(line)
                 if "listening on" in line:
-                    return
+                    ready.set()
+            ready.set()
 
-        t = threading.Thread(target=read, daemon=True)
-        t.start()
-        t.join(timeout)
-        if not out or "listening on" not in out[-1]:
+        threading.Thread(target=read, daemon=True).start()
+        ready.wait(timeout)
+        line = next((x for x in out if "listening on" in x), None)
+        if line is None:
             self.proc.kill()
             raise RuntimeError("server did not start: " + "".join(out))
-        return out[-1]
+        return line
 
     def client(self, key: str = KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0,

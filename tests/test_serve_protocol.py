@@ -135,9 +135,12 @@ def test_timings_are_numbers_and_the_rate_starts_after_the_first_step():
     assert t["predicted_per_second"] == pytest.approx(8.0)  # 8 tokens after the first 3
     assert t["predicted_per_token_ms"] == pytest.approx(125)
     assert formats.speculative(s)["accepted_per_position"] == [0.75, 0.5, 0.25]
-    # a stop string inside the first step: fewer tokens than it made, never a negative rate
+    # a short answer, or a stop string inside the first step: the rate over the whole
+    # generation (a dashboard must not show 0 t/s), never a negative one
     s.n_predict = 1
-    assert formats.timings(s)["predicted_per_second"] == 0.0
+    t = formats.timings(s)
+    assert t["predicted_per_second"] == pytest.approx(1 / 1.5)
+    assert t["predicted_ms"] == pytest.approx(1500) and t["predicted_n"] == 1
 
 
 def test_without_jinja_a_template_llama_cpp_does_not_know_is_chatml():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import replace
 from pathlib import Path
@@ -88,6 +89,10 @@ def serve(
         "-a", "--alias", help="Model names, comma-separated: the first in /v1/models and "
         "responses (a request may name any model). Default: the file name.",
         envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
+    log_disable: Annotated[bool, typer.Option(
+        "--log-disable", help="No line on stderr per request (its prompt and generation "
+        "timings, draft counts and finish), as llama-server's own flag silences its log.",
+        rich_help_panel=SERVER)] = False,
     n_predict: Annotated[int, typer.Option(
         "-n", "--n-predict", "--predict", help="Default tokens per request when it sets no "
         "max_tokens; -1 until end of generation or a full context.",
@@ -151,7 +156,7 @@ def serve(
         slot_similarity=slot_similarity,
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
         cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
-        cors_credentials=cors_credentials)
+        cors_credentials=cors_credentials, log_requests=not log_disable)
     _run(config, hosts, port)
 
 
@@ -304,7 +309,12 @@ def _run(config, hosts: list[str], port: int) -> None:
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT: streams end now
             app.state.specli.stopping()
-            super().handle_exit(sig, frame)
+            # uvicorn's own handler also raises the signal again once the server is down
+            # (exit 143 or 130); after a clean shutdown llama-server exits 0, which is what
+            # a supervisor reads: a second Ctrl-C still ends it at once
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True
+            self.should_exit = True
 
     from specli.server import conn
 

@@ -74,12 +74,15 @@ def timings(s: Stats) -> dict:
     """llama-server's timings object, numbers only, computed as llama-server computes them:
     the first token comes with the prompt's logits there, so its time is the prompt's and
     the generation rate counts the tokens after it (here: after the first step's tokens,
-    one plus any accepted draft). The draft totals are here; the acceptance per draft
+    one plus any accepted draft; an answer that ends within it is rated over its whole
+    generation, not shown as 0 t/s). The draft totals are here; the acceptance per draft
     position is in the `speculative` object."""
     prompt_n = s.target.prompt_n + 1 if s.n_prompt else 0  # the last prompt token opens step 1
     prompt_ms = 1e3 * (s.t_encode_s + s.t_first_s)
     predicted_ms = 1e3 * max(s.t_decode_s - s.t_first_s, 0.0)
     after = max(s.n_predict - s.n_first, 0)
+    if not after or not predicted_ms:  # a short answer, all of it in the first step: the
+        predicted_ms, after = 1e3 * s.t_decode_s, s.n_predict  # rate over what was measured
     return {"cache_n": cached(s),
             "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,

@@ -20,6 +20,7 @@ from specli.grammar_host import Checkers, GrammarHost
 from specli.plan import SpecPlan, draft_head, load_slots
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
+from specli.stats import Stats
 
 MAX_BODY = 8 << 20  # bytes: far more than any context holds as text
 
@@ -48,6 +49,7 @@ class ServerConfig:
     timeout: float = 600.0
     max_queue: int = 16
     max_body: int = MAX_BODY
+    log_requests: bool = True  # a line on stderr per generation (--log-disable: none)
 
     @property
     def model_id(self) -> str:
@@ -75,6 +77,25 @@ class State:
         # threads that tokenizing and templates use (asyncio's default executor)
         self._jobs = ThreadPoolExecutor(max_workers=32, thread_name_prefix="specli-job")
 
+    def done(self, stats: Stats) -> None:
+        """A generation ended (on its slot's thread): counted for /metrics, and one line on
+        stderr with its timings, as llama-server logs each request's."""
+        self.metrics.observe(stats)
+        if not self.config.log_requests:
+            return
+        from specli.server.formats import timings
+
+        t = timings(stats)
+        line = (f"specli serve: prompt {t['prompt_n']} tokens ({t['cache_n']} cached) in "
+                f"{t['prompt_ms']:.0f} ms, {t['prompt_per_second']:.1f} t/s; generated "
+                f"{t['predicted_n']} tokens in {t['predicted_ms']:.0f} ms, "
+                f"{t['predicted_per_second']:.1f} t/s; drafted {t['draft_n']}, accepted "
+                f"{t['draft_n_accepted']}; finish {stats.finish_reason or '-'}\n")
+        try:
+            sys.stderr.write(line)
+        except (OSError, ValueError):  # stderr gone: the answer still goes out
+            pass
+
     @functools.cached_property
     def plan(self) -> SpecPlan:
         """What the server drafts with (checked before it listened: cli/serve.py)."""
@@ -98,7 +119,7 @@ class State:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
-                             c.timeout, on_done=self.metrics.observe, contexts=shared,
+                             c.timeout, on_done=self.done, contexts=shared,
                              similarity=c.slot_similarity, on_close=self.close_grammars)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
         if c.target.rpc:

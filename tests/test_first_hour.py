@@ -1,0 +1,105 @@
+"""What a llama.cpp user meets in the first hour (issue 34): the version and the help without
+llama.cpp's libraries, ..."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import cli
+
+PROBE = ("import sys; sys.argv = ['specli', *sys.argv[1:]]; import specli.__main__ as m\n"
+         "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
+         "print('llama_cpp' in sys.modules, file=sys.stderr)")
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["run", "--help"],
+                                  ["serve", "-h"]])
+def test_version_and_help_load_no_llama_library(args):
+    """llama.cpp's --version and --help are instant; specli's load no model library either
+    (libllama and its backends were most of a second)."""
+    r = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip(), "printed nothing"
+    assert r.stderr.strip().splitlines()[-1] == "False", r.stderr
+
+
+@pytest.mark.parametrize("env,args,says", [
+    ({"LLAMA_ARG_CTX_SIZE": "abc"}, [], "invalid value for LLAMA_ARG_CTX_SIZE (-c/--ctx-size)"),
+    ({"LLAMA_ARG_CTX_SIZE": "-5"}, [], "LLAMA_ARG_CTX_SIZE (-c/--ctx-size) must be at least 16"),
+    ({"LLAMA_ARG_FLASH_ATTN": "maybe"}, [], "invalid value for LLAMA_ARG_FLASH_ATTN (-fa/"),
+    ({"LLAMA_ARG_CTX_SIZE": "4096"}, ["-c", "-5"], "-c/--ctx-size must be at least 16"),
+])
+def test_a_bad_value_names_where_it_came_from(env, args, says):
+    """A value from an environment variable is named as that variable, not as a flag the user
+    never typed; a typed flag keeps its own name."""
+    r = cli("run", "-n", "1", *args, env=env)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {says}"), r.stderr
+
+
+def _on_a_terminal(args: list[str], env: dict) -> bytes:
+    """What `specli ARGS` writes to a terminal (a pseudo-terminal for stdout and stderr)."""
+    import os
+    import pty
+
+    main, sub = pty.openpty()
+    try:
+        p = subprocess.Popen([sys.executable, "-m", "specli", *args], stdout=sub, stderr=sub,
+                             env={**os.environ, "COLUMNS": "120", **env})
+        os.close(sub)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:  # the terminal's other end closed: all read
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert p.wait(timeout=60) == 0
+    finally:
+        os.close(main)
+    return b"".join(chunks)
+
+
+def test_no_color_on_a_terminal_is_plain_text(q4_1):
+    """NO_COLOR: no escapes at all on a terminal, bold and dim included (no-color.org)."""
+    styled = _on_a_terminal(["check-pair", q4_1, q4_1], {})
+    assert b"\x1b[" in styled  # a terminal gets styles otherwise
+    plain = _on_a_terminal(["check-pair", q4_1, q4_1], {"NO_COLOR": "1"})
+    assert b"verdict" in plain and b"\x1b" not in plain
+
+
+@pytest.mark.parametrize("sig,quiet", [("SIGTERM", False), ("SIGINT", True)])
+def test_serve_logs_each_request_and_exits_0_after_a_clean_shutdown(q4_1, sig, quiet):
+    """As llama-server: one line on stderr per request with its timings (none with
+    --log-disable), and a supervisor's SIGTERM or a Ctrl-C ends it with exit 0 (not 143 or
+    130, the signal raised again)."""
+    import signal
+    import time
+
+    import httpx
+    from test_serve import Server
+
+    s = Server("-m", q4_1, "-c", "256", *(["--log-disable"] if quiet else []))
+    try:
+        r = httpx.post(f"{s.url}/completion", json={"prompt": "Hi", "n_predict": 3},
+                       timeout=60)
+        assert r.status_code == 200, r.text
+        t0 = time.monotonic()
+        while not quiet and not any("generated 3 tokens" in x for x in s.log):
+            assert time.monotonic() - t0 < 10, s.log
+            time.sleep(0.05)
+        s.proc.send_signal(getattr(signal, sig))
+        assert s.proc.wait(20) == 0
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    lines = [x for x in s.log if "generated" in x]
+    if quiet:
+        assert not lines
+    else:
+        assert len(lines) == 1 and "specli serve: prompt " in lines[0]
+        assert "finish length" in lines[0] and " 0.0 t/s" not in lines[0], lines[0]
