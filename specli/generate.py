@@ -54,6 +54,28 @@ class Interrupt:
         self.hit = True
 
 
+def changed(req: Request, engine) -> list[str]:
+    """What llama.cpp made of the settings that differs from what was asked, said rather
+    than passed over: the context it padded, -ngl with no GPU to take the layers, a --draft
+    longer than the context can verify."""
+    from specli.backend import local_gpu
+
+    out = []
+    n_ctx = engine.target.n_ctx
+    if n_ctx != req.target.n_ctx:
+        out.append(f"note: -c {req.target.n_ctx} became {n_ctx} (llama.cpp pads the context "
+                   "to a multiple of 256)")
+    for what, p in (("-ngl", req.target), ("-ngld", req.draft)):
+        if p is not None and p.n_gpu_layers != 0 and not p.rpc and not local_gpu():
+            out.append(f"warning: no usable GPU found, {what} {p.n_gpu_layers} is ignored "
+                       "(this llama-cpp-python build, or this machine, has none)")
+    k = req.policy.n_draft if req.policy is not None and req.policy.n_max else 0
+    if engine.draft is not None and k >= n_ctx:
+        out.append(f"note: --draft {k} is more than the {n_ctx}-token context can verify; "
+                   "each draft stops at the context's end")
+    return out
+
+
 def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
              on_note: Callable[[str], None] | None = None,
              phase: Callable[[str], AbstractContextManager] | None = None,
@@ -75,6 +97,9 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
                     "the target alone")
         if on_note and req.chat and engine.target.chat_template() is None:
             on_note("note: the target has no chat template; using ChatML")
+        if on_note:
+            for line in changed(req, engine):
+                on_note(line)
         ids = engine.tokenize(req.text, chat=req.chat)
         pieces: list[str] = []
         stats = Stats()

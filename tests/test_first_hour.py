@@ -103,3 +103,21 @@ def test_serve_logs_each_request_and_exits_0_after_a_clean_shutdown(q4_1, sig, q
     else:
         assert len(lines) == 1 and "specli serve: prompt " in lines[0]
         assert "finish length" in lines[0] and " 0.0 t/s" not in lines[0], lines[0]
+
+
+def test_what_llama_cpp_changed_is_said(f16, q4_1):
+    """Values that passed silently: the context llama.cpp padded, -ngl with no GPU to take
+    the layers, a --draft longer than the context; and one out of range is refused."""
+    from specli.backend import local_gpu
+
+    r = cli("run", "-m", f16, "-md", q4_1, "-c", "32", "--draft", "100000", "-ngl", "99",
+            "-n", "2", "-p", "hi", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert "note: -c 32 became 256 (llama.cpp pads the context" in r.stderr
+    assert "note: --draft 100000 is more than the 256-token context can verify" in r.stderr
+    if not local_gpu():
+        assert "warning: no usable GPU found, -ngl 99 is ignored" in r.stderr
+    plain = cli("run", "-m", f16, "-c", "256", "-n", "2", "-p", "hi", "--no-spec")
+    assert "note: -c" not in plain.stderr and "warning" not in plain.stderr
+    r = cli("run", "-m", f16, "--top-p", "2", "-n", "2", "-p", "hi")
+    assert r.returncode == 2 and r.stderr.startswith("error: --top-p must be from 0 to 1")
