@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ class Request:
     chat: bool = False
     speculative: bool = True  # False: --no-spec, the target alone
     baseline: bool = False  # also decode with the target alone, same seed
+    ignore_eos: bool = False  # no end-of-generation token is ever sampled (--ignore-eos)
 
 
 @dataclass
@@ -101,9 +103,13 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
             for line in changed(req, engine):
                 on_note(line)
         ids = engine.tokenize(req.text, chat=req.chat)
+        sampling = req.sampling
+        if req.ignore_eos:  # as llama.cpp: their logits -inf, for the draft's checks too
+            sampling = replace(sampling, logit_bias=(
+                *sampling.logit_bias, *((t, -math.inf) for t in engine.target.eog)))
         pieces: list[str] = []
         stats = Stats()
-        stream = engine.stream(ids, req.n_predict, req.sampling, stats=stats)
+        stream = engine.stream(ids, req.n_predict, sampling, stats=stats)
         if interrupt is not None:
             interrupt.armed = True
         stopped = False
@@ -124,7 +130,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
         out = Generation("".join(pieces), stats)
         if req.baseline and not out.interrupted:
             with phase("measuring the baseline (target alone)"):
-                plain = engine.complete(ids, req.n_predict, replace(req.sampling,
+                plain = engine.complete(ids, req.n_predict, replace(sampling,
                                                                     seed=stats.seed),
                                         speculative=False)
             stats.baseline_decode_tps = plain.stats.decode_tps

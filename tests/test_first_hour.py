@@ -3,6 +3,7 @@ llama.cpp's libraries, ..."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -121,3 +122,41 @@ def test_what_llama_cpp_changed_is_said(f16, q4_1):
     assert "note: -c" not in plain.stderr and "warning" not in plain.stderr
     r = cli("run", "-m", f16, "--top-p", "2", "-n", "2", "-p", "hi")
     assert r.returncode == 2 and r.stderr.startswith("error: --top-p must be from 0 to 1")
+
+
+def test_escape_reads_backslashes_as_llama_cpp_does():
+    from specli.cli.run import unescape
+
+    assert unescape(r"a\nb\tc\\d\'e\"f\x41\q") == "a\nb\tc\\d'e\"fA\\q"
+    assert unescape("trailing\\") == "trailing\\"
+
+
+def test_ignore_eos_generates_every_token_and_stays_exact(f16, q4_1):
+    """--ignore-eos: all -n tokens (a benchmark's fixed count), the target's own text with
+    end-of-generation banned, drafted or not; --log-disable: the text alone."""
+    args = ["-m", f16, "-p", "Say hi.", "--chat", "-n", "40", "--temp", "0", "--ignore-eos"]
+    spec = cli("run", *args, "-md", q4_1, "--json")
+    doc = json.loads(spec.stdout)
+    assert doc["stats"]["n_predict"] == 40 and doc["stats"]["finish_reason"] == "length"
+    plain = cli("run", *args, "--no-spec", "--log-disable")
+    assert plain.returncode == 0 and plain.stderr == ""
+    assert plain.stdout == doc["text"] + "\n"
+    stops = json.loads(cli("run", *args[:-1], "-md", q4_1, "--json").stdout)
+    assert stops["stats"]["finish_reason"] == "stop"  # without it, this prompt ends early
+
+
+def test_run_takes_a_grammar_or_a_json_schema(f16, q4_1, tmp_path):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    base = ["-m", f16, "-md", q4_1, "-p", "Give a JSON object about a cat.", "--chat",
+            "-n", "60", "--temp", "0"]
+    r = cli("run", *base, "-j", json.dumps(schema), "--json")
+    obj = json.loads(json.loads(r.stdout)["text"])
+    assert isinstance(obj["name"], str) and isinstance(obj["age"], int)
+    g = tmp_path / "yes.gbnf"
+    g.write_text('root ::= "yes" | "no"\n')
+    r = cli("run", *base, "--grammar-file", str(g), "--json")
+    assert json.loads(r.stdout)["text"] in ("yes", "no")
+    r = cli("run", *base, "--grammar", 'root ::= "a"', "-j", "{}")
+    assert r.returncode == 2 and "give one of --grammar and -j/--json-schema" in r.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -38,6 +39,31 @@ def run(
         "-n", "--n-predict", "--predict", help="Tokens to generate; -1 until end of generation "
         "or full context.", envvar="LLAMA_ARG_N_PREDICT",
         rich_help_panel="Input")] = config.DEFAULT_N_PREDICT,
+    escape: Annotated[bool, typer.Option(
+        "-e", "--escape/--no-escape", help="Read \\n, \\t, \\', \\\", \\\\ and \\xNN "
+        "in the prompt as the characters they name (llama.cpp's -e).",
+        rich_help_panel="Input")] = False,
+    ignore_eos: Annotated[bool, typer.Option(
+        "--ignore-eos", help="Never end at an end-of-generation token: generate all -n tokens "
+        "(its logit is -inf, as llama.cpp's flag; a benchmark's fixed token count).",
+        rich_help_panel="Input")] = False,
+    grammar: Annotated[str | None, typer.Option(
+        "--grammar", metavar="GBNF", help="Constrain the text to a GBNF grammar: every token, "
+        "drafted or sampled, must fit it.", rich_help_panel="Input",
+        show_default=False)] = None,
+    grammar_file: Annotated[Path | None, typer.Option(
+        "--grammar-file", metavar="FILE", help="Read the GBNF grammar from a file.",
+        rich_help_panel="Input", show_default=False)] = None,
+    json_schema: Annotated[str | None, typer.Option(
+        "-j", "--json-schema", metavar="SCHEMA", help="Constrain the text to JSON that fits "
+        "this JSON schema (turned into a grammar, as llama.cpp's -j).",
+        rich_help_panel="Input", show_default=False)] = None,
+    json_schema_file: Annotated[Path | None, typer.Option(
+        "-jf", "--json-schema-file", metavar="FILE", help="Read the JSON schema from a file.",
+        rich_help_panel="Input", show_default=False)] = None,
+    log_disable: Annotated[bool, typer.Option(
+        "--log-disable", help="Print the text only: no statistics and no notes (errors "
+        "still go to stderr).", rich_help_panel=o.OUTPUT)] = False,
     drafting: o.Drafting = o.DRAFTING_FLAGS,
     parallel: Annotated[int | None, typer.Option(
         "-np", "--parallel", help="Draft sequences, as llama-speculative's -np: the same as "
@@ -59,9 +85,13 @@ def run(
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
     console.check_output()  # before the models load: a closed stdout could take nothing
+    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
+    if escape and prompt is not None:
+        prompt = unescape(prompt)
     req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
-                  resources, gpu, verbose=verbose, baseline=baseline, quiet=json_out,
-                  parallel=parallel)
+                  resources, gpu, verbose=verbose, baseline=baseline,
+                  quiet=json_out or log_disable, parallel=parallel)
+    req = replace(req, ignore_eos=ignore_eos)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -74,10 +104,11 @@ def run(
     previous = signal.signal(signal.SIGINT, interrupt)
     try:
         gen = generate(req, on_text=None if json_out else write,
-                       on_note=None if json_out else note,
-                       phase=lambda name: spinner(name, json_out), interrupt=interrupt)
+                       on_note=None if json_out or log_disable else note,
+                       phase=lambda name: spinner(name, json_out or log_disable),
+                       interrupt=interrupt)
         signal.signal(signal.SIGINT, previous)
-        _report(gen, json_out, req)
+        _report(gen, json_out, req, statistics=not log_disable)
     finally:  # (a reader gone, a full disk: the error boundary, app.main)
         signal.signal(signal.SIGINT, previous)
     if gen.interrupted:  # Ctrl-C: what was generated and its statistics are out; as a shell
@@ -106,7 +137,62 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
                    drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline)
 
 
-def _report(gen: Generation, json_out: bool, req: Request) -> None:
+def constrained(sampling: SamplingParams, grammar: str | None, grammar_file: Path | None,
+                json_schema: str | None, json_schema_file: Path | None) -> SamplingParams:
+    """The sampling settings with the grammar that one of --grammar, --grammar-file, -j and
+    -jf gives (a JSON schema turned into GBNF); UsageError for two, or an unreadable one."""
+    given = [(n, v) for n, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                 ("-j/--json-schema", json_schema),
+                                 ("-jf/--json-schema-file", json_schema_file)) if v is not None]
+    if not given:
+        return sampling
+    if len(given) > 1:
+        raise UsageError(f"give one of {given[0][0]} and {given[1][0]}, not both")
+    name, value = given[0]
+    if isinstance(value, Path):
+        try:
+            value = value.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"{name}: cannot read {value}: "
+                             f"{getattr(e, 'strerror', None) or e}") from None
+    if "json-schema" in name:
+        from specli.backend import schema_grammar
+
+        try:
+            schema = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{name} is not JSON: {e.msg} (line {e.lineno})") from None
+        value = schema_grammar(schema)
+    return replace(sampling, grammar=value)
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a",
+            "b": "\b", "f": "\f", "v": "\v", "?": "?"}
+
+
+def unescape(text: str) -> str:
+    """llama.cpp's string_process_escapes: \\n, \\t, \\xNN... as the characters they name;
+    any other backslash stays as it is."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+            hexa = text[i + 2:i + 4]
+            if nxt == "x" and len(hexa) == 2 and all(h in "0123456789abcdefABCDEF" for h in hexa):
+                out.append(chr(int(hexa, 16)))
+                i += 4
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _report(gen: Generation, json_out: bool, req: Request, statistics: bool = True) -> None:
     from specli.stats import format_llama
 
     if json_out:
@@ -117,6 +203,8 @@ def _report(gen: Generation, json_out: bool, req: Request) -> None:
         return
     sys.stdout.write("\n")
     sys.stdout.flush()
+    if not statistics:
+        return
     sys.stderr.write("\n" + format_llama(gen.stats))
     if gen.baseline_identical is not None:
         sys.stderr.write("baseline output identical = "
