@@ -337,3 +337,5 @@ class ModelParams:
     chat_template: str | None = None
     jinja: bool = True
     mtp: bool = False  # load its multi-token-prediction layers too (draft-mtp)
+    use_mmap: bool = True  # --no-mmap: read the weights into memory instead of mapping them
+    use_mlock: bool = False  # --mlock: keep them in RAM (never swapped out)

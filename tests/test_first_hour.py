@@ -160,3 +160,21 @@ def test_run_takes_a_grammar_or_a_json_schema(f16, q4_1, tmp_path):
     assert json.loads(r.stdout)["text"] in ("yes", "no")
     r = cli("run", *base, "--grammar", 'root ::= "a"', "-j", "{}")
     assert r.returncode == 2 and "give one of --grammar and -j/--json-schema" in r.stderr
+
+
+def test_load_modes_and_layer_counts_as_llama_cpp_takes_them(f16):
+    """--no-mmap and --mlock reach llama.cpp's load mode (its log says which); -ngl takes a
+    number, all or auto, and nothing else."""
+    from specli.backend import local_gpu
+
+    for flags, mode in ((["--no-mmap"], "none"), (["--mlock"], "mmap+mlock"),
+                        (["--no-mmap", "--mlock"], "mlock"), ([], "mmap")):
+        r = cli("run", "-m", f16, *flags, "-n", "1", "-p", "hi", "--no-spec", "-v")
+        assert r.returncode == 0 and f"(load_mode = {mode})" in r.stderr, (flags, r.stderr[-500:])
+    for value in ("all", "auto", "0"):
+        r = cli("run", "-m", f16, "-ngl", value, "-n", "1", "-p", "hi", "--no-spec")
+        assert r.returncode == 0, r.stderr
+        warned = "no usable GPU found" in r.stderr
+        assert warned == (value == "all" and not local_gpu())  # auto: none where no GPU
+    r = cli("run", "-m", f16, "-ngl", "some", "-n", "1", "-p", "hi")
+    assert r.returncode == 2 and "-ngl takes a number of layers, auto or all" in r.stderr

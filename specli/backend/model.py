@@ -127,6 +127,10 @@ def load_weights(params: ModelParams, what: str = "") -> tuple[object, list]:
     mp = ll.llama_model_default_params()
     mp.n_gpu_layers = params.n_gpu_layers
     mp.load_mtp = params.mtp  # its multi-token-prediction layers too (draft-mtp)
+    if not params.use_mmap or params.use_mlock:  # --no-mmap, --mlock: llama.cpp's load mode
+        mp.load_mode = (ll.LLAMA_LOAD_MODE_MMAP_MLOCK if params.use_mmap else
+                        ll.LLAMA_LOAD_MODE_MLOCK if params.use_mlock else
+                        ll.LLAMA_LOAD_MODE_NONE)
     keep = placement(mp, params)
     handle = ll.llama_model_load_from_file(params.path.encode(), mp)
     if not handle:

@@ -219,7 +219,7 @@ def _audited(kw: dict) -> None:
 _own = list(inspect.signature(_audit_flags, eval_str=True).parameters.values())
 _audit.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
     [p for p in inspect.signature(run_cmd.run.command, eval_str=True).parameters.values()
-     if p.name not in ("baseline", "json_out")] + _own)
+     if p.name not in ("baseline", "json_out", "log_disable")] + _own)
 audit = o.grouped(_audit)
 
 

@@ -393,6 +393,8 @@ class Resources:
     flash_attn: str = "auto"
     batch: int = 2048
     ubatch: int = 512
+    mmap: bool = True
+    mlock: bool = False
 
     def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
                      gpu: GpuFlags | None = None,
@@ -406,14 +408,15 @@ class Resources:
             path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
             n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
             flash_attn=self.flash_attn, verbose=verbose, n_batch=self.batch,
-            n_ubatch=self.ubatch)
+            n_ubatch=self.ubatch, use_mmap=self.mmap, use_mlock=self.mlock)
         if model_draft is None:
             return gpu.apply(target, None)
         td = self.threads_draft or self.threads
         return gpu.apply(target, config.ModelParams(
             path=model_draft, n_ctx=self.ctx_draft or self.ctx, n_gpu_layers=self.ngld,
             n_threads=td, n_threads_batch=self.threads_batch_draft or td, type_k=self.ctkd,
-            type_v=self.ctvd, flash_attn=self.flash_attn, verbose=verbose))
+            type_v=self.ctvd, flash_attn=self.flash_attn, verbose=verbose,
+            use_mmap=self.mmap, use_mlock=self.mlock))
 
 
 def _res_opt(*names: str, help: str, envvar: str | None = None, **kw):
@@ -427,12 +430,15 @@ def _resource_flags(
     ctx_size_draft: Annotated[int | None, _res_opt(
         "-cd", "--ctx-size-draft", help="Draft context size. Default: same as -c.",
         show_default=False)] = None,
-    n_gpu_layers: Annotated[int, _res_opt(
-        "-ngl", "--n-gpu-layers", "--gpu-layers", help="Target layers to offload to the GPU.",
-        envvar="LLAMA_ARG_N_GPU_LAYERS")] = 0,
-    n_gpu_layers_draft: Annotated[int, _res_opt(
+    n_gpu_layers: Annotated[str, _res_opt(
+        "-ngl", "--n-gpu-layers", "--gpu-layers", metavar="N|auto|all",
+        help="Target layers to offload to the GPU: a number, all, or auto (all of them where "
+        "this machine has a GPU, else none; llama.cpp's auto also fits them to its free "
+        "memory).", envvar="LLAMA_ARG_N_GPU_LAYERS")] = "0",
+    n_gpu_layers_draft: Annotated[str, _res_opt(
         "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
-        help="Draft layers to offload to the GPU.", envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT")] = 0,
+        metavar="N|auto|all", help="Draft layers to offload to the GPU (as -ngl).",
+        envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT")] = "0",
     threads: Annotated[int, _res_opt(
         "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
         envvar="LLAMA_ARG_THREADS", show_default=False)] = config.DEFAULT_THREADS,
@@ -468,6 +474,13 @@ def _resource_flags(
     ubatch_size: Annotated[int, _res_opt(
         "-ub", "--ubatch-size", help="Physical batch size.",
         envvar="LLAMA_ARG_UBATCH")] = 512,
+    mmap: Annotated[bool, _res_opt(
+        "--mmap/--no-mmap", help="Map the model files into memory (the default), or read "
+        "them in (--no-mmap: slower to load, and no page cache shared between processes).",
+        envvar="LLAMA_ARG_MMAP")] = True,
+    mlock: Annotated[bool, _res_opt(
+        "--mlock", help="Keep the weights in RAM: the system may not swap them out.",
+        envvar="LLAMA_ARG_MLOCK")] = False,
 ) -> Resources:
     if ctx_size < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
@@ -476,16 +489,37 @@ def _resource_flags(
     if batch_size < 2 or ubatch_size < 1:  # a verification needs room for a drafted token
         raise UsageError(f"-b/--batch-size must be at least 2 and -ub/--ubatch-size at least "
                          f"1, got {batch_size} and {ubatch_size}")
-    return Resources(ctx_size, ctx_size_draft, n_gpu_layers, n_gpu_layers_draft, threads,
+    return Resources(ctx_size, ctx_size_draft, parse_ngl(n_gpu_layers, "-ngl"),
+                     parse_ngl(n_gpu_layers_draft, "-ngld"), threads,
                      threads_draft, threads_batch, threads_batch_draft, cache_type_k,
                      cache_type_v, cache_type_k_draft, cache_type_v_draft,
-                     FlashAttn(flash_attn).value, batch_size, ubatch_size)
+                     FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock)
 
 
 RESOURCE_FLAGS = Group(_resource_flags)
 
 
 # -- checks -----------------------------------------------------------------------------------
+
+ALL_LAYERS = 999  # more layers than any model has: every one of them
+
+
+def parse_ngl(value: str, flag: str) -> int:
+    """-ngl N|auto|all as llama.cpp takes it: all is every layer, auto every layer where
+    this machine has a GPU and none where it has not."""
+    v = value.strip().lower()
+    if v == "all":
+        return ALL_LAYERS
+    if v == "auto":
+        from specli.backend import local_gpu
+
+        return ALL_LAYERS if local_gpu() else 0
+    try:
+        return int(v)
+    except ValueError:
+        raise UsageError(f"{flag} takes a number of layers, auto or all, got {value!r}") \
+            from None
+
 
 def parse_draft(value: str) -> tuple[int, bool]:
     """--draft K or --draft auto -> (k or the auto cap, adaptive)."""

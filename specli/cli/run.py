@@ -85,13 +85,11 @@ def run(
     JSON object goes to stdout). With no -m, the embedded SmolLM2 pair is used.
     """
     console.check_output()  # before the models load: a closed stdout could take nothing
-    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
-    if escape and prompt is not None:
-        prompt = unescape(prompt)
     req = request(models, prompt, file, chat, n_predict, drafting, no_spec, sampling,
                   resources, gpu, verbose=verbose, baseline=baseline,
-                  quiet=json_out or log_disable, parallel=parallel)
-    req = replace(req, ignore_eos=ignore_eos)
+                  quiet=json_out or log_disable, parallel=parallel, escape=escape,
+                  ignore_eos=ignore_eos, grammar=grammar, grammar_file=grammar_file,
+                  json_schema=json_schema, json_schema_file=json_schema_file)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -119,10 +117,16 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
             n_predict: int, drafting: o.Drafting, no_spec: bool, sampling: SamplingParams,
             resources: o.Resources, gpu: o.GpuFlags, *, verbose: bool = False,
             baseline: bool = False, quiet: bool = False,
-            parallel: int | None = None) -> Request:
+            parallel: int | None = None, escape: bool = False, ignore_eos: bool = False,
+            grammar: str | None = None, grammar_file: Path | None = None,
+            json_schema: str | None = None, json_schema_file: Path | None = None) -> Request:
     """`run`'s flags, checked and resolved (models downloaded for -hf), as one Request.
-    parallel: -np, the draft sequences (as --draft-n-seq)."""
+    parallel: -np, the draft sequences (as --draft-n-seq); escape: -e on the prompt; the
+    grammar: one of --grammar, --grammar-file, -j, -jf."""
     o.check_n_predict(n_predict)
+    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
+    if escape and prompt is not None:
+        prompt = unescape(prompt)
     if parallel is not None:
         drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     text, chat = _prompt(prompt, file, chat)
@@ -134,7 +138,8 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
         drafting = o.with_n_seq(drafting, 1, "-np")
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
-                   drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline)
+                   drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline,
+                   ignore_eos=ignore_eos)
 
 
 def constrained(sampling: SamplingParams, grammar: str | None, grammar_file: Path | None,
