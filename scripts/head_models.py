@@ -65,6 +65,14 @@ def _writer(path: Path, arch: str, src: str, template: str | None = None) -> ggu
     return w
 
 
+def _finish(x: _Weights, path: Path, live: list[int], n_vocab: int) -> str:
+    """A target's last tensors (its output norm and rows), then the file written."""
+    x.norm("output_norm.weight", E)
+    x.rows("output.weight", E, live, n_vocab)
+    _done(x.w)
+    return str(path)
+
+
 def _done(w: gguf.GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -144,10 +152,7 @@ def llama_target(path: Path, src: str, seed: int = 1) -> str:
     x.mat("token_embd.weight", E, n_vocab, std=1.0)
     for i in range(N_LAYER):
         _block(x, i)
-    x.norm("output_norm.weight", E)
-    x.rows("output.weight", E, live, n_vocab)
-    _done(w)
-    return str(path)
+    return _finish(x, path, live, n_vocab)
 
 
 def mtp_target(path: Path, src: str, n_nextn: int = 1, seed: int = 2) -> str:
@@ -173,10 +178,7 @@ def mtp_target(path: Path, src: str, n_nextn: int = 1, seed: int = 2) -> str:
         w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", eh.astype(np.float16))
         x.norm(f"blk.{i}.nextn.enorm.weight", E)
         x.norm(f"blk.{i}.nextn.hnorm.weight", E)
-    x.norm("output_norm.weight", E)
-    x.rows("output.weight", E, live, n_vocab)
-    _done(w)
-    return str(path)
+    return _finish(x, path, live, n_vocab)
 
 
 def eagle3_head(path: Path, src: str, layers: tuple[int, ...] = (0, 2, 3), seed: int = 3) -> str:
@@ -262,10 +264,7 @@ def gemma4_target(path: Path, src: str, seed: int = 5) -> str:
         _block(x, i, qk_norm=True)
         x.norm(f"blk.{i}.post_attention_norm.weight", E)
         x.norm(f"blk.{i}.post_ffw_norm.weight", E)
-    x.norm("output_norm.weight", E)
-    x.rows("output.weight", E, live, n_vocab)
-    _done(w)
-    return str(path)
+    return _finish(x, path, live, n_vocab)
 
 
 def gemma4_assistant(path: Path, src: str, n_layer: int = 2, seed: int = 6,
