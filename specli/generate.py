@@ -28,6 +28,7 @@ class Request:
     speculative: bool = True  # False: --no-spec, the target alone
     baseline: bool = False  # also decode with the target alone, same seed
     ignore_eos: bool = False  # no end-of-generation token is ever sampled (--ignore-eos)
+    reverse_prompts: tuple[str, ...] = ()  # -r: the generation stops once one is printed
 
 
 @dataclass
@@ -112,12 +113,19 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
         stream = engine.stream(ids, req.n_predict, sampling, stats=stats)
         if interrupt is not None:
             interrupt.armed = True
-        stopped = False
+        stopped = reversed_at = False
+        tail = ""  # the text's end, as long as the longest reverse prompt needs
+        keep = max((len(r) for r in req.reverse_prompts), default=0)
         try:
             for chunk in stream:
                 pieces.append(chunk.text)
                 if on_text and chunk.text:
                     on_text(chunk.text)
+                if keep and chunk.text:  # llama.cpp prints the reverse prompt, then stops
+                    tail = (tail + chunk.text)[-(keep + len(chunk.text)):]
+                    if any(r in tail for r in req.reverse_prompts if r):
+                        reversed_at = chunk.finish_reason is None
+                        break
                 if interrupt is not None and interrupt.hit and chunk.finish_reason is None:
                     stopped = True
                     break
@@ -127,6 +135,8 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
             stream.close()  # caches rewound, the statistics complete
         if stopped:
             stats.finish_reason = "interrupted"
+        elif reversed_at:
+            stats.finish_reason = "stop"
         out = Generation("".join(pieces), stats)
         if req.baseline and not out.interrupted:
             with phase("measuring the baseline (target alone)"):

@@ -178,3 +178,38 @@ def test_load_modes_and_layer_counts_as_llama_cpp_takes_them(f16):
         assert warned == (value == "all" and not local_gpu())  # auto: none where no GPU
     r = cli("run", "-m", f16, "-ngl", "some", "-n", "1", "-p", "hi")
     assert r.returncode == 2 and "-ngl takes a number of layers, auto or all" in r.stderr
+
+
+def test_reverse_prompt_stops_once_it_is_printed(f16, q4_1):
+    """-r: the text stops at the token that completes the reverse prompt, which is printed
+    (llama.cpp's -r), and the rest is the target's own text up to there."""
+    base = ["-m", f16, "-md", q4_1, "-p", "Write a haiku about autumn.", "--chat", "-n", "48",
+            "--temp", "0", "--json"]
+    full = json.loads(cli("run", *base).stdout)["text"]
+    words = full.split()
+    rp = " " + words[len(words) // 2]
+    assert rp in full
+    cut = json.loads(cli("run", *base, "-r", rp, "-r", "never printed").stdout)
+    at = full.index(rp) + len(rp)
+    assert full.startswith(cut["text"]) and at <= len(cut["text"]) < len(full)
+    assert cut["stats"]["finish_reason"] == "stop"
+
+
+def test_serve_grammar_is_the_default_of_requests_without_one(q4_1):
+    """serve --grammar (or -j): what a request that brings no grammar or schema is held to,
+    as llama-server's; a request's own grammar wins."""
+    import httpx
+    from test_serve import Server
+
+    s = Server("-m", q4_1, "-c", "512", "--log-disable", "--grammar", 'root ::= "yes" | "no"')
+    try:
+        def content(**extra) -> str:
+            r = httpx.post(f"{s.url}/completion", json={"prompt": "Is it?", "n_predict": 8,
+                                                        "temperature": 0, **extra}, timeout=60)
+            assert r.status_code == 200, r.text
+            return r.json()["content"]
+
+        assert content() in ("yes", "no")
+        assert content(grammar='root ::= "maybe"') == "maybe"
+    finally:
+        s.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
@@ -43,6 +44,10 @@ def run(
         "-e", "--escape/--no-escape", help="Read \\n, \\t, \\', \\\", \\\\ and \\xNN "
         "in the prompt as the characters they name (llama.cpp's -e).",
         rich_help_panel="Input")] = False,
+    reverse_prompt: Annotated[list[str] | None, typer.Option(
+        "-r", "--reverse-prompt", metavar="PROMPT", help="Stop once the text has printed "
+        "PROMPT (it is printed too; llama.cpp's -r, which there hands control back); may be "
+        "given more than once.", rich_help_panel="Input", show_default=False)] = None,
     ignore_eos: Annotated[bool, typer.Option(
         "--ignore-eos", help="Never end at an end-of-generation token: generate all -n tokens "
         "(its logit is -inf, as llama.cpp's flag; a benchmark's fixed token count).",
@@ -89,7 +94,8 @@ def run(
                   resources, gpu, verbose=verbose, baseline=baseline,
                   quiet=json_out or log_disable, parallel=parallel, escape=escape,
                   ignore_eos=ignore_eos, grammar=grammar, grammar_file=grammar_file,
-                  json_schema=json_schema, json_schema_file=json_schema_file)
+                  json_schema=json_schema, json_schema_file=json_schema_file,
+                  reverse_prompt=reverse_prompt)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
@@ -119,7 +125,8 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
             baseline: bool = False, quiet: bool = False,
             parallel: int | None = None, escape: bool = False, ignore_eos: bool = False,
             grammar: str | None = None, grammar_file: Path | None = None,
-            json_schema: str | None = None, json_schema_file: Path | None = None) -> Request:
+            json_schema: str | None = None, json_schema_file: Path | None = None,
+            reverse_prompt: Sequence[str] | None = None) -> Request:
     """`run`'s flags, checked and resolved (models downloaded for -hf), as one Request.
     parallel: -np, the draft sequences (as --draft-n-seq); escape: -e on the prompt; the
     grammar: one of --grammar, --grammar-file, -j, -jf."""
@@ -139,7 +146,8 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
                    drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline,
-                   ignore_eos=ignore_eos)
+                   ignore_eos=ignore_eos, reverse_prompts=tuple(
+                       unescape(r) if escape else r for r in reverse_prompt or ()))
 
 
 def constrained(sampling: SamplingParams, grammar: str | None, grammar_file: Path | None,

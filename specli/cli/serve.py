@@ -89,6 +89,20 @@ def serve(
         "-a", "--alias", help="Model names, comma-separated: the first in /v1/models and "
         "responses (a request may name any model). Default: the file name.",
         envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
+    grammar: Annotated[str | None, typer.Option(
+        "--grammar", metavar="GBNF", help="A GBNF grammar for requests that bring no grammar "
+        "or JSON schema of their own (llama-server's default).", rich_help_panel=SERVER,
+        show_default=False)] = None,
+    grammar_file: Annotated[Path | None, typer.Option(
+        "--grammar-file", metavar="FILE", help="Read that grammar from a file.",
+        rich_help_panel=SERVER, show_default=False)] = None,
+    json_schema: Annotated[str | None, typer.Option(
+        "-j", "--json-schema", metavar="SCHEMA", help="A JSON schema for requests that bring "
+        "no grammar or schema of their own.", rich_help_panel=SERVER,
+        show_default=False)] = None,
+    json_schema_file: Annotated[Path | None, typer.Option(
+        "-jf", "--json-schema-file", metavar="FILE", help="Read that schema from a file.",
+        rich_help_panel=SERVER, show_default=False)] = None,
     log_disable: Annotated[bool, typer.Option(
         "--log-disable", help="No line on stderr per request (its prompt and generation "
         "timings, draft counts and finish), as llama-server's own flag silences its log.",
@@ -148,6 +162,9 @@ def serve(
     target = replace(target, chat_template=template, jinja=jinja)
     # a bad pair or file is refused before listening
     check_files(target, draft_model, plan)
+    from specli.cli.run import constrained
+
+    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,

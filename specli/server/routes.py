@@ -548,7 +548,8 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
     except SamplingError as e:
         raise APIError(400, e.named(e.knob.name), param=e.knob.name,
                        code="invalid_value") from None
-    sampling = replace(sampling, grammar=_grammar(st, body))
+    # a request that brings no grammar or schema gets the server's (--grammar, -j...)
+    sampling = replace(sampling, grammar=_grammar(st, body) or s.grammar)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None

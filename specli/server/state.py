@@ -122,6 +122,8 @@ class State:
                              c.timeout, on_done=self.done, contexts=shared,
                              similarity=c.slot_similarity, on_close=self.close_grammars)
         _ = self.engine.target.max_token_bytes  # the prompt bound, measured once, here
+        if c.sampling.grammar:  # the operator's default grammar: refused before listening
+            self.engine.target.grammar(c.sampling.grammar)
         if c.target.rpc:
             threading.Thread(target=self.watch_workers, daemon=True,
                              name="specli-rpc-watch").start()
