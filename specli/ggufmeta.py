@@ -17,16 +17,30 @@ import struct
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
-
 from specli.errors import ModelFileError
 
-_SCALARS = {
-    GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b", GGUFValueType.UINT16: "H",
-    GGUFValueType.INT16: "h", GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
-    GGUFValueType.FLOAT32: "f", GGUFValueType.BOOL: "?", GGUFValueType.UINT64: "Q",
-    GGUFValueType.INT64: "q", GGUFValueType.FLOAT64: "d",
-}
+# gguf's type tables, imported at the first header read (_tables): the package, numpy under
+# it, is 0.3 s that `--help`, `--version` and the audit's own processes never need
+_SCALARS: dict = {}
+
+
+def _tables() -> None:
+    global GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
+    if _SCALARS:
+        return
+    from gguf import (  # noqa: F401 - module globals, for _Walk
+        GGML_QUANT_SIZES,
+        GGUF_DEFAULT_ALIGNMENT,
+        GGMLQuantizationType,
+        GGUFValueType,
+    )
+
+    t = GGUFValueType
+    _SCALARS.update({t.UINT8: "B", t.INT8: "b", t.UINT16: "H", t.INT16: "h", t.UINT32: "I",
+                     t.INT32: "i", t.FLOAT32: "f", t.BOOL: "?", t.UINT64: "Q", t.INT64: "q",
+                     t.FLOAT64: "d"})
+
+
 _MAX_KV = 1 << 20  # far beyond any real model's metadata
 _MAX_DIMS = 4  # GGML_MAX_DIMS
 _MAX_NAME = 64  # GGML_MAX_NAME, the terminating zero included
@@ -85,6 +99,7 @@ def read_header(path: str, arrays: Collection[str] = (), preview: int = 0) -> He
     `arrays` names the array keys to decode in full into `kv`; every array is summarised in
     `arrays` with `preview` leading elements. The tensor index is checked against the file
     size, so a download cut short is caught here rather than by llama.cpp after loading."""
+    _tables()
     if not os.path.exists(path):
         raise ModelFileError(f"model file not found: {path}")
     if not os.path.isfile(path):

@@ -13,9 +13,6 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from gguf import LlamaFileType
-from gguf.utility import model_weight_count_rounded_notation
-
 from specli.errors import IncompatiblePairError
 from specli.ggufmeta import Header, invalid, read_header
 from specli.headmeta import HEAD_ARCHS
@@ -178,6 +175,8 @@ def model_info(h: Header) -> ModelInfo:
     label = kv.get("general.size_label")
     n_params = h.n_params
     if not label:
+        from gguf.utility import model_weight_count_rounded_notation
+
         label = model_weight_count_rounded_notation(n_params) if n_params else "?"
     return ModelInfo(
         path=h.path, file_size=h.file_size, architecture=arch, name=kv.get("general.name"),
@@ -192,6 +191,8 @@ def model_info(h: Header) -> ModelInfo:
 def file_type(h: Header) -> str | None:
     """llama.cpp's file type name (general.file_type), else the type holding most bytes."""
     ft = h.kv.get("general.file_type")
+    from gguf import LlamaFileType
+
     if ft in LlamaFileType._value2member_map_ and ft != LlamaFileType.GUESSED:
         return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")
     by_bytes = Counter()
