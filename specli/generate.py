@@ -59,19 +59,13 @@ class Interrupt:
 
 def changed(req: Request, engine) -> list[str]:
     """What llama.cpp made of the settings that differs from what was asked, said rather
-    than passed over: the context it padded, -ngl with no GPU to take the layers, a --draft
-    longer than the context can verify."""
-    from specli.backend import local_gpu
-
+    than passed over: the context it padded, a --draft longer than the context can verify
+    (-ngl with no GPU is warned where every command's flags are read: options.Resources)."""
     out = []
     n_ctx = engine.target.n_ctx
     if n_ctx != req.target.n_ctx:
         out.append(f"note: -c {req.target.n_ctx} became {n_ctx} (llama.cpp pads the context "
                    "to a multiple of 256)")
-    for what, p in (("-ngl", req.target), ("-ngld", req.draft)):
-        if p is not None and p.n_gpu_layers != 0 and not p.rpc and not local_gpu():
-            out.append(f"warning: no usable GPU found, {what} {p.n_gpu_layers} is ignored "
-                       "(this llama-cpp-python build, or this machine, has none)")
     k = req.policy.n_draft if req.policy is not None and req.policy.n_max else 0
     if engine.draft is not None and k >= n_ctx:
         out.append(f"note: --draft {k} is more than the {n_ctx}-token context can verify; "

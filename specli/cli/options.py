@@ -401,6 +401,15 @@ class Resources:
                      ) -> tuple[config.ModelParams, config.ModelParams | None]:
         """The target's and the draft's ModelParams."""
         gpu = gpu or GpuFlags()
+        if (self.ngl or self.ngld) and not gpu.rpc:  # llama.cpp warns at its -ngl
+            from specli.backend import local_gpu
+
+            if not local_gpu():
+                for flag, n in (("-ngl", self.ngl), ("-ngld", self.ngld)):
+                    if n:
+                        err.print(f"warning: no usable GPU found, {flag} {n} is ignored "
+                                  "(this llama-cpp-python build, or this machine, has none)",
+                                  markup=False, soft_wrap=True)
         if gpu.rpc and self.ngl == 0:
             err.print("warning: --rpc with -ngl 0 offloads no layer: the RPC servers hold "
                       "nothing (-ngl 99 puts every layer there)", markup=False, soft_wrap=True)
