@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where it computes: check-pair and --help load none
+    import numpy as np
 
 
 def expected_tokens(s: Sequence[float], k: int) -> float:
@@ -47,6 +49,8 @@ class CostModel:
 
     def speedups(self, s: np.ndarray) -> np.ndarray:
         """speedup(s, k) for k = 1..len(s) at once (the per-step choice of --draft auto)."""
+        import numpy as np
+
         ks = np.arange(1, len(s) + 1)
         v = np.asarray(self.v)[np.minimum(ks, len(self.v) - 1)]
         step = ks * self.c + v + self.overhead_step

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
@@ -14,8 +14,10 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from specli import loadable
 from specli.cli import options as o
 from specli.cli.console import err
-from specli.drafts import lookup
 from specli.errors import SpecliError, UsageError
+
+if TYPE_CHECKING:  # the drafts (and numpy) load when a command runs, not for --help
+    from specli.drafts import lookup
 
 app = typer.Typer(help="Build, merge and inspect lookup caches (-lcs/-lcd) for ngram-cache.",
                   no_args_is_help=True)
@@ -43,6 +45,7 @@ def create(
     bigram of the corpus's tokens and what followed it. Use it with `specli run -lcs FILE`
     and the same tokenizer (model family)."""
     from specli.backend import Tokenizer
+    from specli.drafts import lookup
 
     if model is None:
         from specli.defaults import default_pair
@@ -92,6 +95,8 @@ def merge(
         raise UsageError("give at least one cache to merge and the output file",
                          hint="specli lookup merge a.bin b.bin merged.bin")
     *inputs, output = files
+    from specli.drafts import lookup
+
     merged: lookup.Cache = {}
     for p in inputs:
         lookup.merge(merged, lookup.load(p))
@@ -107,6 +112,8 @@ def stats(
 ) -> None:
     """Print the statistics of lookup caches: n-grams by length, distinct continuations,
     observations."""
+    from specli.drafts import lookup
+
     rows = []
     for p in files:
         s = lookup.statistics(lookup.load(p))
@@ -124,6 +131,8 @@ def stats(
 
 
 def _save(cache: lookup.Cache, output: Path, what: str) -> None:
+    from specli.drafts import lookup
+
     lookup.save(cache, output)
     s = lookup.statistics(cache)
     err.print(f"{what} {s['ngrams']} n-grams, {s['continuations']} continuations, "
