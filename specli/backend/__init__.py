@@ -26,6 +26,7 @@ from specli.backend.samplers import (
     Dry,
     Grammar,
     schema_grammar,
+    schemas_grammar,
 )
 from specli.backend.templates import apply_builtin_template, builtin_templates, knows_template
 
@@ -36,4 +37,5 @@ __all__ = ["GRAMMAR_MAX_NESTING", "GRAMMAR_MAX_RULES", "QUANT_TYPES", "SPLIT_MOD
            "builtin_templates", "check_placement", "connect_rpc", "knows_template",
            "kv_type", "list_devices", "ll", "local_gpu", "quantize", "require_head",
            "rpc_available",
-           "schema_grammar", "set_verbose", "start_rpc_server", "supports_gpu_offload"]
+           "schema_grammar", "schemas_grammar", "set_verbose", "start_rpc_server",
+           "supports_gpu_offload"]

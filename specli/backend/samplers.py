@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 from typing import Protocol
 
 import numpy as np
@@ -63,7 +64,15 @@ class Grammar(_Sampler):
         if _handle is None:
             _check_nesting(gbnf)
             clear_error()
-            _handle = ll.llama_sampler_init_grammar(model.vocab, gbnf.encode(), root.encode())
+            triggers = lazy_triggers(gbnf)
+            if triggers:  # off until one of these texts is written, then from its start
+                patterns = [f"[\\s\\S]*?({_ecma(t)})[\\s\\S]*".encode() for t in triggers]
+                _handle = ll.llama_sampler_init_grammar_lazy_patterns(
+                    model.vocab, gbnf.encode(), root.encode(),
+                    (ctypes.c_char_p * len(patterns))(*patterns), len(patterns), None, 0)
+            else:
+                _handle = ll.llama_sampler_init_grammar(model.vocab, gbnf.encode(),
+                                                        root.encode())
             if not _handle:
                 why = last_error() or "llama.cpp could not parse it"
                 raise UsageError(f"the grammar is not valid GBNF: {why}",
@@ -149,11 +158,47 @@ def _check_nesting(gbnf: str) -> None:
         i += 1
 
 
+# a grammar whose first line is this, then a JSON list of texts, is lazy (llama.cpp's): no
+# constraint until the output writes one of the texts, then the grammar from that text on
+LAZY = "# specli: lazy from "
+
+
+def lazy_triggers(gbnf: str) -> list[str]:
+    if not gbnf.startswith(LAZY):
+        return []
+    try:
+        value = json.loads(gbnf[len(LAZY):gbnf.find("\n")])
+    except ValueError:
+        return []
+    return [t for t in value if isinstance(t, str) and t] if isinstance(value, list) else []
+
+
+def _ecma(text: str) -> str:
+    """text as a literal in an ECMAScript regex (llama.cpp's std::regex)."""
+    return "".join("\\" + c if c in "\\^$.|?*+()[]{}/" else c for c in text)
+
+
+def schemas_grammar(schemas: dict[str, dict], root: str, triggers: list[str] = ()) -> str:
+    """JSON schemas as GBNF rules, each under its own name (a tool's call), and `root` over
+    them (toolcall.grammar_parts): llama-cpp-python's converter, as schema_grammar. With
+    triggers, the grammar is lazy: it applies from the first of them the model writes."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    try:
+        for name, schema in schemas.items():
+            if conv.visit(conv.resolve_refs(schema, name), name) != name:
+                raise ValueError(f"rule {name} named twice")
+    except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError,
+            RecursionError, AttributeError) as e:
+        raise UsageError(f"a tool's parameters cannot be turned into a grammar: {e}") from None
+    head = f"{LAZY}{json.dumps(list(triggers))}\n" if triggers else ""
+    return f"{head}root ::= {root}\n{conv.format_grammar()}"
+
+
 def schema_grammar(schema: dict) -> str:
     """A JSON schema as GBNF, by llama-cpp-python's converter (llama.cpp's own, in Python);
     UsageError naming what it cannot convert."""
-    import json
-
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:

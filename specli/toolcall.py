@@ -1,0 +1,636 @@
+"""Tool calls and reasoning in a model's answer, per chat-template family, as llama-server
+reads them (common/chat.cpp and common/parsers/ in the vendored llama.cpp).
+
+A family is recognised from its template's text; it says what the model writes when it calls
+a tool (the opener that starts a call, then the call's syntax), where its reasoning goes
+(`<think>`...`</think>` and the like), and the grammar that forces a call when the request
+requires one. A template that never renders tool calls gets the generic format (llama.cpp's
+older fallback): the tools listed in the system prompt and an answer in JSON, either
+{"tool_calls": [...]} or {"response": "..."}, kept to by a grammar.
+
+`parse` turns a finished answer into content, reasoning and calls; `Splitter` does the same for
+a stream, token by token, holding back any text that may still become a marker.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import secrets
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+_ALNUM = string.ascii_letters + string.digits
+_DECODER = json.JSONDecoder()
+REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
+
+
+class ToolCallError(ValueError):
+    """A request's tools, tool_choice or tool messages that cannot be used (a 400)."""
+
+
+@dataclass(frozen=True)
+class ChatOptions:
+    """What a chat request adds to its messages for the template: tools (OpenAI's form),
+    chat_template_kwargs (enable_thinking...), whether to open the assistant's turn."""
+
+    tools: tuple[dict, ...] = ()
+    kwargs: dict = field(default_factory=dict)
+    add_generation_prompt: bool = True
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, as text
+    id: str
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
+class Parsed:
+    content: str
+    reasoning: str = ""
+    calls: tuple[ToolCall, ...] = ()
+
+
+def new_id(length: int = 32) -> str:
+    """A call id as llama-server makes them (32 letters and digits); Mistral's are 9."""
+    return "".join(secrets.choice(_ALNUM) for _ in range(length))
+
+
+# -- the families --------------------------------------------------------------------------
+
+# (name, arguments text, id or None) for each complete call found in a region; `final`: the
+# answer is over (a call cut short is dropped, as the text it was)
+CallsFn = Callable[[str, Sequence[dict]], list[tuple[str, str, str | None]]]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    openers: tuple[str, ...]  # where a call starts in the answer
+    calls: CallsFn
+    think: tuple[str, str] | None = ("<think>", "</think>")
+    # the grammar of one call of tool i: (GBNF of the call with its rule `call-i`, and whether
+    # that rule is the whole JSON call object {name, arguments...} or only the arguments)
+    call_gbnf: Callable[[int, str], str] | None = None
+    call_object: Callable[[str, dict], dict] | None = None  # JSON families: the call's schema
+    wrap: Callable[[str, bool], str] | None = None  # root from the calls' alternation
+    id_length: int = 32
+    content_wrap: tuple[str, str] | None = None  # Command R7B's <|START_RESPONSE|>...
+    parse_all: Callable[[str, Sequence[dict], bool], Parsed] | None = None  # GPT-OSS
+    lazy: bool = True  # tool_choice auto: the grammar from the first opener on
+
+
+def _lit(s: str) -> str:
+    """A GBNF string literal."""
+    out = json.dumps(s, ensure_ascii=False)
+    return out.replace("\\/", "/")
+
+
+def _json_at(text: str, at: int) -> tuple[object, int] | None:
+    """The JSON value starting at `at` (after blanks) and where it ends; None if it is not
+    complete there."""
+    n = len(text)
+    while at < n and text[at] in " \t\r\n":
+        at += 1
+    try:
+        value, end = _DECODER.raw_decode(text, at)
+    except ValueError:
+        return None
+    return value, end
+
+
+def _args_text(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
+    """Calls written as JSON objects (or lists of them) anywhere in the region, with the name
+    and arguments under these keys."""
+    name_key, args_key = keys
+
+    def calls(region: str, tools: Sequence[dict]) -> list:
+        out, at = [], 0
+        while True:
+            start = min((i for i in (region.find("{", at), region.find("[", at)) if i >= 0),
+                        default=-1)
+            if start < 0:
+                return out
+            got = _json_at(region, start)
+            if got is None:
+                if region[start] == "[":  # a marker's bracket ([TOOL_CALLS]), or a list
+                    at = start + 1  # under way whose complete objects still count
+                    continue
+                return out
+            value, at = got
+            for v in value if isinstance(value, list) else [value]:
+                if isinstance(v, dict) and isinstance(v.get(name_key), str):
+                    args = v.get(args_key, v.get("arguments", v.get("parameters", {})))
+                    out.append((v[name_key], _args_text(args),
+                                str(v[id_key]) if id_key and v.get(id_key) is not None
+                                else None))
+    return calls
+
+
+def _marked_calls(pattern: str, id_group: bool = False) -> CallsFn:
+    """Calls where the name is outside the JSON arguments: `pattern` matches up to where the
+    arguments start (group 1 the name, group 2 the id when id_group)."""
+    rx = re.compile(pattern, re.S)
+
+    def calls(region: str, tools: Sequence[dict]) -> list:
+        out, at = [], 0
+        while (m := rx.search(region, at)) is not None:
+            got = _json_at(region, m.end())
+            if got is None:
+                return out
+            value, at = got
+            out.append((m.group(1).strip(), _args_text(value),
+                        m.group(2) if id_group else None))
+        return out
+    return calls
+
+
+def _tagged_calls(call_rx: str, param_rx: str) -> CallsFn:
+    """Calls written as tags (Qwen3-Coder's <function=f><parameter=k>v..., GLM's arg_key,
+    MiniMax's invoke): each parameter's text is a string where the tool's schema says so,
+    else JSON when it parses as JSON."""
+    crx, prx = re.compile(call_rx, re.S), re.compile(param_rx, re.S)
+
+    def calls(region: str, tools: Sequence[dict]) -> list:
+        out = []
+        for m in crx.finditer(region):
+            name, body = m.group(1).strip(), m.group(2)
+            props = _properties(tools, name)
+            args = {}
+            for p in prx.finditer(body):
+                key, raw = p.group(1).strip(), p.group(2)
+                raw = raw[1:] if raw.startswith("\n") else raw
+                raw = raw[:-1] if raw.endswith("\n") else raw
+                args[key] = _typed(raw, props.get(key, {}))
+            out.append((name, json.dumps(args, ensure_ascii=False), None))
+        return out
+    return calls
+
+
+def _properties(tools: Sequence[dict], name: str) -> dict:
+    for t in tools:
+        f = t.get("function", t)
+        if f.get("name") == name:
+            return (f.get("parameters") or {}).get("properties") or {}
+    return {}
+
+
+def _typed(raw: str, schema: dict):
+    kind = schema.get("type")
+    if kind == "string" or (isinstance(kind, list) and kind == ["string"]):
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        try:  # Python's spellings (True, None, 'x') as llama.cpp accepts them
+            return ast.literal_eval(raw)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return raw
+
+
+def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
+    """Gemma 4's call:NAME{key:<|"|>text<|"|>,n:1} (bare keys, strings between <|"|>)."""
+    out = []
+    for m in re.finditer(r"<\|tool_call>call:([\w.-]+)(\{.*?\})<tool_call\|>", region, re.S):
+        try:
+            out.append((m.group(1), json.dumps(_gemma4_json(m.group(2)), ensure_ascii=False),
+                        None))
+        except ValueError:
+            continue
+    return out
+
+
+def _gemma4_json(body: str):
+    strings: list[str] = []
+
+    def keep(s: re.Match) -> str:
+        strings.append(s.group(1))
+        return f"\x00{len(strings) - 1}\x00"
+
+    body = re.sub(r'<\|"\|>(.*?)<\|"\|>', keep, body, flags=re.S)
+    body = re.sub(r"([{,]\s*)([A-Za-z_][\w-]*)\s*:", r'\1"\2":', body)
+    body = re.sub(r"\x00(\d+)\x00", lambda s: json.dumps(strings[int(s.group(1))]), body)
+    return json.loads(body)
+
+
+def _python_calls(region: str, tools: Sequence[dict]) -> list:
+    """LFM2's [f(a="x", b=1), g()] between its markers."""
+    out = []
+    for m in re.finditer(r"<\|tool_call_start\|>(.*?)<\|tool_call_end\|>", region, re.S):
+        src = m.group(1).strip()
+        src = src.replace("true", "True").replace("false", "False").replace("null", "None")
+        try:
+            tree = ast.parse(src, mode="eval").body
+        except (SyntaxError, ValueError, MemoryError, RecursionError):
+            continue
+        for c in tree.elts if isinstance(tree, ast.List) else [tree]:
+            if not isinstance(c, ast.Call) or not isinstance(c.func, ast.Name):
+                continue
+            try:
+                args = {k.arg: ast.literal_eval(k.value) for k in c.keywords if k.arg}
+            except (ValueError, SyntaxError):
+                continue
+            out.append((c.func.id, json.dumps(args, ensure_ascii=False), None))
+    return out
+
+
+def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
+    got = _json_at(region, region.find("[") if "[" in region else 0)
+    if got is None or not isinstance(got[0], list):
+        return []
+    return [(k, _args_text(v), None) for d in got[0] if isinstance(d, dict)
+            for k, v in d.items()]
+
+
+def _kimi_calls(region: str, tools: Sequence[dict]) -> list:
+    rx = re.compile(r"<\|tool_call_begin\|>\s*((?:functions\.)?([\w.-]+?)(?::\d+)?)\s*"
+                    r"<\|tool_call_argument_begin\|>", re.S)
+    out, at = [], 0
+    while (m := rx.search(region, at)) is not None:
+        got = _json_at(region, m.end())
+        if got is None:
+            return out
+        value, at = got
+        out.append((m.group(2), _args_text(value), m.group(1)))
+    return out
+
+
+# GPT-OSS's harmony format: messages with a channel (analysis: reasoning; commentary or
+# final: the answer), a call where the header names `to=functions.NAME`
+_HARMONY = re.compile(r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)"
+                      r"(?=<\|end\|>|<\|call\|>|<\|return\|>|<\|start\|>|$)", re.S)
+
+
+def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
+    reasoning, content, calls = [], [], []
+    for m in _HARMONY.finditer(text):
+        header, body = m.group(1), m.group(2)
+        done = m.end() < len(text) or final
+        to = re.search(r"to=functions\.([\w.-]+)", header)
+        if to is not None:
+            if done and _json_at(body, 0) is not None:
+                calls.append(ToolCall(to.group(1), body.strip(), new_id()))
+        elif "analysis" in header:
+            reasoning.append(body if done else _unmarked(body))
+        else:
+            content.append(body if done else _unmarked(body))
+    if not calls and not reasoning and not content and "<|message|>" not in text:
+        # no channel written (yet: an answer that starts with a header is held until its
+        # <|message|>)
+        content.append(text if final else "" if text.lstrip().startswith("<|")
+                       else _unmarked(text))
+    return Parsed("".join(content), "".join(reasoning), tuple(calls))
+
+
+def _unmarked(text: str) -> str:
+    """text up to a special token still being written (`<|` without its `|>`)."""
+    at = text.rfind("<|")
+    if at >= 0 and text.find("|>", at + 2) < 0:
+        return text[:at]
+    return _held(text, ("<|",))
+
+
+def _seq(*parts: str) -> Callable[[int, str], str]:
+    """One call's GBNF: literal pieces around NAME (the tool's name) and ARGS (its rule)."""
+    def gbnf(i: str, name: str) -> str:
+        out = []
+        for p in parts:
+            out.append(f"call-{i}" if p == "ARGS" else "[a-zA-Z0-9]{9}" if p == "ID9"
+                       else _lit(p.replace("NAME", name)))
+        return " ".join(out)
+    return gbnf
+
+
+def _obj(name_key: str, args_key: str, id_schema: dict | None = None):
+    def schema(name: str, params: dict) -> dict:
+        props = {name_key: {"const": name}, args_key: params}
+        if id_schema is not None:
+            props["id"] = id_schema
+        return {"type": "object", "properties": props, "required": list(props)}
+    return schema
+
+
+def _repeat(sep: str = "") -> Callable[[str, bool], str]:
+    def wrap(call: str, parallel: bool) -> str:
+        more = f" ({_lit(sep) + ' ' if sep else ''}{call})*" if parallel else ""
+        return f"({call}){more}"
+    return wrap
+
+
+def _around(before: str, after: str, sep: str = ", ") -> Callable[[str, bool], str]:
+    def wrap(call: str, parallel: bool) -> str:
+        more = f" ({_lit(sep) + ' ' if sep else ''}({call}))*" if parallel else ""
+        return f"{_lit(before)} ({call}){more} {_lit(after)}"
+    return wrap
+
+
+_JSON_CALL = _seq("ARGS")
+DS_CALLS = "<｜tool▁calls▁begin｜>"
+DS_CALL, DS_SEP, DS_END, DS_CALLS_END = ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                                         "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
+
+GENERIC = Family(
+    "generic", ("{",), _object_calls(("name", "arguments"), "id"), think=None)
+
+FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
+    (lambda t: "[TOOL_CALLS]" in t and "[ARGS]" in t and "[CALL_ID]" not in t, Family(
+        "ministral", ("[TOOL_CALLS]",), _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[ARGS\]"),
+        think=("[THINK]", "[/THINK]"), call_gbnf=_seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
+        wrap=_repeat())),
+    (lambda t: "<|channel|>" in t, Family(
+        "gpt-oss", (), lambda r, t: [], think=None, parse_all=_harmony,
+        call_gbnf=_seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
+                       "ARGS"), wrap=_repeat())),
+    (lambda t: "<|tool_calls_section_begin|>" in t and "<|tool_call_begin|>" in t, Family(
+        "kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), _kimi_calls,
+        call_gbnf=_seq("<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>",
+                       "ARGS", "<|tool_call_end|>"),
+        wrap=lambda c, p: f'"<|tool_calls_section_begin|>" ({c})' + (f" ({c})*" if p else "")
+        + ' "<|tool_calls_section_end|>"')),
+    (lambda t: "<|tool_list_start|>" in t or "List of tools: [" in t, Family(
+        "lfm2", ("<|tool_call_start|>",), _python_calls)),
+    (lambda t: "<|tool_call>call:" in t, Family(
+        "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"))),
+    (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
+        "qwen3-coder", ("<tool_call>", "<function="),
+        _tagged_calls(r"<function=([^>\n]+)>(.*?)</function>",
+                      r"<parameter=([^>\n]+)>(.*?)</parameter>"))),
+    (lambda t: "<arg_key>" in t and "<tool_call>" in t, Family(
+        "glm", ("<tool_call>",), _tagged_calls(
+            r"<tool_call>\s*([^<\n]+)(.*?)</tool_call>",
+            r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>"))),
+    (lambda t: "<minimax:tool_call>" in t, Family(
+        "minimax-m2", ("<minimax:tool_call>",), _tagged_calls(
+            r'<invoke name="([^"]+)">(.*?)</invoke>',
+            r'<parameter name="([^"]+)">(.*?)</parameter>'))),
+    (lambda t: "tool▁calls▁begin" in t and "```json" in t, Family(
+        "deepseek-r1", (DS_CALLS, DS_CALL),
+        _marked_calls(rf"{DS_CALL}\s*(?:function)?{DS_SEP}([^\n]+)\n```json"),
+        call_gbnf=_seq(f"{DS_CALL}function{DS_SEP}NAME\n```json\n", "ARGS",
+                       f"\n```{DS_END}"), wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
+    (lambda t: "tool▁calls▁begin" in t, Family(
+        "deepseek-v3.1", (DS_CALLS, DS_CALL), _marked_calls(rf"{DS_CALL}\s*(.*?){DS_SEP}"),
+        call_gbnf=_seq(f"{DS_CALL}NAME{DS_SEP}", "ARGS", DS_END),
+        wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
+    (lambda t: "<|START_ACTION|>" in t and "<|START_THINKING|>" in t, Family(
+        "command-r7b", ("<|START_ACTION|>",),
+        _object_calls(("tool_name", "parameters"), "tool_call_id"),
+        think=("<|START_THINKING|>", "<|END_THINKING|>"),
+        call_object=_obj("tool_name", "parameters"), call_gbnf=_JSON_CALL,
+        wrap=_around("<|START_ACTION|>[", "]<|END_ACTION|>"),
+        content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))),
+    (lambda t: "[TOOL_CALLS]" in t and "[CALL_ID]" in t, Family(
+        "mistral-small", ("[TOOL_CALLS]",),
+        _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[CALL_ID\]\s*(\w+)\s*\[ARGS\]", True),
+        think=None, id_length=9,
+        call_gbnf=_seq("[TOOL_CALLS]NAME[CALL_ID]", "ID9", "[ARGS]", "ARGS"),
+        wrap=_repeat())),
+    (lambda t: "[TOOL_CALLS]" in t, Family(
+        "mistral-nemo", ("[TOOL_CALLS]",), _object_calls(("name", "arguments"), "id"),
+        think=None, id_length=9, call_object=_obj(
+            "name", "arguments", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),
+        call_gbnf=_JSON_CALL, wrap=_around("[TOOL_CALLS][", "]"))),
+    (lambda t: " functools[" in t, Family(
+        "firefunction-v2", (" functools[", "functools["), _object_calls(("name", "arguments")),
+        think=None, call_object=_obj("name", "arguments"), call_gbnf=_JSON_CALL,
+        wrap=_around(" functools[", "]"))),
+    (lambda t: "<function=" in t, Family(
+        "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^>]+)>"),
+        think=None, call_gbnf=_seq("<function=NAME>", "ARGS", "</function>"),
+        wrap=_repeat())),
+    (lambda t: "<|tools_prefix|>" in t, Family(
+        "apertus", ("<|tools_prefix|>",), _apertus_calls, think=None)),
+    (lambda t: "<tool_call>" in t, Family(
+        "hermes", ("<tool_call>",), _object_calls(("name", "arguments")),
+        call_object=_obj("name", "arguments"),
+        call_gbnf=_seq("<tool_call>\n", "ARGS", "\n</tool_call>"), wrap=_repeat("\n"))),
+    (lambda t: "<|start_header_id|>" in t and "parameters" in t, Family(
+        "llama3", ('{"name"', '{"type"'), _object_calls(("name", "parameters")),
+        think=None, call_object=_obj("name", "parameters"), call_gbnf=_JSON_CALL,
+        # one call a turn; no marker to wait for: auto reads the call from free text
+        wrap=lambda c, p: f"({c})", lazy=False)),
+]
+
+
+def family(template: str, renders_calls: bool) -> Family:
+    """The family of a chat template, as llama.cpp tells them apart by their text; generic
+    for a template that never renders a tool call."""
+    if not renders_calls:
+        return GENERIC
+    for match, fam in FAMILIES:
+        if match(template):
+            return fam
+    return GENERIC
+
+
+# -- reading an answer ---------------------------------------------------------------------
+
+def _held(text: str, markers: Sequence[str]) -> str:
+    """text without a tail that may still grow into one of the markers."""
+    cut = len(text)
+    for m in markers:
+        for k in range(min(len(m) - 1, len(text)), 0, -1):
+            if text.endswith(m[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return text[:cut]
+
+
+def split_reasoning(text: str, think: tuple[str, str] | None, forced_open: bool,
+                    final: bool) -> tuple[str, str, bool]:
+    """(reasoning, the rest, whether the reasoning is closed). Reasoning is the text between
+    the family's markers at the start of the answer, or from the start when the prompt
+    opened it (a template that ends its generation prompt with `<think>`); an answer that
+    ends inside it is all reasoning."""
+    if think is None:
+        return "", text, True
+    start, end = think
+    body = text
+    if not forced_open:
+        lead = text.lstrip()
+        if not lead.startswith(start):
+            if not final and start.startswith(lead) and lead:
+                return "", "", False  # may still become the opening marker
+            return "", text, True
+        body = lead[len(start):]
+    at = body.find(end)
+    if at < 0:
+        return (body if final else _held(body, (end,))), "", False
+    return body[:at], body[at + len(end):], True
+
+
+def _generic(text: str, final: bool) -> Parsed:
+    lead = text.lstrip()
+    got = _json_at(lead, 0) if lead.startswith("{") else None
+    if got is None:
+        if lead.startswith("{") and not final:  # a JSON answer under way: its response so far
+            m = re.match(r'\{\s*"response"\s*:\s*"', lead)
+            return Parsed(_partial_string(lead[m.end():]) if m else "")
+        return Parsed(text if final or not lead.startswith("{") else "")
+    value = got[0]
+    if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
+        raw = value.get("tool_calls", [value.get("tool_call")])
+        calls = _object_calls(("name", "arguments"), "id")(json.dumps(raw), ())
+        return Parsed("", "", tuple(ToolCall(n, a, i or new_id()) for n, a, i in calls))
+    if isinstance(value, dict) and "response" in value:
+        r = value["response"]
+        return Parsed(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False))
+    return Parsed(text)
+
+
+def _partial_string(s: str) -> str:
+    """The decoded part of a JSON string's body that has arrived (up to its closing quote,
+    not into an escape cut short)."""
+    i, n = 0, len(s)
+    while i < n and s[i] != '"':
+        if s[i] == "\\":
+            step = 6 if s[i + 1:i + 2] == "u" else 2
+            if i + step > n:
+                break
+            i += step
+        else:
+            i += 1
+    try:
+        return json.loads('"' + s[:i] + '"')
+    except ValueError:
+        return ""
+
+
+def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bool = False,
+          reasoning_format: str = "deepseek", parse_calls: bool = True,
+          final: bool = True, ids: list[str] | None = None) -> Parsed:
+    """An answer as content, reasoning and calls. Not final: what is certain so far (text
+    that may still become a marker, and a call not yet complete, are left out)."""
+    if fam.parse_all is not None:
+        p = fam.parse_all(text, tools, final)
+        if reasoning_format == "none" and p.reasoning:
+            p = Parsed(text if final else _held(text, ("<|",)), "", p.calls)
+        return _named(p, ids, fam) if parse_calls else Parsed(p.content, p.reasoning)
+    if reasoning_format == "none":
+        reasoning, rest = "", (f"{fam.think[0]}{text}" if forced_open and fam.think
+                               else text)
+    else:
+        reasoning, rest, closed = split_reasoning(text, fam.think, forced_open, final)
+        if not closed:
+            return Parsed("", reasoning)
+    if fam.name == "generic":
+        p = _generic(rest, final) if parse_calls else Parsed(rest)
+        return _named(Parsed(p.content, reasoning, p.calls), ids, fam)
+    at = min((i for i in (rest.find(o) for o in fam.openers) if i >= 0), default=-1) \
+        if parse_calls and fam.openers else -1
+    before, region = (rest, "") if at < 0 else (rest[:at], rest[at:])
+    calls = fam.calls(region, tools) if region else []
+    if final and region and not calls:  # an opener that began no call: it was text
+        before, region = rest, ""
+    if not final and not region:
+        before = _held(before, (*fam.openers, *(fam.content_wrap or ())) if parse_calls
+                       else (fam.content_wrap or ()))
+    if fam.content_wrap is not None:
+        before = before.replace(fam.content_wrap[0], "").replace(fam.content_wrap[1], "")
+    out = Parsed(before, reasoning, tuple(ToolCall(n, a, i or "") for n, a, i in calls))
+    return _named(out, ids, fam)
+
+
+def _named(p: Parsed, ids: list[str] | None, fam: Family) -> Parsed:
+    """Calls without an id of their own get one, the same one each time the stream is read
+    again (ids: the ids given so far, by position)."""
+    ids = [] if ids is None else ids
+    calls = []
+    for k, c in enumerate(p.calls):
+        if k >= len(ids):
+            ids.append(c.id or new_id(fam.id_length))
+        calls.append(ToolCall(c.name, c.arguments, ids[k]))
+    return Parsed(p.content, p.reasoning, tuple(calls))
+
+
+@dataclass
+class Splitter:
+    """A streamed answer read as it comes: feed() each piece of text, get back the new
+    reasoning, the new content and the calls completed since (OpenAI's deltas)."""
+
+    fam: Family
+    tools: Sequence[dict] = ()
+    forced_open: bool = False
+    reasoning_format: str = "deepseek"
+    parse_calls: bool = True
+    text: str = ""
+    sent: Parsed = field(default_factory=lambda: Parsed(""))
+    ids: list[str] = field(default_factory=list)
+
+    def feed(self, piece: str, final: bool = False) -> Parsed:
+        self.text += piece
+        now = parse(self.fam, self.text, self.tools, forced_open=self.forced_open,
+                    reasoning_format=self.reasoning_format, parse_calls=self.parse_calls,
+                    final=final, ids=self.ids)
+        old = self.sent
+        delta = Parsed(_grown(old.content, now.content), _grown(old.reasoning, now.reasoning),
+                       now.calls[len(old.calls):])
+        self.sent = Parsed(old.content + delta.content, old.reasoning + delta.reasoning,
+                           old.calls + delta.calls)
+        return delta
+
+    def finish(self) -> Parsed:
+        return self.feed("", final=True)
+
+
+def _grown(old: str, new: str) -> str:
+    # what was sent is never taken back; a reading that is not an extension adds nothing
+    return new[len(old):] if new.startswith(old) else ""
+
+
+# -- the grammar of a required call --------------------------------------------------------
+
+def function_of(tool: dict) -> dict:
+    """A tool's function (OpenAI's {"type": "function", "function": {...}})."""
+    f = tool.get("function") if isinstance(tool, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+        raise ToolCallError("each tool is {\"type\": \"function\", \"function\": {\"name\": "
+                            "..., \"parameters\": {...}}}")
+    return f
+
+
+def grammar_parts(fam: Family, tools: Sequence[dict], required: bool, parallel: bool,
+                  ) -> tuple[dict[str, dict], str, list[str]] | None:
+    """The grammar that makes the answer a call of one of `tools` (required); for
+    tool_choice auto the same, lazy: from the family's opener on, free text before it (as
+    llama.cpp's lazy grammars); for the generic format a call or a JSON response. The
+    schemas to convert, each under its rule name, the root rule over them, and the texts
+    that trigger a lazy grammar. None where the family has no grammar here (its call is then
+    read from free text)."""
+    if fam.name == "generic":
+        items = {"anyOf": [{"type": "object", "properties": {
+            "name": {"const": f["name"]}, "arguments": _params(f)},
+            "required": ["name", "arguments"]} for f in map(function_of, tools)]}
+        calls = {"type": "object", "properties": {"tool_calls": {
+            "type": "array", "items": items, "minItems": 1,
+            **({} if parallel else {"maxItems": 1})}}, "required": ["tool_calls"]}
+        response = {"type": "object", "properties": {"response": {"type": "string"}},
+                    "required": ["response"]}
+        return {"call-0": calls if required else {"anyOf": [calls, response]}}, "call-0", []
+    if fam.call_gbnf is None or not (required or fam.lazy and fam.openers):
+        return None
+    schemas, alts = {}, []
+    for i, f in enumerate(map(function_of, tools)):
+        params = _params(f)
+        schemas[f"call-{i}"] = fam.call_object(f["name"], params) if fam.call_object \
+            else params
+        alts.append(fam.call_gbnf(str(i), f["name"]))
+    one = " | ".join(f"({a})" for a in alts)
+    return schemas, fam.wrap(one, parallel), [] if required else [fam.openers[0]]
+
+
+def _params(f: dict) -> dict:
+    p = f.get("parameters")
+    return p if isinstance(p, dict) and p else {"type": "object"}

@@ -1,0 +1,291 @@
+"""Tool calls and reasoning read back per template family (toolcall.py), on answers as the
+models write them: the outputs llama.cpp's own tests/test-chat.cpp parses for each template in
+models/templates/, and the same split when the answer arrives token by token."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specli import toolcall
+from specli.toolcall import GENERIC, Splitter, family, parse
+
+TOOLS = [{"type": "function", "function": {
+    "name": "special_function", "parameters": {
+        "type": "object", "properties": {"arg1": {"type": "integer"}}, "required": ["arg1"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}}}}]
+CALL = ("special_function", {"arg1": 1})
+HELLO = "Hello, world!\nWhat's up?"
+
+# the families by a telling piece of their template's text
+TEMPLATE = {
+    "hermes": "{{- '<tool_call>\\n' }}{{ tool_call.arguments | tojson }}",
+    "qwen3-coder": "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>",
+    "llama3": "<|start_header_id|>ipython<|end_header_id|> \"parameters\": ",
+    "mistral-nemo": "[TOOL_CALLS][{{ tool_calls | tojson }}]",
+    "mistral-small": "[TOOL_CALLS]{{ name }}[CALL_ID]{{ id }}[ARGS]",
+    "ministral": "[SYSTEM_PROMPT][TOOL_CALLS]{{ name }}[ARGS]",
+    "deepseek-r1": "<｜tool▁calls▁begin｜>function<｜tool▁sep｜>\n```json\n",
+    "deepseek-v3.1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>",
+    "command-r7b": "<|START_THINKING|><|START_ACTION|>",
+    "gpt-oss": "<|start|>assistant<|channel|>final<|message|>",
+    "gemma4": "'<|tool_call>call:' + name",
+    "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>",
+    "glm": "<tool_call>{{ name }}<arg_key>{{ k }}</arg_key>",
+    "minimax-m2": "<minimax:tool_call>",
+    "firefunction-v2": " functools[{{ calls }}]",
+    "functionary-v3.1": "<function={{ name }}>",
+    "apertus": "<|tools_prefix|>",
+    "lfm2": "<|tool_list_start|>",
+}
+
+# (family, what the model wrote, content, reasoning, calls [(name, arguments, id or None)])
+CASES = [
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}</tool_call>',
+     "", "", [CALL]),
+    ("hermes", HELLO + '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}'
+     "</tool_call>", HELLO, "", [CALL]),
+    ("hermes", "<think>I'm\nthinking</think>" + HELLO, HELLO, "I'm\nthinking", []),
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n'
+     '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"city": "Paris"}}\n'
+     "</tool_call>", "", "", [CALL, ("get_time", {"city": "Paris"})]),
+    ("qwen3-coder", "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n"
+     "</parameter>\n</function>\n</tool_call>", "", "", [CALL]),
+    ("qwen3-coder", "<tool_call>\n<function=get_time>\n<parameter=city>\n42\n</parameter>\n"
+     "</function>\n</tool_call>", "", "", [("get_time", {"city": "42"})]),  # a string by schema
+    ("llama3", '{"name": "special_function", "parameters": {"arg1": 1}}', "", "", [CALL]),
+    ("llama3", HELLO, HELLO, "", []),
+    ("mistral-nemo", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, '
+     '"id": "123456789"}]', "", "", [(*CALL, "123456789")]),
+    ("mistral-small", "[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]{\"arg1\": 1}"
+     "[TOOL_CALLS]get_time[CALL_ID]000000002[ARGS]{\"city\": \"Paris\"}", "", "",
+     [(*CALL, "000000001"), ("get_time", {"city": "Paris"}, "000000002")]),
+    ("ministral", HELLO + '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}', HELLO, "", [CALL]),
+    ("ministral", "[THINK]I'm\nthinking[/THINK]" + HELLO, HELLO, "I'm\nthinking", []),
+    ("deepseek-r1", "I'm\nthinking</think>" + HELLO, HELLO, "I'm\nthinking", []),
+    ("deepseek-r1", "</think><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+     "special_function\n```json\n{\"arg1\": 1}```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+     "", "", [CALL]),
+    ("deepseek-v3.1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>"
+     '{"city": "XYZCITY"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "", "",
+     [("get_time", {"city": "XYZCITY"})]),
+    ("command-r7b", "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_RESPONSE|>" + HELLO
+     + "<|END_RESPONSE|>", HELLO, "I'm\nthinking", []),
+    ("command-r7b", "<|START_THINKING|>I'm\nthinking<|END_THINKING|><|START_ACTION|>[\n"
+     '    {"tool_call_id": "0", "tool_name": "special_function", "parameters": {"arg1": 1}}\n'
+     "]<|END_ACTION|>", "", "I'm\nthinking", [(*CALL, "0")]),
+    ("gpt-oss", "<|channel|>final<|message|>" + HELLO, HELLO, "", []),
+    ("gpt-oss", "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant"
+     "<|channel|>final<|message|>" + HELLO, HELLO, "I'm\nthinking", []),
+    ("gpt-oss", "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant"
+     "<|channel|>commentary to=functions.special_function <|constrain|>json<|message|>"
+     '{"arg1": 1}', "", "I'm\nthinking", [CALL]),
+    ("gemma4", "<|channel>thought\nI'm\nthinking<channel|>" + HELLO, HELLO, "\nI'm\nthinking",
+     []),
+    ("gemma4", '<|tool_call>call:get_time{city:<|"|>London<|"|>}<tool_call|>', "", "",
+     [("get_time", {"city": "London"})]),
+    ("kimi-k2", "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
+     '<|tool_call_argument_begin|>{"arg1": 1}<|tool_call_end|><|tool_calls_section_end|>',
+     "", "", [(*CALL, "functions.special_function:0")]),
+    ("glm", "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n"
+     "</tool_call>", "", "", [CALL]),
+    ("minimax-m2", 'I\'m\nthinking\n</think>\n\n<minimax:tool_call>\n<invoke name="'
+     'special_function">\n<parameter name="arg1">1</parameter>\n</invoke>\n'
+     "</minimax:tool_call>", "", "I'm\nthinking\n", [CALL]),
+    ("firefunction-v2", ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]',
+     "", "", [CALL]),
+    ("functionary-v3.1", '<function=special_function>{"arg1": 1}</function>', "", "", [CALL]),
+    ("apertus", '<|tools_prefix|>[{"special_function": {"arg1": 1}}]<|tools_suffix|>', "", "",
+     [CALL]),
+    ("lfm2", "<think>I need the time</think>Let me check.<|tool_call_start|>"
+     '[get_time(city="Paris")]<|tool_call_end|>', "Let me check.", "I need the time",
+     [("get_time", {"city": "Paris"})]),
+    ("generic", '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}]}',
+     "", "", [CALL]),
+    ("generic", '{"response": "Hello, \\"world\\"!"}', 'Hello, "world"!', "", []),
+    ("generic", HELLO, HELLO, "", []),
+]
+
+
+def _fam(name: str):
+    fam = GENERIC if name == "generic" else family(TEMPLATE[name], renders_calls=True)
+    assert fam.name == name
+    return fam
+
+
+def _calls(parsed) -> list:
+    return [(c.name, json.loads(c.arguments), c.id) for c in parsed.calls]
+
+
+def _want(calls) -> list:
+    return [(c[0], c[1], c[2] if len(c) > 2 else None) for c in calls]
+
+
+def _forced(name: str, text: str) -> bool:
+    """DeepSeek R1's and MiniMax's templates open <think> in the generation prompt."""
+    return name in ("deepseek-r1", "minimax-m2")
+
+
+@pytest.mark.parametrize("name,text,content,reasoning,calls", CASES)
+def test_each_family_reads_as_llama_cpp_reads_it(name, text, content, reasoning, calls):
+    fam = _fam(name)
+    p = parse(fam, text, TOOLS, forced_open=_forced(name, text))
+    assert (p.content.strip(), p.reasoning) == (content.strip(), reasoning)
+    got = _calls(p)
+    assert [(n, a) for n, a, _ in got] == [(n, a) for n, a, _ in _want(calls)]
+    for (_, _, i), (_, _, want) in zip(got, _want(calls), strict=True):
+        assert i == want if want is not None else len(i) == fam.id_length
+
+
+@pytest.mark.parametrize("name,text,content,reasoning,calls", CASES)
+def test_a_stream_splits_the_same_token_by_token(name, text, content, reasoning, calls):
+    """Fed a few characters at a time, the deltas add up to the whole answer's reading, and
+    nothing sent is a piece of a marker (no delta is ever taken back)."""
+    fam = _fam(name)
+    whole = parse(fam, text, TOOLS, forced_open=_forced(name, text))
+    s = Splitter(fam, TOOLS, forced_open=_forced(name, text))
+    got_content, got_reasoning, got_calls = "", "", []
+    for i in range(0, len(text), 3):
+        d = s.feed(text[i:i + 3])
+        got_content, got_reasoning = got_content + d.content, got_reasoning + d.reasoning
+        got_calls += d.calls
+        for marker in (*fam.openers, "<think>", "</think>", "<|", "[TOOL_CALLS]"):
+            if marker in text and marker not in content:
+                assert marker not in got_content, (marker, got_content)
+    d = s.finish()
+    got_content, got_reasoning = got_content + d.content, got_reasoning + d.reasoning
+    got_calls += d.calls
+    assert (got_content, got_reasoning) == (whole.content, whole.reasoning)
+    assert [(c.name, c.arguments) for c in got_calls] == \
+        [(c.name, c.arguments) for c in whole.calls]
+
+
+def test_reasoning_format_none_keeps_the_thinking_in_the_content():
+    fam = _fam("hermes")
+    text = "<think>I'm\nthinking</think>" + HELLO
+    assert parse(fam, text, reasoning_format="none").content == text
+    assert parse(fam, "I'm\nthinking</think>" + HELLO, forced_open=True,
+                 reasoning_format="none").content == text
+
+
+def test_an_answer_cut_short_inside_its_thinking_is_all_reasoning():
+    p = parse(_fam("hermes"), "<think>I'm still thin", TOOLS)
+    assert (p.content, p.reasoning) == ("", "I'm still thin")
+
+
+def test_an_opener_that_begins_no_call_is_text():
+    text = "Use <tool_call> tags like this."
+    assert parse(_fam("hermes"), text, TOOLS).content == text
+
+
+def test_parse_calls_off_reads_everything_as_content():
+    """tool_choice none: the tools are shown to the model, its answer is not read for calls."""
+    text = '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}</tool_call>'
+    p = parse(_fam("hermes"), text, TOOLS, parse_calls=False)
+    assert (p.content, p.calls) == (text, ())
+
+
+def test_the_generic_response_streams_as_it_is_written():
+    s = Splitter(GENERIC, TOOLS)
+    out = "".join(s.feed(c).content for c in '{"response": "Hi \\u00e9\\n there"}')
+    assert out + s.finish().content == "Hi é\n there"
+
+
+def test_a_family_without_tool_calls_in_its_template_is_generic():
+    assert family("{% for m in messages %}{{ m.content }}{% endfor %}", False) is GENERIC
+
+
+# a required call in each family with a grammar, as the grammar lets the model write it
+GRAMMAR_TEXT = {
+    "ministral": '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}',
+    "gpt-oss": "<|channel|>commentary to=functions.special_function <|constrain|>json"
+               '<|message|>{"arg1": 1}',
+    "kimi-k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
+               '<|tool_call_argument_begin|>{"arg1": 1}<|tool_call_end|>'
+               "<|tool_calls_section_end|>",
+    "deepseek-r1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+                   'special_function\n```json\n{"arg1": 1}\n```<｜tool▁call▁end｜>'
+                   "<｜tool▁calls▁end｜>",
+    "deepseek-v3.1": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>special_function<｜tool▁sep｜>"
+                     '{"arg1": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "command-r7b": '<|START_ACTION|>[{"tool_name": "special_function", "parameters": '
+                   '{"arg1": 1}}]<|END_ACTION|>',
+    "mistral-small": '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}',
+    "mistral-nemo": '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, '
+                    '"id": "123456789"}]',
+    "firefunction-v2": ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]',
+    "functionary-v3.1": '<function=special_function>{"arg1": 1}</function>',
+    "hermes": '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n'
+              "</tool_call>",
+    "llama3": '{"name": "special_function", "parameters": {"arg1": 1}}',
+    "generic": '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}]}',
+}
+
+
+def test_every_family_with_a_grammar_is_listed():
+    assert set(GRAMMAR_TEXT) == {f.name for _, f in toolcall.FAMILIES
+                                 if f.call_gbnf is not None} | {"generic"}
+
+
+@pytest.mark.parametrize("name", sorted(GRAMMAR_TEXT))
+def test_a_required_call_grammar_takes_the_familys_call_and_ends_there(name, q4_1):
+    """The grammar of a required call (the tools' schemas through llama.cpp's converter, the
+    family's markers around them) is GBNF llama.cpp parses; it lets the model write the
+    family's call token by token, then end; the call it took reads back as that call."""
+    import numpy as np
+
+    from specli.backend import Grammar, Tokenizer, schemas_grammar
+    from specli.ggufmeta import read_header
+
+    fam = _fam(name)
+    schemas, root, _ = toolcall.grammar_parts(fam, TOOLS, required=True, parallel=False)
+    text = GRAMMAR_TEXT[name]
+    tok = Tokenizer(q4_1)
+    try:
+        g = Grammar(tok, schemas_grammar(schemas, root))
+        for t in tok.tokenize(text, add_special=False, parse_special=False):
+            assert g.allowed(np.array([t], dtype=np.int32))[0], (name, tok.detokenize([t]))
+            g.accept(t)
+        eos = read_header(q4_1).kv["tokenizer.ggml.eos_token_id"]
+        assert g.allowed(np.array([eos], dtype=np.int32))[0]  # the call is whole: it may end
+        other = tok.tokenize("Hello", add_special=False, parse_special=False)[0]
+        assert not Grammar(tok, schemas_grammar(schemas, root)).allowed(
+            np.array([other], dtype=np.int32))[0]  # no free text first: a call is required
+    finally:
+        tok.close()
+    assert _calls(parse(fam, text, TOOLS))[0][:2] == CALL
+
+
+def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
+    """auto: the text before a call is free; from the family's opener on, the call's
+    grammar holds (llama.cpp's lazy grammar, triggered by the opener's text)."""
+    import numpy as np
+
+    from specli.backend import Grammar, Tokenizer, schemas_grammar
+
+    fam = _fam("hermes")
+    schemas, root, triggers = toolcall.grammar_parts(fam, TOOLS, required=False,
+                                                     parallel=True)
+    assert triggers == ["<tool_call>"]
+    gbnf = schemas_grammar(schemas, root, triggers)
+    tok = Tokenizer(q4_1)
+
+    def walk(text: str) -> bool:
+        g = Grammar(tok, gbnf)
+        for t in tok.tokenize(text, add_special=False, parse_special=False):
+            if not g.allowed(np.array([t], dtype=np.int32))[0]:
+                return False
+            g.accept(t)
+        return True
+
+    try:
+        assert walk("Anything at all, {\"name\": 1} [TOOL_CALLS] even")
+        assert walk("Let me look.\n" + GRAMMAR_TEXT["hermes"])
+        assert not walk("Let me look.\n<tool_call>\nnot a call")
+        assert not walk('<tool_call>\n{"name": "other_function", "arguments": {}}')
+    finally:
+        tok.close()
+    assert toolcall.grammar_parts(_fam("llama3"), TOOLS, False, True) is None  # no marker
