@@ -29,13 +29,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["test_chat_completion.py", "test_completion.py", "test_tokenize.py",
-         "test_speculative.py", "test_security.py", "test_ctx_shift.py"]
+         "test_speculative.py", "test_security.py", "test_ctx_shift.py", "test_template.py",
+         "test_tool_call.py", "test_compat_anthropic.py", "test_compat_oai_responses.py"]
 
 # llama-server flags specli serve does not have, with how many values each takes
 DROP = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "--no-ui": 0,
         "--cont-batching": 0, "--kv-unified": 0,
         "--swa-full": 0, "--context-shift": 0, "--no-context-shift": 0,
-        "--reasoning-format": 1, "--reasoning": 1,
+        "--reasoning-budget": 1, "--reasoning-budget-message": 1,
         "--spec-synth-len": 1, "--spec-synth-rates": 1, "--slot-save-path": 1,
         "--grp-attn-n": 1, "--grp-attn-w": 1, "--cache-ram": 1, "--no-cache-idle-slots": 0,
         "--sleep-idle-seconds": 1, "--models-dir": 1, "--models-max": 1,
@@ -88,8 +89,12 @@ def suite_dir() -> Path:
 
 
 def run(server: str, args, work: Path) -> dict:
-    tests = work / f"tests-{server}"
+    # the suite's own layout: tests/ three levels below the tree whose models/templates/
+    # its template tests name (../../../models/templates/NAME.jinja)
+    tree = work / f"tree-{server}"
+    tests = tree / "tools" / "server" / "tests"
     shutil.copytree(suite_dir(), tests)
+    (tree / "models").symlink_to(suite_dir().parents[2] / "models")
     (tests / "specli_suite_plugin.py").write_text(PLUGIN)
     if server == "specli":
         argv = [sys.executable, "-m", "specli", "serve"]

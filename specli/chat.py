@@ -8,11 +8,13 @@ runs, and a size limit on every string or list it builds (operators, method call
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import sys
 import time
 from collections.abc import Callable
+from datetime import datetime
 from functools import lru_cache, wraps
 
 import jinja2.runtime
@@ -135,13 +137,96 @@ class _Budgeted(ImmutableSandboxedEnvironment):
 
 @lru_cache(maxsize=8)
 def _compile(source: str):
-    env = _Budgeted(trim_blocks=True, lstrip_blocks=True)
+    # {% break %} and {% continue %}, as llama.cpp's and transformers' templates use them
+    env = _Budgeted(trim_blocks=True, lstrip_blocks=True,
+                    extensions=["jinja2.ext.loopcontrols"])
 
     def raise_exception(message):
         raise TemplateError(message)
 
     env.globals["raise_exception"] = raise_exception
+    # JSON as llama.cpp's (and transformers') templates get it: no HTML escaping, the keyword
+    # arguments templates pass (Jinja's own escapes <, > and & and takes only indent)
+    env.filters["tojson"] = env._guard(_tojson)
+    env.filters["safe"] = str  # nothing is escaped here (as in llama.cpp): safe marks nothing
+    # llama.cpp's: Llama 3.x templates print today's date
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(str(fmt))
     return env.from_string(source)
+
+
+class Watched(dict):
+    """A dict that notes when a template reads it as an object (its items, a key, its JSON):
+    how prompt.template_caps tells a template that wants a call's arguments as an object
+    from one that prints them as text, as llama.cpp's caps probe does."""
+
+    read = False
+
+    def _saw(self):
+        self.read = True
+        return self
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self._saw(), key)
+
+    def get(self, key, default=None):
+        return dict.get(self._saw(), key, default)
+
+    def items(self):
+        return dict.items(self._saw())
+
+    def keys(self):
+        return dict.keys(self._saw())
+
+    def values(self):
+        return dict.values(self._saw())
+
+    def __iter__(self):
+        return dict.__iter__(self._saw())
+
+
+class WatchedList(list):
+    """A list that notes when a template reads it (a conversation's tool_calls: whether a
+    template renders them at all, as llama.cpp's caps probe counts a value used)."""
+
+    read = False
+
+    def _saw(self):
+        self.read = True
+        return self
+
+    def __iter__(self):
+        return list.__iter__(self._saw())
+
+    def __getitem__(self, i):
+        return list.__getitem__(self._saw(), i)
+
+    def __len__(self):
+        return list.__len__(self._saw())
+
+
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None,
+            sort_keys: bool = False) -> str:
+    _seen(value)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+
+
+def _seen(value, depth: int = 0) -> None:
+    if isinstance(value, Watched | WatchedList):
+        value.read = True
+    if depth < 8 and isinstance(value, dict | list | tuple):
+        for v in value.values() if isinstance(value, dict) else value:
+            _seen(v, depth + 1)
+
+
+def template_context(kwargs: dict | None = None) -> dict:
+    """The variables llama.cpp gives every template besides the messages: the date in the
+    two forms templates read (Llama 3.x's date_string, firefunction's datetime) and
+    enable_thinking (on unless kwargs say otherwise); then the request's
+    chat_template_kwargs, each a variable of its own."""
+    now = datetime.now()
+    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+            "enable_thinking": True, **(kwargs or {})}
 
 
 def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
@@ -158,17 +243,19 @@ Builtin = Callable[[list[dict], bool], str]
 def render_messages(template: str | None, messages: list[dict], bos: str = "",
                     eos: str = "", *, seconds: float | None = None,
                     max_bytes: int | None = None, continue_final: bool = False,
-                    builtin: Builtin | None = None) -> str:
+                    builtin: Builtin | None = None, context: dict | None = None,
+                    add_generation_prompt: bool = True) -> str:
     """A conversation through the model's template (ChatML when it has none), ready for the
     assistant's reply; with continue_final, ready to continue the final (assistant) message
     where its text ends (a prefill), whatever the template puts after a turn. A template
     that fails, runs past `seconds` or builds anything larger than RENDER_BYTES is a
     UsageError; output past `max_bytes` (what the context can hold) is a
-    ContextOverflowError. builtin: render with llama.cpp's own renderer instead of Jinja."""
-    def render(msgs: list[dict], add_generation_prompt: bool = True) -> str:
+    ContextOverflowError. builtin: render with llama.cpp's own renderer instead of Jinja.
+    context: the template's other variables (tools, template_context())."""
+    def render(msgs: list[dict], add_generation_prompt: bool = add_generation_prompt) -> str:
         if builtin is None:
             return _render(template, msgs, bos, eos, seconds, max_bytes,
-                           add_generation_prompt)
+                           add_generation_prompt, context)
         text = builtin(msgs, add_generation_prompt)
         if max_bytes is not None and len(text) > max_bytes:
             raise ContextOverflowError(
@@ -193,7 +280,7 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
 
 def _render(template: str | None, messages: list[dict], bos: str, eos: str,
             seconds: float | None, max_bytes: int | None,
-            add_generation_prompt: bool = True) -> str:
+            add_generation_prompt: bool = True, context: dict | None = None) -> str:
     seconds = RENDER_SECONDS if seconds is None else seconds
     limit = RENDER_BYTES if max_bytes is None else max_bytes
     hint = "run without --chat and format the prompt yourself"
@@ -218,9 +305,9 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
     sys.settrace(on_call)
     try:
         parts, size = [], 0
-        for piece in compiled.generate(messages=messages,
-                                       add_generation_prompt=add_generation_prompt,
-                                       bos_token=bos, eos_token=eos):
+        for piece in compiled.generate({**(context or {}), "messages": messages,
+                                        "add_generation_prompt": add_generation_prompt,
+                                        "bos_token": bos, "eos_token": eos}):
             size += len(piece)
             if size > limit:
                 if max_bytes is not None:  # the caller's bound: what the context can hold

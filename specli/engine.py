@@ -27,6 +27,7 @@ from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.meter import Meter, prompt_progress
 from specli.rules import Rules
 from specli.stats import Stats
+from specli.toolcall import ChatOptions
 from specli.verify import (
     NonFinite,
     NoToken,
@@ -91,17 +92,21 @@ class Engine:
             return self.tokenize_messages([{"role": "user", "content": text}])
         return prompts.tokenize(self.target, text)
 
-    def tokenize_messages(self, messages: list[dict], continue_final: bool = False) -> list[int]:
-        """The target's tokens; for a draft that translates, they carry the draft's own
-        (prompt.Tokens: the chat through the draft's template)."""
-        ids = prompts.tokenize_messages(self.target, messages, continue_final)
-        if not (self.draft_params.translate and self.draft_model is not None):
-            return ids
-        return prompts.Tokens(ids, prompts.draft_prompt(self.target, self.draft_model,
-                                                        messages, continue_final))
+    def tokenize_messages(self, messages: list[dict], continue_final: bool = False,
+                          opts: ChatOptions | None = None) -> list[int]:
+        return self.chat_prompt(messages, continue_final, opts)[1]
 
-    def render_messages(self, messages: list[dict], continue_final: bool = False) -> str:
-        return prompts.render_messages(self.target, messages, continue_final)
+    def chat_prompt(self, messages: list[dict], continue_final: bool = False,
+                    opts: ChatOptions | None = None) -> tuple[str, list[int]]:
+        """Prompt text and tokens (with a translating draft's own: prompt.Tokens)."""
+        text, ids = prompts.chat_prompt(self.target, messages, continue_final, opts)
+        if self.draft_params.translate and self.draft_model is not None:
+            ids = prompts.Tokens(ids, prompts.draft_prompt(self.target, self.draft_model,
+                                                           messages, continue_final))
+        return text, ids
+
+    def render_messages(self, messages: list[dict], continue_final=False, opts=None) -> str:
+        return prompts.render_messages(self.target, messages, continue_final, opts)
 
     # -- layer 1: the loop ------------------------------------------------------------------
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,

@@ -171,14 +171,17 @@ class GrammarHost:
 
     # -- what a request needs ----------------------------------------------------------------
     def check(self, grammar: str | None = None, schema: dict | None = None,
-              budget: float = CHECK_S) -> str:
-        """The request's GBNF (its grammar, or its schema converted), once parsed and walked
-        PROBE_STEPS tokens into within `budget` seconds (counted from when this host is
-        free: a check queued behind another keeps its whole budget); GrammarError otherwise."""
+              budget: float = CHECK_S, tools: tuple[dict, str] | None = None) -> str:
+        """The request's GBNF (its grammar, or its schema converted, or its tools' schemas
+        converted under their rule names with a root over them: toolcall.grammar_parts),
+        once parsed and walked PROBE_STEPS tokens into within `budget` seconds (counted from
+        when this host is free: a check queued behind another keeps its whole budget);
+        GrammarError otherwise."""
         with self._lock:
-            return self._check(grammar, schema, budget)
+            return self._check(grammar, schema, budget, tools)
 
-    def _check(self, grammar: str | None, schema: dict | None, budget: float) -> str:
+    def _check(self, grammar: str | None, schema: dict | None, budget: float,
+               tools: tuple[dict, str] | None = None) -> str:
         if self._proc is None:
             self._start()  # a start is not the grammar's time
         deadline = time.monotonic() + budget
@@ -186,13 +189,13 @@ class GrammarHost:
         def left() -> float:
             return max(deadline - time.monotonic(), 0.05)
 
-        if schema is not None:
-            raw = json.dumps(schema)
+        if schema is not None or tools is not None:
+            raw = json.dumps(schema if tools is None else list(tools))
             if len(raw) > MAX_GBNF:
                 raise GrammarError(f"the JSON schema is {len(raw)} characters, over the "
                                    f"server's limit of {MAX_GBNF}")
-            grammar = self._call(b"S", 0, raw.encode(), left(), what="convert the JSON "
-                                 "schema", limit=budget).decode()
+            grammar = self._call(b"S" if tools is None else b"T", 0, raw.encode(), left(),
+                                 what="convert the JSON schema", limit=budget).decode()
         if grammar is None or not grammar:
             return grammar or ""
         if len(grammar) > MAX_GBNF:
@@ -258,8 +261,9 @@ class Checkers:
         self._free: list[GrammarHost] = list(self.hosts)
         self._cond = threading.Condition()
 
-    def check(self, grammar: str | None = None, schema: dict | None = None) -> str:
-        if not grammar and schema is None:
+    def check(self, grammar: str | None = None, schema: dict | None = None,
+              tools: tuple[dict, str] | None = None) -> str:
+        if not grammar and schema is None and tools is None:
             return grammar or ""
         with self._cond:
             if not self._cond.wait_for(lambda: self._free, WAIT_S):
@@ -267,7 +271,7 @@ class Checkers:
                            hint="try again")
             host = self._free.pop()
         try:
-            return host.check(grammar, schema)
+            return host.check(grammar, schema, tools=tools)
         finally:
             with self._cond:
                 self._free.append(host)
@@ -362,8 +366,9 @@ def _serve(fd: int, path: str, memory: int) -> None:
                 if g is not None:
                     g.close()
                 continue
-            if op == b"S":
-                out = backend.schema_grammar(json.loads(payload)).encode()
+            if op in (b"S", b"T"):
+                out = (backend.schema_grammar(json.loads(payload)) if op == b"S" else
+                       backend.schemas_grammar(*json.loads(payload))).encode()
                 if len(out) > MAX_GBNF:
                     raise UsageError(f"the JSON schema converts to a grammar of {len(out)} "
                                      f"characters, over the server's limit of {MAX_GBNF}")
@@ -404,7 +409,7 @@ def _serve(fd: int, path: str, memory: int) -> None:
             conn.send_bytes(b"K" + out)
         except (UsageError, KeyError, ValueError, MemoryError, RecursionError) as e:
             message = getattr(e, "message", None) or (
-                f"the {'JSON schema' if op == b'S' else 'grammar'} needs more than the "
+                f"the {'JSON schema' if op in (b'S', b'T') else 'grammar'} needs more than the "
                 f"{memory >> 20} MiB of memory the server allows"
                 if isinstance(e, MemoryError) else f"{type(e).__name__}: {e}")
             conn.send_bytes(b"E" + message.encode("utf-8", "replace"))

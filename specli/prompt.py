@@ -5,11 +5,14 @@ conversation, through its own template."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from specli.backend import apply_builtin_template, builtin_templates, knows_template
 from specli.errors import ContextOverflowError, UsageError
+from specli.toolcall import ChatOptions
 
 if TYPE_CHECKING:
     from specli.backend import Backend
@@ -28,19 +31,28 @@ def tokenize(target: Backend, prompt: str) -> list[int]:
     return target.tokenize(fits(target, prompt))
 
 
-def tokenize_messages(target: Backend, messages: list[dict],
-                      continue_final: bool = False) -> list[int]:
+def tokenize_messages(target: Backend, messages: list[dict], continue_final: bool = False,
+                      opts: ChatOptions | None = None) -> list[int]:
     """A conversation rendered with the target's chat template (ChatML when the file has
     none), tokenized with special tokens parsed. What cannot fit the context is refused
     before the full work: more messages than the context has tokens, or more bytes than its
     tokens could spell. continue_final: continue the final assistant message (a prefill)."""
-    text = render_messages(target, messages, continue_final)
+    return chat_prompt(target, messages, continue_final, opts)[1]
+
+
+def chat_prompt(target: Backend, messages: list[dict], continue_final: bool = False,
+                opts: ChatOptions | None = None) -> tuple[str, list[int]]:
+    """The conversation's prompt text and its tokens (tokenize_messages)."""
+    text = render_messages(target, messages, continue_final, opts)
     bos = target.special_text("bos")
-    return target.tokenize(fits(target, text), add_special=not (bos and text.startswith(bos)))
+    return text, target.tokenize(fits(target, text),
+                                  add_special=not (bos and text.startswith(bos)))
 
 
-def render_messages(target: Backend, messages: list[dict], continue_final: bool = False) -> str:
-    """The conversation as the prompt text tokenize_messages tokenizes."""
+def render_messages(target: Backend, messages: list[dict], continue_final: bool = False,
+                    opts: ChatOptions | None = None) -> str:
+    """The conversation as the prompt text tokenize_messages tokenizes: with opts, the
+    request's tools and template variables as llama.cpp gives them (prepare)."""
     from specli.chat import render_messages as render
 
     n_ctx = target.n_ctx
@@ -54,11 +66,19 @@ def render_messages(target: Backend, messages: list[dict], continue_final: bool 
     size = sum(len(str(m.get("content") or "")) for m in messages)
     longest = target.max_token_bytes if size > n_ctx else None
     template, builtin = chat_renderer(target.chat_template(), target.params.jinja)
+    opts = opts or ChatOptions()
+    context = None
+    if builtin is None:
+        messages, context = prepare(template, messages, opts)
+    elif opts.tools:
+        raise UsageError("tools need the chat template rendered as Jinja",
+                         hint="start the server without --no-jinja")
     try:
         return render(template, messages, bos=target.special_text("bos"),
                       eos=target.special_text("eos"),
                       max_bytes=n_ctx * longest if longest else None,
-                      continue_final=continue_final, builtin=builtin)
+                      continue_final=continue_final, builtin=builtin, context=context,
+                      add_generation_prompt=opts.add_generation_prompt)
     except ContextOverflowError as e:  # more bytes than n_ctx tokens can spell
         e.n_prompt_tokens, e.n_ctx = n_ctx + 1, n_ctx  # a lower bound
         raise
@@ -96,6 +116,13 @@ def fits(target: Backend, text: str) -> str:
     return text
 
 
+def jinja_source(target: Backend) -> tuple[bool, str | None]:
+    """(whether the target's chat template renders as Jinja, its source: None for
+    ChatML's fallback)."""
+    template, builtin = chat_renderer(target.chat_template(), target.params.jinja)
+    return builtin is None, template
+
+
 def chat_renderer(template: str | None, jinja: bool = True
                   ) -> tuple[str | None, Callable[[list[dict], bool], str] | None]:
     """How a chat template renders, as llama-server decides it: (Jinja source, None), or
@@ -112,3 +139,139 @@ def chat_renderer(template: str | None, jinja: bool = True
     # one llama.cpp does not recognise is ChatML, as llama-server falls back (serve warns)
     source = template if template and knows_template(template) else "chatml"
     return None, lambda messages, add: apply_builtin_template(source, messages, add)
+
+
+# -- messages and tools for a template, as llama.cpp prepares them (common/chat.cpp) ---------
+
+PROBE_CALL = {"id": "call00001", "type": "function",
+              "function": {"name": "FFF_FIRST_FUN_F", "arguments": '{"AA_ARG_FST_AA": "BB"}'}}
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "FFF_FIRST_FUN_F", "description": "A probe",
+    "parameters": {"type": "object", "required": ["AA_ARG_FST_AA"], "properties": {
+        "AA_ARG_FST_AA": {"type": "string", "description": "An argument"}}}}}
+
+
+PROBE_SECONDS = 0.25
+
+
+@lru_cache(maxsize=16)
+def template_caps(template: str | None) -> tuple[bool, bool, bool]:
+    """What a template does, found by rendering it (as llama.cpp's caps probe): (renders a
+    system message, renders assistant tool calls, wants a call's arguments as an object
+    rather than JSON text)."""
+    from specli.chat import _render, template_context
+
+    def probe(messages: list[dict]) -> str | None:
+        ctx = {**template_context(), "tools": [PROBE_TOOL], "functions": ""}
+        try:  # a real template renders these in milliseconds: a hostile one is no longer
+            return _render(template, messages, "", "", PROBE_SECONDS, None, False, ctx)
+        except UsageError:
+            return None
+
+    system = probe([{"role": "system", "content": "SSS_SYSTEM_S"},
+                    {"role": "user", "content": "UUU"}]) or ""
+    from specli.chat import Watched, WatchedList
+
+    user = {"role": "user", "content": "UUU"}
+    args = Watched({"AA_ARG_FST_AA": "BB"})
+    calls = WatchedList([{**PROBE_CALL, "function": {**PROBE_CALL["function"],
+                                                     "arguments": args}}])
+    as_object = probe([user, {"role": "assistant", "content": "", "tool_calls": calls}])
+    as_text = probe([user, {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}])
+    # a template renders calls if it reads them at all (llama.cpp's "used"), even where
+    # this probe's message does not show them (DeepSeek R1's want no content beside)
+    renders = calls.read or any(t is not None and "FFF_FIRST_FUN_F" in t
+                                for t in (as_text, as_object))
+    objects = renders and (args.read or as_text is None)
+    return "SSS_SYSTEM_S" in system, renders, objects
+
+
+GENERIC_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: "
+                  "{tools}\n\nRespond in JSON format, either with `tool_calls` (a request to "
+                  "call tools) or with `response` reply to the user's request")
+
+
+def prepare(template: str | None, messages: list[dict], opts: ChatOptions
+            ) -> tuple[list[dict], dict]:
+    """The messages and template variables for a chat request, as llama.cpp hands them to
+    a template: a call's arguments as objects where the template writes them out as JSON,
+    a system message merged into the next where the template has no system role, and for a
+    template that renders no tool calls (the generic format) the tools described in the
+    system prompt, earlier calls and results written as the JSON the model answers in."""
+    from specli.chat import template_context
+
+    tools = list(opts.tools)
+    context = template_context(opts.kwargs)
+    context["functions"] = ""  # firefunction's: llama.cpp gives it no tools (but defined)
+    if tools:
+        context["tools"] = tools
+    out = [dict(m) for m in messages]
+    calls = tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in out)
+    if not calls and not (out and out[0].get("role") == "system"):
+        return out, context  # nothing to ask of the template (a plain chat probes nothing)
+    has_system, renders, objects = template_caps(template)
+    for m in out:
+        if m.get("tool_calls") is not None and m.get("content") is None:
+            m["content"] = ""
+    if not renders and (tools or any(m.get("tool_calls") or m.get("role") == "tool"
+                                     for m in out)):
+        out = _generic(out, tools)
+    elif objects:
+        for m in out:
+            if m.get("tool_calls"):
+                m["tool_calls"] = [_object_arguments(c) for c in m["tool_calls"]]
+    if not has_system and out and out[0].get("role") == "system":
+        first, *rest = out
+        if rest:
+            rest[0] = {**rest[0], "content": f"{first.get('content') or ''}\n"
+                       f"{rest[0].get('content') or ''}"}
+        out = rest
+    return out, context
+
+
+def _object_arguments(call: dict) -> dict:
+    f = call.get("function") or {}
+    args = f.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            raise UsageError(f"the arguments of tool call {f.get('name')!r} are not JSON: "
+                             f"{args[:80]!r}") from None
+    return {**call, "function": {**f, "arguments": args}}
+
+
+def _generic(messages: list[dict], tools: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    names = {c.get("id"): (c.get("function") or {}).get("name") for m in messages
+             for c in m.get("tool_calls") or ()}
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant" and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"],
+                      "arguments": _object_arguments(c)["function"]["arguments"],
+                      **({"id": c["id"]} if c.get("id") else {})} for c in m["tool_calls"]]
+            out.append({"role": "assistant",
+                        "content": json.dumps({"tool_calls": calls}, ensure_ascii=False)})
+        elif role == "tool":
+            reply = {"tool_response": {"tool": m.get("name") or names.get(m.get("tool_call_id"))
+                                       or "",
+                                       "content": m.get("content") or ""}}
+            text = json.dumps(reply, ensure_ascii=False)
+            if out and out[-1].get("role") == "user" and out[-1].get("_tool"):
+                out[-1]["content"] += "\n" + text
+            else:
+                out.append({"role": "user", "content": text, "_tool": True})
+        elif role == "assistant" and out and out[-1].get("role") == "assistant":
+            out.append(dict(m))
+        else:
+            out.append(dict(m))
+    for m in out:
+        m.pop("_tool", None)
+    if tools:
+        note = GENERIC_SYSTEM.format(tools=json.dumps(tools, indent=2, ensure_ascii=False))
+        if out and out[0].get("role") == "system":
+            out[0] = {**out[0], "content": f"{out[0].get('content') or ''}\n\n{note}"}
+        else:
+            out.insert(0, {"role": "system", "content": note})
+    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -103,6 +104,21 @@ def serve(
     json_schema_file: Annotated[Path | None, typer.Option(
         "-jf", "--json-schema-file", metavar="FILE", help="Read that schema from a file.",
         rich_help_panel=SERVER, show_default=False)] = None,
+    reasoning: Annotated[str, typer.Option(
+        "-rea", "--reasoning", metavar="on|off|auto", help="Reasoning in the chat: off renders "
+        "templates with enable_thinking false (Qwen3, QwQ, DeepSeek R1, Command R7B...); on "
+        "and auto leave it on.", envvar="LLAMA_ARG_REASONING", rich_help_panel=SERVER)
+    ] = "auto",
+    reasoning_format: Annotated[str, typer.Option(
+        "--reasoning-format", metavar="FORMAT", help="Where an answer's reasoning (<think>... "
+        "</think> and its kin) goes: none leaves it in the content; auto, deepseek and "
+        "deepseek-legacy put it in reasoning_content.", envvar="LLAMA_ARG_THINK",
+        rich_help_panel=SERVER)] = "auto",
+    template_kwargs: Annotated[str | None, typer.Option(
+        "--chat-template-kwargs", metavar="JSON", help="Variables for the chat template, a "
+        "JSON object (e.g. '{\"enable_thinking\": false}'); a request's chat_template_kwargs "
+        "go over them.", envvar="LLAMA_ARG_CHAT_TEMPLATE_KWARGS", rich_help_panel=SERVER,
+        show_default=False)] = None,
     log_disable: Annotated[bool, typer.Option(
         "--log-disable", help="No line on stderr per request (its prompt and generation "
         "timings, draft counts and finish), as llama-server's own flag silences its log.",
@@ -173,8 +189,36 @@ def serve(
         slot_similarity=slot_similarity,
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
         cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
-        cors_credentials=cors_credentials, log_requests=not log_disable)
+        cors_credentials=cors_credentials, log_requests=not log_disable,
+        **_reasoning(reasoning, reasoning_format, template_kwargs))
     _run(config, hosts, port)
+
+
+def _reasoning(reasoning: str, fmt: str, kwargs: str | None) -> dict:
+    """--reasoning, --reasoning-format and --chat-template-kwargs, checked, as ServerConfig's
+    fields."""
+    from specli.toolcall import REASONING_FORMATS
+
+    value = reasoning.strip().lower()
+    on = {"on": "on", "true": "on", "1": "on", "enabled": "on", "off": "off", "false": "off",
+          "0": "off", "disabled": "off", "auto": "auto"}.get(value)
+    if on is None:
+        raise UsageError(f"unknown value for -rea/--reasoning: {reasoning!r} (on, off or auto)")
+    if fmt not in REASONING_FORMATS:
+        raise UsageError(f"unknown value for --reasoning-format: {fmt!r} (one of "
+                         f"{', '.join(REASONING_FORMATS)})")
+    given: dict = {}
+    if kwargs:
+        try:
+            given = json.loads(kwargs)
+        except ValueError as e:
+            raise UsageError(f"--chat-template-kwargs is not JSON: {e}") from None
+        if not isinstance(given, dict):
+            raise UsageError("--chat-template-kwargs must be a JSON object, e.g. "
+                             "'{\"enable_thinking\": false}'")
+    if on == "on":
+        given.setdefault("enable_thinking", True)
+    return {"reasoning": on, "reasoning_format": fmt, "template_kwargs": given}
 
 
 def _hosts(value: str, port: int) -> list[str]:

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager, suppress
 from fastapi import FastAPI
 
 from specli import __version__
-from specli.server import errors, routes
+from specli.server import compat, errors, routes
 from specli.server.errors import envelope
 from specli.server.metrics import Metrics
 from specli.server.state import MAX_BODY, ServerConfig, State
@@ -67,7 +67,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     app.add_middleware(CountRequests, metrics=st.metrics)
     app.add_middleware(Cors, config=config)  # outermost: a preflight needs no key
     errors.install(app)
-    for router in (routes.public, routes.info, routes.openai, routes.llama):
+    for router in (routes.public, routes.info, routes.openai, routes.llama, compat.router):
         app.include_router(router)
     return app
 

@@ -214,7 +214,10 @@ async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage:
             at = offset.get(ev.index, 0)
             lp = logprobs(gen, ev.probs, at) if logprobs is not None else None
             offset[ev.index] = at + len(ev.text)
-            chunk = {**head, "choices": [choice(ev.text, None, lp, ev.index)]}
+            c = choice(ev.text, None, lp, ev.index)
+            if c.get("delta", True) == {} and lp is None and ev.stats is None:
+                continue  # text held back (a tool call being written): nothing to send yet
+            chunk = {**head, "choices": [c]}
             if ev.stats is not None:
                 chunk["timings"] = timings(ev.stats)
             yield data(chunk)

@@ -39,6 +39,7 @@ from specli.server.schemas import (
 )
 from specli.server.slots import Busy, Done, Generation, Job, SlotPool
 from specli.server.state import State
+from specli.server.tools import ChatPlan
 
 
 def _state(request: Request) -> State:
@@ -98,11 +99,6 @@ NOT_SERVED = {
     **{("POST", p): "embeddings" for p in ("/embedding", "/embeddings", "/v1/embeddings")},
     **{("POST", p): "reranking" for p in ("/rerank", "/reranking", "/v1/rerank",
                                           "/v1/reranking")},
-    **{("POST", p): "OpenAI's Responses API" for p in (
-        "/responses", "/v1/responses", "/responses/input_tokens",
-        "/v1/responses/input_tokens")},
-    **{("POST", p): "Anthropic's Messages API" for p in ("/v1/messages",
-                                                         "/v1/messages/count_tokens")},
     **{("POST", p): "audio transcription" for p in ("/audio/transcriptions",
                                                     "/v1/audio/transcriptions")},
     ("GET", "/lora-adapters"): "LoRA adapters", ("POST", "/lora-adapters"): "LoRA adapters",
@@ -222,36 +218,28 @@ async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
                   done_marker: bool = True) -> Response:
     """The one shape of a generation route: a slot, then a stream or the whole answer (a
     Done per choice)."""
-    gen = await _start(pool, job)
+    gen = await start(pool, job)
     if stream:
         return f.sse(events(gen), gen, done_marker)
-    return JSONResponse(final(await _collect(gen, request), gen))
+    return JSONResponse(final(await collect(gen, request), gen))
 
 
 @openai.post("/v1/chat/completions")
 @openai.post("/chat/completions", include_in_schema=False)
 async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) -> Response:
-    _refuse_chat(body)
-    # rendering and tokenizing run off the event loop, within their bounds (engine.py)
-    ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
-                        _prefill(body))
-    if body.top_logprobs is not None and not body.logprobs:
-        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
-    # off the event loop: a grammar is checked, a logit bias text tokenized
-    job = await st.jobs(
-        _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
-        "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None)
+    cp, ids, job = await chat_job(st, body)
     head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()),
             "model": st.config.model_id, "system_fingerprint": FINGERPRINT}
     first = [{"index": i, "delta": {"role": "assistant", "content": None},
               "logprobs": None, "finish_reason": None} for i in range(job.n)]
 
     def final(dones: list[Done], gen: Generation) -> dict:
-        out = {**head, "object": "chat.completion",
-               "choices": [{"index": d.index,
-                            "message": {"role": "assistant", "content": d.text},
-                            "finish_reason": f.finish(d),
-                            "logprobs": f.chat_logprobs(gen, d.probs)} for d in dones],
+        choices = []
+        for d in dones:
+            message, reason = cp.message(d.text, f.finish(d))
+            choices.append({"index": d.index, "message": message, "finish_reason": reason,
+                            "logprobs": f.chat_logprobs(gen, d.probs)})
+        out = {**head, "object": "chat.completion", "choices": choices,
                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
         if body.verbose:  # llama-server's debugging aid: the answer as /completion gives it
             job.prompt_text = _text(st, ids)
@@ -260,17 +248,54 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
         return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
-        gen, {**head, "object": "chat.completion.chunk"}, f.chat_choice,
+        gen, {**head, "object": "chat.completion.chunk"}, cp.choice(),
         _include_usage(body), first, lambda g, probs, _: f.chat_logprobs(g, probs)), final)
+
+
+async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], Job]:
+    """A chat request's plan, prompt and job (shared with the Messages and Responses
+    routes, server/compat.py)."""
+    cp = _chat_plan(st, body)
+    # rendering and tokenizing run off the event loop, within their bounds (engine.py)
+    text, ids = await _tokens("messages", st.engine.chat_prompt, _messages(body),
+                              _prefill(body), cp.opts)
+    cp.prompted(text)
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
+    # off the event loop: a grammar is checked, a logit bias text tokenized
+    job = await st.jobs(
+        _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
+        "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None,
+        tools=cp.grammar)
+    return cp, ids, job
+
+
+def _chat_plan(st: State, body: ChatRequest) -> ChatPlan:
+    """The request's tools and template variables, against the server's template."""
+    from specli.prompt import jinja_source, template_caps
+    from specli.server.tools import plan
+
+    jinja, source = jinja_source(st.engine.target)
+    if not jinja and (body.tools or body.chat_template_kwargs):
+        raise APIError(400, "tools and chat_template_kwargs need the chat template rendered "
+                       "as Jinja: start the server without --no-jinja", param="tools")
+    c = st.config
+    # the template is probed for tool calls only when the request brings tools
+    return plan(body, source, jinja and (not body.tools or template_caps(source)[1]),
+                c.reasoning, c.reasoning_format, c.template_kwargs)
 
 
 @openai.post("/v1/chat/completions/input_tokens")
 @openai.post("/chat/completions/input_tokens", include_in_schema=False)
 async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """How many tokens the chat request's prompt is (llama-server's)."""
+    return {"input_tokens": await chat_tokens(st, body)}
+
+
+async def chat_tokens(st: State, body: ChatRequest) -> int:
     ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
-                        _prefill(body))
-    return {"input_tokens": len(ids)}
+                        _prefill(body), _chat_plan(st, body).opts)
+    return len(ids)
 
 
 @openai.post("/v1/completions")
@@ -447,8 +472,8 @@ def _prefill(body: ChatRequest) -> bool:
 @llama.post("/apply-template")
 async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """The prompt a chat request would be given (llama-server's /apply-template)."""
-    text = await asyncio.to_thread(st.engine.render_messages,
-                                   _messages(body), _prefill(body))
+    text = await asyncio.to_thread(st.engine.render_messages, _messages(body),
+                                   _prefill(body), _chat_plan(st, body).opts)
     return {"prompt": text}
 
 
@@ -470,11 +495,6 @@ def _message(m) -> dict:
         d["content"] = "".join(p.text for p in m.content)
     d.setdefault("content", "")
     return d
-
-
-def _refuse_chat(body: ChatRequest) -> None:
-    if body.tools or body.tool_choice not in (None, "none"):
-        raise refuse("tools")
 
 
 def _refuse_completion(body: CompletionRequest) -> None:
@@ -516,7 +536,8 @@ async def _tokens(param: str, tokenize: Callable[..., list[int]], *args) -> list
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
-         n_param: str, n_probs: int | None = None, post: bool = False) -> Job:
+         n_param: str, n_probs: int | None = None, post: bool = False,
+         tools: tuple[dict, str] | None = None) -> Job:
     c = st.config
     n_ctx = st.engine.target.n_ctx
     if n_predict is not None and n_predict < 1 and not (n_param == "n_predict"
@@ -549,7 +570,7 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
         raise APIError(400, e.named(e.knob.name), param=e.knob.name,
                        code="invalid_value") from None
     # a request that brings no grammar or schema gets the server's (--grammar, -j...)
-    sampling = replace(sampling, grammar=_grammar(st, body) or s.grammar)
+    sampling = replace(sampling, grammar=_grammar(st, body, tools) or s.grammar)
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     speculative, spec = _spec(st, body.speculative)
     id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None
@@ -562,10 +583,10 @@ def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
                timings_per_token=bool(body.timings_per_token), id_slot=id_slot)
 
 
-def _grammar(st: State, body: Sampling) -> str | None:
+def _grammar(st: State, body: Sampling, tools: tuple[dict, str] | None = None) -> str | None:
     """The request's GBNF: its grammar, or its JSON schema (json_schema, or response_format
-    as llama-server reads it: json_object alone is any object) converted; checked here, so
-    that a bad one is a 400 before a slot is taken."""
+    as llama-server reads it: json_object alone is any object) converted, or its tools' call
+    (server/tools.py); checked here, so that a bad one is a 400 before a slot is taken."""
     schema, fmt = body.json_schema, getattr(body, "response_format", None)
     if body.grammar is not None and schema is not None:
         raise APIError(400, "cannot use both json_schema and grammar", param="grammar")
@@ -577,12 +598,14 @@ def _grammar(st: State, body: Sampling) -> str | None:
     if schema is not None and not schema:
         schema = {"type": "object"}  # llama-server: an empty schema means any object
     try:  # in a process of its own, within a deadline and a memory limit (grammar_host)
-        gbnf = st.grammars.check(body.grammar if schema is None else None, schema)
+        gbnf = st.grammars.check(body.grammar if schema is None else None, schema,
+                                 tools) if tools is None else st.grammars.check(tools=tools)
     except grammar_host.Busy as e:
         raise APIError(503, e.message, "unavailable_error", code="unavailable",
                        headers={"Retry-After": "5"}) from None
     except UsageError as e:
-        param = "grammar" if body.grammar is not None else "response_format" \
+        param = "tools" if tools is not None else "grammar" if body.grammar is not None \
+            else "response_format" \
             if fmt is not None and fmt.type != "text" else "json_schema"
         raise APIError(400, e.message, param=param) from None
     return gbnf or None
@@ -649,7 +672,7 @@ def _settings(st: State, job: Job) -> dict:
                       _types(st, job.spec))
 
 
-async def _start(pool: SlotPool, job: Job) -> Generation:
+async def start(pool: SlotPool, job: Job) -> Generation:
     try:
         slot = await pool.acquire(job.prompt, job.id_slot)
     except Busy as e:
@@ -661,7 +684,7 @@ async def _start(pool: SlotPool, job: Job) -> Generation:
     return pool.start(slot, job)
 
 
-async def _collect(gen: Generation, request: Request) -> list[Done]:
+async def collect(gen: Generation, request: Request) -> list[Done]:
     """The whole answer, a Done per choice, cancelling the generation if the client goes
     away meanwhile."""
     async def watch() -> None:

@@ -155,10 +155,15 @@ class ChatRequest(Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
-    tools: list[dict] | None = None
+    tools: Annotated[list[dict], Field(max_length=1024)] | None = None
     tool_choice: str | dict | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
+    # llama-server's: the template's own variables (enable_thinking...), where the answer's
+    # reasoning goes (none: left in the content), OpenAI's reasoning effort (none: off)
+    chat_template_kwargs: dict | None = None
+    reasoning_format: str | None = None
+    reasoning_effort: str | None = None
     # a final assistant message is continued (llama-server's prefill; vLLM's flag for it)
     continue_final_message: bool | None = None
     add_generation_prompt: bool | None = None

@@ -50,6 +50,9 @@ class ServerConfig:
     max_queue: int = 16
     max_body: int = MAX_BODY
     log_requests: bool = True  # a line on stderr per generation (--log-disable: none)
+    reasoning: str = "auto"  # --reasoning: off renders templates with enable_thinking false
+    reasoning_format: str = "deepseek"  # --reasoning-format: where reasoning goes
+    template_kwargs: dict = field(default_factory=dict)  # --chat-template-kwargs
 
     @property
     def model_id(self) -> str:

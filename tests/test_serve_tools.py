@@ -1,0 +1,251 @@
+"""Coding agents on `specli serve` (issue 35): tool calls on /v1/chat/completions, Anthropic's
+Messages and OpenAI's Responses, through the real `openai` and `anthropic` clients, on the
+real SmolLM2 family (F16 target, Q4_1 draft, greedy). SmolLM2's template renders no tool
+calls, so its tools go through the generic format (the tools in the system prompt, a JSON
+answer kept to by a grammar): the protocol is under test; how each model family writes a
+call is tests/test_toolcall.py's, how templates render them tests/test_templates.py's."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+from test_serve import KEY, Server
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(f16, q4_1):
+    s = Server("-m", f16, "-md", q4_1, "-c", "2048", "--api-key", KEY, "--temp", "0",
+               "-a", "smollm2")
+    yield s
+    s.stop()
+
+
+def call_of(message) -> tuple[str, dict]:
+    assert message.tool_calls and len(message.tool_calls) >= 1, message
+    c = message.tool_calls[0]
+    assert c.type == "function" and c.id
+    return c.function.name, json.loads(c.function.arguments)
+
+
+# -- /v1/chat/completions --------------------------------------------------------------------
+
+def test_a_required_call_round_trip_through_the_openai_client(server):
+    """A call (the tool's name, JSON arguments with its required key, an id), its result sent
+    back as a tool message, then an answer in text: the agent loop."""
+    client = server.client()
+    r = client.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER],
+                                       tool_choice="required", parallel_tool_calls=False,
+                                       max_tokens=80)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    name, args = call_of(choice.message)
+    assert name == "get_weather" and isinstance(args.get("city"), str)
+    assert len(choice.message.tool_calls) == 1  # parallel_tool_calls false: one call
+    messages = [*ASK, choice.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": choice.message.tool_calls[0].id,
+                 "content": "Sunny, 21 C"}]
+    r = client.chat.completions.create(model="smollm2", messages=messages, tools=[WEATHER],
+                                       tool_choice="none", max_tokens=30)
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_named_function_is_the_one_called(server):
+    r = server.client().chat.completions.create(
+        model="smollm2", messages=ASK, tools=[WEATHER, TIME], max_tokens=80,
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert call_of(r.choices[0].message)[0] == "get_time"
+
+
+def test_a_streamed_call_arrives_as_tool_call_deltas(server):
+    chunks = list(server.client().chat.completions.create(
+        model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="required", stream=True,
+        parallel_tool_calls=False, max_tokens=80, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    calls = [tc for d in deltas for tc in d.tool_calls or ()]
+    assert len(calls) == 1 and calls[0].index == 0 and calls[0].id
+    assert calls[0].type == "function" and calls[0].function.name == "get_weather"
+    assert "city" in json.loads(calls[0].function.arguments)
+    assert not any(d.content for d in deltas)  # the JSON of the call is never content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and not chunks[-1].choices
+
+
+def test_a_constrained_call_is_the_same_with_speculation_on_and_off(server):
+    """The call's grammar applies to target and draft alike: greedy, the arguments are the
+    target's own, token for token, and the draft was used."""
+    def ask(speculative: bool):
+        return server.client().chat.completions.create(
+            model="smollm2", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+            max_tokens=80, extra_body={"speculative": speculative})
+
+    on, off = ask(True), ask(False)
+    assert [(c.function.name, c.function.arguments) for c in on.choices[0].message.tool_calls] \
+        == [(c.function.name, c.function.arguments) for c in off.choices[0].message.tool_calls]
+    assert on.usage.model_extra["speculative"]["draft_n"] > 0
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+    ({"grammar": "root ::= \"x\""}, "tools"),
+    ({"reasoning_format": "loud"}, "reasoning_format"),
+    ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs"),
+])
+def test_bad_tool_requests_are_400s_that_name_the_parameter(server, body, param):
+    req = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required", **body}
+    with server.http() as h:
+        r = h.post("/v1/chat/completions", json={k: v for k, v in req.items() if v is not None})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_apply_template_honours_add_generation_prompt_and_tools(server):
+    with server.http() as h:
+        on = h.post("/apply-template", json={"messages": ASK}).json()["prompt"]
+        off = h.post("/apply-template", json={"messages": ASK,
+                                              "add_generation_prompt": False}).json()["prompt"]
+        tools = h.post("/apply-template", json={"messages": ASK, "tools": [WEATHER]}).json()
+        n = h.post("/v1/chat/completions/input_tokens", json={"messages": ASK}).json()
+        n_tools = h.post("/v1/chat/completions/input_tokens",
+                         json={"messages": ASK, "tools": [WEATHER]}).json()
+    assert on.endswith("<|im_start|>assistant\n") and on.startswith(off)
+    assert not off.endswith("<|im_start|>assistant\n")
+    assert "get_weather" in tools["prompt"] and "get_weather" not in on
+    assert n_tools["input_tokens"] > n["input_tokens"]
+
+
+# -- Anthropic's Messages --------------------------------------------------------------------
+
+def claude(server: Server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+
+
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "The weather in a city",
+                    "input_schema": WEATHER["function"]["parameters"]}]
+
+
+def test_a_tool_use_round_trip_through_the_anthropic_client(server):
+    a = claude(server)
+    r = a.messages.create(model="smollm2", max_tokens=80, messages=ASK,
+                          tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"})
+    assert r.type == "message" and r.role == "assistant" and r.stop_reason == "tool_use"
+    use = [b for b in r.content if b.type == "tool_use"]
+    assert use and use[0].name == "get_weather" and isinstance(use[0].input.get("city"), str)
+    assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
+    r = a.messages.create(model="smollm2", max_tokens=30, tools=ANTHROPIC_TOOLS, messages=[
+        *ASK, {"role": "assistant", "content": r.content},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
+                                      "content": "Sunny, 21 C"}]}])
+    assert r.content[0].type == "text" and r.content[0].text
+    assert r.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_anthropic_streams_its_events_in_order(server):
+    with claude(server).messages.stream(model="smollm2", max_tokens=80, messages=ASK,
+                                        tools=ANTHROPIC_TOOLS,
+                                        tool_choice={"type": "any"}) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_message()
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "message_delta" in kinds
+    assert final.stop_reason == "tool_use" and final.content[-1].type == "tool_use"
+    assert "city" in final.content[-1].input
+    with claude(server).messages.stream(model="smollm2", max_tokens=12,
+                                        messages=[{"role": "user", "content": "Say hi"}]) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert text and final.content[0].text == text and final.stop_reason == "max_tokens"
+
+
+def test_a_max_tokens_beyond_the_context_runs_to_the_end(server):
+    """Claude Code sends max_tokens 32000 to any model: not a 400, an answer that ends at
+    the end of generation or a full context."""
+    r = claude(server).messages.create(model="smollm2", max_tokens=64000, messages=[
+        {"role": "user", "content": "Say hi"}])
+    assert r.content and r.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_count_tokens_counts_the_prompt_with_its_tools(server):
+    a = claude(server)
+    plain = a.messages.count_tokens(model="smollm2", messages=ASK).input_tokens
+    with_tools = a.messages.count_tokens(model="smollm2", messages=ASK,
+                                         tools=ANTHROPIC_TOOLS).input_tokens
+    assert 0 < plain < with_tools
+
+
+def test_anthropic_errors_are_400s_and_the_key_comes_as_x_api_key(server):
+    with httpx.Client(base_url=server.url, timeout=60) as h:
+        r = h.post("/v1/messages", json={"max_tokens": 5}, headers={"x-api-key": KEY})
+        assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+        r = h.post("/v1/messages", json={"max_tokens": 5, "messages": ASK},
+                   headers={"x-api-key": "wrong"})
+        assert r.status_code == 401
+        r = h.post("/v1/messages", headers={"x-api-key": KEY}, json={
+            "max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "AAAA"}}]}]})
+        assert r.status_code == 400 and "image input is not supported" in r.text
+
+
+# -- OpenAI's Responses ----------------------------------------------------------------------
+
+RESPONSE_TOOLS = [{"type": "function", "name": "get_weather",
+                   "parameters": WEATHER["function"]["parameters"]}]
+
+
+def test_a_function_call_round_trip_through_the_responses_api(server):
+    o = server.client()
+    r = o.responses.create(model="smollm2", input="What is the weather in Paris?",
+                           tools=RESPONSE_TOOLS, tool_choice="required", max_output_tokens=80)
+    assert r.id.startswith("resp_") and r.status == "completed"
+    calls = [i for i in r.output if i.type == "function_call"]
+    assert calls and calls[0].name == "get_weather"
+    assert "city" in json.loads(calls[0].arguments) and calls[0].call_id
+    r = o.responses.create(model="smollm2", max_output_tokens=30, input=[
+        *ASK, calls[0].model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny"}])
+    assert r.output[0].type == "message" and r.output[0].id.startswith("msg_")
+    assert r.output_text
+
+
+def test_the_responses_stream_ends_with_the_whole_response(server):
+    o = server.client()
+    with o.responses.stream(model="smollm2", input="Say hi", max_output_tokens=12) as s:
+        events = list(s)
+        final = s.get_final_response()
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[0].type == "response.created" and events[-1].type == "response.completed"
+    assert deltas and final.output_text == deltas
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    with o.responses.stream(model="smollm2", input="What is the weather in Paris?",
+                            tools=RESPONSE_TOOLS, tool_choice="required",
+                            max_output_tokens=80) as s:
+        kinds = [e.type for e in s]
+        final = s.get_final_response()
+    assert "response.function_call_arguments.delta" in kinds
+    assert final.output[-1].type == "function_call"
+
+
+def test_responses_input_tokens_and_refusals(server):
+    with server.http() as h:
+        n = h.post("/v1/responses/input_tokens", json={"input": "Say hi"}).json()
+        assert n["object"] == "response.input_tokens" and n["input_tokens"] > 0
+        r = h.post("/v1/responses", json={"input": "x", "previous_response_id": "resp_1"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
+        r = h.post("/v1/responses", json={})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input"
