@@ -1,8 +1,8 @@
 """A coding agent's turn on `specli serve` and native llama-server (issue 35's benchmark).
 
-The session: a source file in the context, and a tool call that writes it back with a
-change (`write_file`, forced by tool_choice: the call's grammar on, the arguments mostly a copy
-of the context, where n-gram drafts are accepted). Each server runs alone, one mode at a time,
+The session: a source file in the context, and a tool call that writes it back
+(`write_file`, tool_choice required: the call's grammar on, the arguments a copy of the
+context, where n-gram drafts are accepted). Each server runs alone, one mode at a time,
 modes alternating by round: no speculation, ngram-mod, the draft model, both. The template is
 Hermes 2 Pro's (tests/data/templates/), a `<tool_call>` family both servers parse and
 constrain. Prints a Markdown table of generated tokens per second (completion tokens over the
@@ -30,15 +30,12 @@ TEMPLATE = ROOT / "tests" / "data" / "templates" / \
 SOURCE = (ROOT / "specli" / "cost.py").read_text()
 WRITE = {"type": "function", "function": {
     "name": "write_file", "description": "Write a file's whole new content",
-    "parameters": {"type": "object", "properties": {
-        "path": {"type": "string"}, "content": {"type": "string"}},
-        "required": ["path", "content"]}}}
+    "parameters": {"type": "object", "properties": {"content": {"type": "string"}},
+                   "required": ["content"]}}}
 SESSION = {
-    "messages": [
-        {"role": "system", "content": "You are a coding agent. Change files with write_file."},
-        {"role": "user", "content": f"This is specli/cost.py:\n```python\n{SOURCE}```\n"
-         "Rename the method `speedups` to `speedup_table` and write the whole file back."}],
-    "tools": [WRITE], "tool_choice": {"type": "function", "function": {"name": "write_file"}},
+    "messages": [{"role": "user", "content": "Copy this file exactly into write_file's "
+                  f"content:\n{SOURCE}"}],
+    "tools": [WRITE], "tool_choice": "required", "parallel_tool_calls": False,
     "temperature": 0}
 MODES = {"none": ([], []), "ngram-mod": (["--spec-type", "ngram-mod"],) * 2}
 
@@ -70,7 +67,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("-md", "--model-draft", required=True)
-    ap.add_argument("-n", type=int, default=600)
+    ap.add_argument("-n", type=int, default=400)
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--native-bin", default=None)

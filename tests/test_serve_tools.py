@@ -249,3 +249,47 @@ def test_responses_input_tokens_and_refusals(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == "previous_response_id"
         r = h.post("/v1/responses", json={})
         assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+
+
+# -- a template family with its own call syntax ----------------------------------------------
+
+HERMES = "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja"
+
+
+@pytest.fixture(scope="module")
+def hermes(q4_1):
+    """The Q4_1 with Hermes 2 Pro's template (tests/data/templates/): calls are written as
+    <tool_call> JSON </tool_call>, under a grammar when required, a lazy one for auto."""
+    from pathlib import Path
+
+    s = Server("-m", q4_1, "-c", "2048", "--api-key", KEY, "--temp", "0",
+               "--chat-template-file", str(Path(__file__).parent / "data" / "templates" /
+                                            HERMES))
+    yield s
+    s.stop()
+
+
+def test_a_family_call_is_written_in_its_syntax_and_read_back(hermes):
+    with hermes.http() as h:
+        r = h.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required",
+            "max_tokens": 80, "verbose": True}).json()
+    raw = r["__verbose"]["content"]
+    assert raw.startswith("<tool_call>\n{") and "</tool_call>" in raw  # Hermes's own syntax
+    msg = r["choices"][0]["message"]
+    assert r["choices"][0]["finish_reason"] == "tool_calls" and msg["content"] is None
+    assert msg["tool_calls"][0]["function"]["name"] in ("get_weather", "get_time")
+    assert "city" in json.loads(msg["tool_calls"][0]["function"]["arguments"])
+    with hermes.http() as h:  # the tools reach the template, in its own words
+        text = h.post("/apply-template", json={"messages": ASK, "tools": [WEATHER]}).json()
+    assert "<tools>" in text["prompt"] and "get_weather" in text["prompt"]
+
+
+def test_auto_leaves_the_text_free_until_a_call_begins(hermes):
+    """tool_choice auto: the lazy grammar waits for <tool_call>; an answer in text stays
+    text, with no tool_calls."""
+    r = hermes.client().chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Say hello to Bob."}],
+        tools=[WEATHER], max_tokens=24)
+    m = r.choices[0].message
+    assert m.content and "<tool_call>" not in m.content and not m.tool_calls

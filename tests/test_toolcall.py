@@ -261,7 +261,9 @@ def test_a_required_call_grammar_takes_the_familys_call_and_ends_there(name, q4_
 
 def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
     """auto: the text before a call is free; from the family's opener on, the call's
-    grammar holds (llama.cpp's lazy grammar, triggered by the opener's text)."""
+    grammar holds (llama.cpp's lazy grammar, triggered by the opener's token: an opener that
+    is one token, as <tool_call> is for the models that write it; SmolLM2's <|im_start|>
+    stands in for it here)."""
     import numpy as np
 
     from specli.backend import Grammar, Tokenizer, schemas_grammar
@@ -270,22 +272,26 @@ def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
     schemas, root, triggers = toolcall.grammar_parts(fam, TOOLS, required=False,
                                                      parallel=True)
     assert triggers == ["<tool_call>"]
-    gbnf = schemas_grammar(schemas, root, triggers)
+    opener = "<|im_start|>"  # one token of SmolLM2's vocabulary
+    gbnf = schemas_grammar(schemas, root.replace('"<tool_call>', f'"{opener}'), [opener])
     tok = Tokenizer(q4_1)
 
     def walk(text: str) -> bool:
         g = Grammar(tok, gbnf)
-        for t in tok.tokenize(text, add_special=False, parse_special=False):
+        for t in tok.tokenize(text, add_special=False, parse_special=True):
             if not g.allowed(np.array([t], dtype=np.int32))[0]:
                 return False
             g.accept(t)
         return True
 
+    call = GRAMMAR_TEXT["hermes"].replace("<tool_call>", opener)
     try:
-        assert walk("Anything at all, {\"name\": 1} [TOOL_CALLS] even")
-        assert walk("Let me look.\n" + GRAMMAR_TEXT["hermes"])
-        assert not walk("Let me look.\n<tool_call>\nnot a call")
-        assert not walk('<tool_call>\n{"name": "other_function", "arguments": {}}')
+        assert walk("Anything at all, {\"name\": 1} [TOOL_CALLS] <tool_call> even")
+        assert walk("Let me look.\n" + call)
+        assert not walk(f"Let me look.\n{opener}\nnot a call")
+        assert not walk(f'{opener}\n{{"name": "other_function", "arguments": {{}}}}')
+        with pytest.raises(Exception, match="no token of this vocabulary"):
+            Grammar(tok, schemas_grammar(schemas, root, triggers))  # <tool_call>: 5 tokens
     finally:
         tok.close()
     assert toolcall.grammar_parts(_fam("llama3"), TOOLS, False, True) is None  # no marker

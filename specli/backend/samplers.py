@@ -64,12 +64,14 @@ class Grammar(_Sampler):
         if _handle is None:
             _check_nesting(gbnf)
             clear_error()
-            triggers = lazy_triggers(gbnf)
-            if triggers:  # off until one of these texts is written, then from its start
-                patterns = [f"[\\s\\S]*?({_ecma(t)})[\\s\\S]*".encode() for t in triggers]
+            texts = lazy_triggers(gbnf)
+            triggers = trigger_tokens(model, texts)
+            if texts and not triggers:
+                raise UsageError("a lazy grammar's triggers are no token of this vocabulary")
+            if triggers:  # off until one of these tokens is written, then from it on
                 _handle = ll.llama_sampler_init_grammar_lazy_patterns(
-                    model.vocab, gbnf.encode(), root.encode(),
-                    (ctypes.c_char_p * len(patterns))(*patterns), len(patterns), None, 0)
+                    model.vocab, gbnf.encode(), root.encode(), None, 0,
+                    (ll.llama_token * len(triggers))(*triggers), len(triggers))
             else:
                 _handle = ll.llama_sampler_init_grammar(model.vocab, gbnf.encode(),
                                                         root.encode())
@@ -173,9 +175,18 @@ def lazy_triggers(gbnf: str) -> list[str]:
     return [t for t in value if isinstance(t, str) and t] if isinstance(value, list) else []
 
 
-def _ecma(text: str) -> str:
-    """text as a literal in an ECMAScript regex (llama.cpp's std::regex)."""
-    return "".join("\\" + c if c in "\\^$.|?*+()[]{}/" else c for c in text)
+def trigger_tokens(model: Vocabulary, texts: list[str]) -> list[int]:
+    """The triggers that are one token of the model's vocabulary (a tool call's opener is
+    a special token in the models trained to write it: <tool_call>, [TOOL_CALLS]...). A
+    text trigger would be matched by std::regex over the whole output at every token, which
+    grows with the answer (and recurses as deep); the server uses no lazy grammar there."""
+    out = []
+    for t in texts:
+        data = t.encode("utf-8")
+        buf = (ll.llama_token * 2)()
+        if ll.llama_tokenize(model.vocab, data, len(data), buf, 2, False, True) == 1:
+            out.append(buf[0])
+    return out
 
 
 def schemas_grammar(schemas: dict[str, dict], root: str, triggers: list[str] = ()) -> str:

@@ -246,14 +246,15 @@ def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
     if value is None:
         return None
     from specli.backend import knows_template
-    from specli.chat import render_messages
+    from specli.chat import render_messages, template_context
     from specli.prompt import chat_renderer
 
     source, builtin = chat_renderer(value, jinja)
     try:
         if builtin is not None and not knows_template(value):  # given: no ChatML fallback
             raise UsageError("llama.cpp does not know this chat template")
-        render_messages(source, [{"role": "user", "content": "test"}], builtin=builtin)
+        render_messages(source, [{"role": "user", "content": "test"}], builtin=builtin,
+                        context={**template_context(), "functions": ""})
     except UsageError as e:
         note = "" if jinja else " (without --jinja only llama.cpp's built-in templates work)"
         raise UsageError(f"the supplied chat template is not supported: {e.message}{note}",

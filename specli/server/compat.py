@@ -20,7 +20,7 @@ from specli.server import formats as f
 from specli.server.errors import APIError
 from specli.server.routes import AppState, Pool, _auth, chat_job, chat_tokens, collect, start
 from specli.server.schemas import ChatRequest
-from specli.server.slots import Done, Generation, Piece
+from specli.server.slots import Done, Generation, Piece, Progress
 from specli.server.tools import ChatPlan
 from specli.toolcall import Parsed, Splitter, ToolCall
 
@@ -48,14 +48,19 @@ def _chat(fields: dict) -> ChatRequest:
         raise APIError(400, f"{where}: {err['msg']}", param=where) from None
 
 
-async def _pieces(gen: Generation, cp: ChatPlan) -> AsyncIterator[Parsed | Done]:
-    """The generation as the reading's deltas (reasoning, content, calls), then its Done."""
+async def _pieces(gen: Generation, cp: ChatPlan
+                  ) -> AsyncIterator[tuple[Parsed, dict | None] | Done | Progress]:
+    """The generation as the reading's deltas (reasoning, content, calls) with the timings
+    a piece carries (timings_per_token), its prompt progress (return_progress), then its
+    Done."""
     s = Splitter(cp.fam, cp.tools, cp.forced_open, cp.reasoning_format, cp.parse_calls)
     async for ev in gen.events():
         if isinstance(ev, Piece):
-            yield s.feed(ev.text)
+            yield s.feed(ev.text), f.timings(ev.stats) if ev.stats is not None else None
         elif isinstance(ev, Done):
-            yield s.finish()
+            yield s.finish(), None
+            yield ev
+        else:
             yield ev
 
 
@@ -232,7 +237,10 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
                 "type": "signature_delta", "signature": ""}})
         return out + _event("content_block_stop", {"index": index})
 
-    async for ev in _pieces(gen, cp):
+    async for item in _pieces(gen, cp):
+        if isinstance(item, Progress):
+            continue
+        ev = item if isinstance(item, Done) else item[0]
         if isinstance(ev, Done):
             if open_kind is not None:
                 yield close()
@@ -351,7 +359,10 @@ def responses_chat(raw: dict) -> ChatRequest:
                   "max_tokens": raw.get("max_output_tokens"),
                   "temperature": raw.get("temperature"), "top_p": raw.get("top_p"),
                   "stream": raw.get("stream"), "response_format": response_format,
-                  "reasoning_effort": effort})
+                  "reasoning_effort": effort,
+                  # llama-server's telemetry in the stream
+                  "timings_per_token": raw.get("timings_per_token"),
+                  "return_progress": raw.get("return_progress")})
 
 
 def _resp_usage(s) -> dict:
@@ -443,7 +454,13 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
                    content_index=0, part=part),
                 ev("response.output_item.done", output_index=at, item=item)]
 
-    async for piece in _pieces(gen, cp):
+    async for item in _pieces(gen, cp):
+        if isinstance(item, Progress):  # llama-server's: on response.in_progress
+            yield ev("response.in_progress", response=_response(head, "in_progress", [], None),
+                     prompt_progress=item.progress)
+            continue
+        piece, timing = (item, None) if isinstance(item, Done) else item
+        extra = {"timings": timing} if timing is not None else {}
         if isinstance(piece, Done):
             if open_kind is not None:
                 for line in close():
@@ -457,7 +474,8 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
             # response.completed even when cut short (its status says incomplete), as
             # llama-server: clients' stream helpers wait for that event alone
             status = "incomplete" if piece.finish_reason == "length" else "completed"
-            yield ev("response.completed", response=_response(head, status, output, piece))
+            yield ev("response.completed", response=_response(head, status, output, piece),
+                     timings=f.timings(piece.stats))
             return
         for kind, delta in (("reasoning", piece.reasoning), ("message", piece.content)):
             if not delta:
@@ -482,7 +500,8 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
             yield ev("response.reasoning_text.delta" if kind == "reasoning" else
                      "response.output_text.delta", item_id=rs_id if kind == "reasoning"
                      else msg_id, output_index=len(output) - 1, content_index=0,
-                     delta=delta, **({} if kind == "reasoning" else {"logprobs": []}))
+                     delta=delta, **({} if kind == "reasoning" else {"logprobs": []}),
+                     **extra)
         for c in piece.calls:
             if open_kind is not None:
                 for line in close():

@@ -281,8 +281,13 @@ def _chat_plan(st: State, body: ChatRequest) -> ChatPlan:
                        "as Jinja: start the server without --no-jinja", param="tools")
     c = st.config
     # the template is probed for tool calls only when the request brings tools
-    return plan(body, source, jinja and (not body.tools or template_caps(source)[1]),
-                c.reasoning, c.reasoning_format, c.template_kwargs)
+    cp = plan(body, source, jinja and (not body.tools or template_caps(source)[1]),
+              c.reasoning, c.reasoning_format, c.template_kwargs)
+    if cp.grammar is not None and cp.grammar[2] and any(
+            len(st.engine.target.tokenize(t, add_special=False, parse_special=True)) != 1
+            for t in cp.grammar[2]):
+        cp.grammar = None  # a lazy grammar waits for an opener that is one token (samplers)
+    return cp
 
 
 @openai.post("/v1/chat/completions/input_tokens")
