@@ -339,3 +339,4 @@ class ModelParams:
     mtp: bool = False  # load its multi-token-prediction layers too (draft-mtp)
     use_mmap: bool = True  # --no-mmap: read the weights into memory instead of mapping them
     use_mlock: bool = False  # --mlock: keep them in RAM (never swapped out)
+    warmup: bool = True  # one decode at load, as llama.cpp's (--no-warmup: none)

@@ -139,9 +139,9 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
     return calls
 
 
-def _marked_calls(pattern: str, id_group: bool = False) -> CallsFn:
+def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> CallsFn:
     """Calls where the name is outside the JSON arguments: `pattern` matches up to where the
-    arguments start (group 1 the name, group 2 the id when id_group)."""
+    arguments start (group `name` the name, group `ident` the call's id where it has one)."""
     rx = re.compile(pattern, re.S)
 
     def calls(region: str, tools: Sequence[dict]) -> list:
@@ -151,8 +151,8 @@ def _marked_calls(pattern: str, id_group: bool = False) -> CallsFn:
             if got is None:
                 return out
             value, at = got
-            out.append((m.group(1).strip(), _args_text(value),
-                        m.group(2) if id_group else None))
+            out.append((m.group(name).strip(), _args_text(value),
+                        m.group(ident) if ident else None))
         return out
     return calls
 
@@ -254,19 +254,6 @@ def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
             for k, v in d.items()]
 
 
-def _kimi_calls(region: str, tools: Sequence[dict]) -> list:
-    rx = re.compile(r"<\|tool_call_begin\|>\s*((?:functions\.)?([\w.-]+?)(?::\d+)?)\s*"
-                    r"<\|tool_call_argument_begin\|>", re.S)
-    out, at = [], 0
-    while (m := rx.search(region, at)) is not None:
-        got = _json_at(region, m.end())
-        if got is None:
-            return out
-        value, at = got
-        out.append((m.group(2), _args_text(value), m.group(1)))
-    return out
-
-
 # GPT-OSS's harmony format: messages with a channel (analysis: reasoning; commentary or
 # final: the answer), a call where the header names `to=functions.NAME`
 _HARMONY = re.compile(r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)"
@@ -354,7 +341,10 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         call_gbnf=_seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
                        "ARGS"), wrap=_repeat())),
     (lambda t: "<|tool_calls_section_begin|>" in t and "<|tool_call_begin|>" in t, Family(
-        "kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), _kimi_calls,
+        # the call's id is functions.NAME:INDEX
+        "kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), _marked_calls(
+            r"<\|tool_call_begin\|>\s*((?:functions\.)?([\w.-]+?)(?::\d+)?)\s*"
+            r"<\|tool_call_argument_begin\|>", name=2, ident=1),
         call_gbnf=_seq("<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>",
                        "ARGS", "<|tool_call_end|>"),
         wrap=lambda c, p: f'"<|tool_calls_section_begin|>" ({c})' + (f" ({c})*" if p else "")
@@ -393,7 +383,7 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))),
     (lambda t: "[TOOL_CALLS]" in t and "[CALL_ID]" in t, Family(
         "mistral-small", ("[TOOL_CALLS]",),
-        _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[CALL_ID\]\s*(\w+)\s*\[ARGS\]", True),
+        _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[CALL_ID\]\s*(\w+)\s*\[ARGS\]", ident=2),
         think=None, id_length=9,
         call_gbnf=_seq("[TOOL_CALLS]NAME[CALL_ID]", "ID9", "[ARGS]", "ARGS"),
         wrap=_repeat())),

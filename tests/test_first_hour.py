@@ -214,3 +214,22 @@ def test_serve_grammar_is_the_default_of_requests_without_one(q4_1):
         assert content(grammar='root ::= "maybe"') == "maybe"
     finally:
         s.stop()
+
+
+def test_warmup_is_on_as_llama_cpp_and_changes_no_token(q4_1):
+    """llama.cpp decodes once at load (--warmup, the default) so that the first prompt's
+    timing is the prompt's; --no-warmup skips it. Either way the cache starts empty: the
+    same tokens come out."""
+    from specli.backend import Model
+    from specli.config import ModelParams
+
+    m = Model(ModelParams(q4_1, n_ctx=128))
+    try:
+        assert m.tokens == [] and ModelParams(q4_1).warmup
+        assert m.decode(m.tokenize("Hi")).shape[-1] == m.n_vocab  # a fresh cache from 0
+    finally:
+        m.close()
+    args = ("run", "-m", q4_1, "-p", "The capital of France is", "-n", "12", "--temp", "0")
+    warm, cold = cli(*args), cli(*args, "--no-warmup")
+    assert warm.returncode == cold.returncode == 0, cold.stderr
+    assert warm.stdout == cold.stdout and warm.stdout.strip()

@@ -211,8 +211,28 @@ class Model:
         self.offloaded = (local_gpu() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
+        if params.warmup:
+            self._warm_up()
+            self.load_ms = 1e3 * (time.perf_counter() - t0)
         if params.rpc:  # its connections to the workers are open now: notice a vanished one
             rpc.keepalive(params.rpc)
+
+    def _warm_up(self) -> None:
+        """llama.cpp's warmup (common_init_from_params): BOS and EOS decoded once before
+        anything is timed, then an empty cache and fresh timings. The weights are paged in,
+        the compute graph allocated and a GPU's kernels loaded at load time, not in the
+        first prompt's (as native llama.cpp's first token finds them)."""
+        tokens = [t for t in (ll.llama_vocab_bos(self.vocab), ll.llama_vocab_eos(self.vocab))
+                  if t >= 0] or [0]
+        ll.llama_set_warmup(self._ctx, True)
+        try:
+            ll.llama_decode(self._ctx, ll.llama_batch_get_one(
+                (ll.llama_token * len(tokens))(*tokens), len(tokens)))
+            ll.llama_memory_clear(self._mem, True)
+            ll.llama_synchronize(self._ctx)
+            ll.llama_perf_context_reset(self._ctx)
+        finally:
+            ll.llama_set_warmup(self._ctx, False)
 
     # -- vocabulary -------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True,

@@ -395,6 +395,7 @@ class Resources:
     ubatch: int = 512
     mmap: bool = True
     mlock: bool = False
+    warmup: bool = True
 
     def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
                      gpu: GpuFlags | None = None,
@@ -417,7 +418,8 @@ class Resources:
             path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
             n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
             flash_attn=self.flash_attn, verbose=verbose, n_batch=self.batch,
-            n_ubatch=self.ubatch, use_mmap=self.mmap, use_mlock=self.mlock)
+            n_ubatch=self.ubatch, use_mmap=self.mmap, use_mlock=self.mlock,
+            warmup=self.warmup)
         if model_draft is None:
             return gpu.apply(target, None)
         td = self.threads_draft or self.threads
@@ -425,7 +427,7 @@ class Resources:
             path=model_draft, n_ctx=self.ctx_draft or self.ctx, n_gpu_layers=self.ngld,
             n_threads=td, n_threads_batch=self.threads_batch_draft or td, type_k=self.ctkd,
             type_v=self.ctvd, flash_attn=self.flash_attn, verbose=verbose,
-            use_mmap=self.mmap, use_mlock=self.mlock))
+            use_mmap=self.mmap, use_mlock=self.mlock, warmup=self.warmup))
 
 
 def _res_opt(*names: str, help: str, envvar: str | None = None, **kw):
@@ -490,6 +492,10 @@ def _resource_flags(
     mlock: Annotated[bool, _res_opt(
         "--mlock", help="Keep the weights in RAM: the system may not swap them out.",
         envvar="LLAMA_ARG_MLOCK")] = False,
+    warmup: Annotated[bool, _res_opt(
+        "--warmup/--no-warmup", help="Decode once at load (llama.cpp's warmup: the weights "
+        "paged in and the graph allocated before the first prompt is timed), or not.")
+    ] = True,
 ) -> Resources:
     if ctx_size < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
@@ -502,7 +508,8 @@ def _resource_flags(
                      parse_ngl(n_gpu_layers_draft, "-ngld"), threads,
                      threads_draft, threads_batch, threads_batch_draft, cache_type_k,
                      cache_type_v, cache_type_k_draft, cache_type_v_draft,
-                     FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock)
+                     FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock,
+                     warmup)
 
 
 RESOURCE_FLAGS = Group(_resource_flags)

@@ -94,12 +94,12 @@ def _arguments(call: ToolCall) -> dict:
 
 # -- Anthropic's Messages ------------------------------------------------------------------
 
-def _text_of(content) -> str:
+def _text_of(content, sep: str = "") -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(b.get("text", "") for b in content
-                       if isinstance(b, dict) and b.get("type") == "text")
+        return sep.join(str(b.get("text", "")) for b in content
+                        if isinstance(b, dict) and b.get("type") == "text")
     return ""
 
 
@@ -112,7 +112,8 @@ def anthropic_chat(raw: dict) -> ChatRequest:
     messages: list[dict] = []
     system = raw.get("system")
     if system:
-        messages.append({"role": "system", "content": _text_of(system)})
+        # Claude Code's system prompt comes in several blocks: one paragraph each
+        messages.append({"role": "system", "content": _text_of(system, "\n\n")})
     for i, m in enumerate(raw["messages"]):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
             raise APIError(400, f"messages[{i}]: each message has a role, user or assistant",
