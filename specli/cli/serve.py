@@ -135,9 +135,11 @@ def serve(
 ) -> None:
     """Serve the target over HTTP (OpenAI and llama-server routes) with speculative decoding.
 
-    /v1/chat/completions, /v1/completions, /v1/models, /completion, /props, /health and (with
-    --metrics) /metrics. A request may carry its own `speculative` object ({"n_max", "n_min",
-    "p_min", "type"}, or false). With no -m, the embedded SmolLM2 pair is served.
+    /v1/chat/completions (with tools: tool_calls read back per model family, reasoning in
+    reasoning_content), /v1/completions, /v1/models, /completion, /props, /health, Anthropic's
+    /v1/messages, OpenAI's /v1/responses and (with --metrics) /metrics. A request may carry
+    its own `speculative` object ({"n_max", "n_min", "p_min", "type"}, or false). With no -m,
+    the embedded SmolLM2 pair is served.
     """
     if list_templates:
         from specli.backend import builtin_templates
