@@ -12,10 +12,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from specli.errors import BackendError, SpecliError
 from specli.server import formats as f
 from specli.server.errors import APIError
 from specli.server.routes import AppState, Pool, _auth, chat_job, chat_tokens, collect, start
@@ -62,22 +61,6 @@ async def _pieces(gen: Generation, cp: ChatPlan
             yield ev
         else:
             yield ev
-
-
-def _stream(events: AsyncIterator[str], gen: Generation, on_error) -> Response:
-    async def body() -> AsyncIterator[str]:
-        try:
-            async for line in events:
-                yield line
-        except Exception as e:  # noqa: BLE001 - the status line is sent: say it in the stream
-            kind = "invalid_request_error" if isinstance(e, SpecliError) and not isinstance(
-                e, BackendError) else "api_error"
-            yield on_error(kind, getattr(e, "message", None) or str(e))
-        finally:
-            gen.cancel()
-
-    return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _event(name: str, data: dict) -> str:
@@ -208,8 +191,9 @@ async def messages(request: Request, st: AppState, pool: Pool) -> Response:
             "model": st.config.model_id}
     gen = await start(pool, job)
     if body.stream:
-        return _stream(_anthropic_events(gen, cp, head, len(ids)), gen, lambda kind, msg:
-                       _event("error", {"error": {"type": kind, "message": msg}}))
+        return f.sse(_anthropic_events(gen, cp, head, len(ids)), gen, False,
+                     lambda kind, msg, _: _event("error", {"error": {"type": kind,
+                                                                     "message": msg}}))
     d = (await collect(gen, request))[0]
     p = cp.read(d.text)
     content: list[dict] = []
@@ -420,8 +404,9 @@ async def responses(request: Request, st: AppState, pool: Pool) -> Response:
     ids = (f"msg_{uuid.uuid4().hex}", f"rs_{uuid.uuid4().hex}")
     gen = await start(pool, job)
     if body.stream:
-        return _stream(_responses_events(gen, cp, head, *ids), gen, lambda kind, msg:
-                       _event("error", {"code": kind, "message": msg, "param": None}))
+        return f.sse(_responses_events(gen, cp, head, *ids), gen, False,
+                     lambda kind, msg, code: _event("error", {"code": code or kind,
+                                                              "message": msg, "param": None}))
     d = (await collect(gen, request))[0]
     status = "incomplete" if d.finish_reason == "length" else "completed"
     return JSONResponse(_response(head, status, _items(cp.read(d.text), *ids), d))

@@ -142,7 +142,10 @@ def data(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) -> Response:
+def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
+        on_error: Callable[[str, str, str | None], str] | None = None) -> Response:
+    """A stream of events; an error once the status line is sent is said in the stream:
+    OpenAI's error chunk, or on_error(type, message, code) for another API's own event."""
     async def body() -> AsyncIterator[str]:
         try:
             async for line in events:
@@ -155,8 +158,9 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True) -
             code = None
             if isinstance(e, APIError):  # the server's own answer (an RPC server lost: 503)
                 kind, code = e.type, e.code
-            yield data({"error": {"message": getattr(e, "message", None) or str(e),
-                                  "type": kind, "param": None, "code": code}})
+            message = getattr(e, "message", None) or str(e)
+            yield on_error(kind, message, code) if on_error is not None else data(
+                {"error": {"message": message, "type": kind, "param": None, "code": code}})
         finally:
             gen.cancel()  # a client that went away frees its slot at the next token
 
