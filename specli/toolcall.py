@@ -19,7 +19,7 @@ import json
 import re
 import secrets
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 _ALNUM = string.ascii_letters + string.digits
@@ -102,7 +102,7 @@ def _json_at(text: str, at: int) -> tuple[object, int] | None:
         at += 1
     try:
         value, end = _DECODER.raw_decode(text, at)
-    except ValueError:
+    except (ValueError, RecursionError):  # deeper than the decoder goes: no value either
         return None
     return value, end
 
@@ -117,26 +117,28 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
     name_key, args_key = keys
 
     def calls(region: str, tools: Sequence[dict]) -> list:
-        out, at = [], 0
-        while True:
-            start = min((i for i in (region.find("{", at), region.find("[", at)) if i >= 0),
-                        default=-1)
-            if start < 0:
-                return out
+        out, at, brackets = [], 0, _OPENING
+        while (m := brackets.search(region, at)) is not None:
+            start = m.start()
             got = _json_at(region, start)
             if got is None:
                 if region[start] == "[":  # a marker's bracket ([TOOL_CALLS]), or a list
-                    at = start + 1  # under way whose complete objects still count
-                    continue
+                    at, brackets = start + 1, _BRACE  # under way whose complete objects
+                    continue  # still count (its inner lists are not read again: linear)
                 return out
             value, at = got
+            brackets = _OPENING
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, dict) and isinstance(v.get(name_key), str):
                     args = v.get(args_key, v.get("arguments", v.get("parameters", {})))
                     out.append((v[name_key], _args_text(args),
                                 str(v[id_key]) if id_key and v.get(id_key) is not None
                                 else None))
+        return out
     return calls
+
+
+_OPENING, _BRACE = re.compile(r"[\[{]"), re.compile(r"\{")
 
 
 def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> CallsFn:
@@ -157,20 +159,34 @@ def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> Call
     return calls
 
 
-def _tagged_calls(call_rx: str, param_rx: str) -> CallsFn:
+def _spans(region: str, opener: re.Pattern, close: str) -> Iterator[tuple[re.Match, str]]:
+    """(the opener's match, the text up to the closer) for each complete span: each closer
+    is looked for once, so a region of openers without closers is read in linear time (a
+    lazy `(.*?)CLOSE` after each of them was quadratic)."""
+    at = 0
+    while (m := opener.search(region, at)) is not None:
+        end = region.find(close, m.end())
+        if end < 0:
+            return  # no later opener has a closer either
+        yield m, region[m.end():end]
+        at = end + len(close)
+
+
+def _tagged_calls(call_rx: str, close: str, param_rx: str, param_close: str) -> CallsFn:
     """Calls written as tags (Qwen3-Coder's <function=f><parameter=k>v..., GLM's arg_key,
-    MiniMax's invoke): each parameter's text is a string where the tool's schema says so,
-    else JSON when it parses as JSON."""
-    crx, prx = re.compile(call_rx, re.S), re.compile(param_rx, re.S)
+    MiniMax's invoke; call_rx: the opener with the name, close: the call's closing tag;
+    param_rx, param_close: a parameter's, with its key): each parameter's text is a string where the
+    tool's schema says so, else JSON when it parses as JSON."""
+    opener, param = re.compile(call_rx), re.compile(param_rx)
 
     def calls(region: str, tools: Sequence[dict]) -> list:
         out = []
-        for m in crx.finditer(region):
-            name, body = m.group(1).strip(), m.group(2)
+        for m, body in _spans(region, opener, close):
+            name = m.group(1).strip()
             props = _properties(tools, name)
             args = {}
-            for p in prx.finditer(body):
-                key, raw = p.group(1).strip(), p.group(2)
+            for p, raw in _spans(body, param, param_close):
+                key = p.group(1).strip()
                 raw = raw[1:] if raw.startswith("\n") else raw
                 raw = raw[:-1] if raw.endswith("\n") else raw
                 args[key] = _typed(raw, props.get(key, {}))
@@ -200,12 +216,17 @@ def _typed(raw: str, schema: dict):
             return raw
 
 
+_GEMMA4_CALL = re.compile(r"<\|tool_call>call:([\w.-]{1,256})")
+
+
 def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
     """Gemma 4's call:NAME{key:<|"|>text<|"|>,n:1} (bare keys, strings between <|"|>)."""
     out = []
-    for m in re.finditer(r"<\|tool_call>call:([\w.-]+)(\{.*?\})<tool_call\|>", region, re.S):
+    for m, body in _spans(region, _GEMMA4_CALL, "<tool_call|>"):
+        if not (body.startswith("{") and body.endswith("}")):
+            continue
         try:
-            out.append((m.group(1), json.dumps(_gemma4_json(m.group(2)), ensure_ascii=False),
+            out.append((m.group(1), json.dumps(_gemma4_json(body), ensure_ascii=False),
                         None))
         except ValueError:
             continue
@@ -225,11 +246,14 @@ def _gemma4_json(body: str):
     return json.loads(body)
 
 
+_LFM2_CALL = re.compile(re.escape("<|tool_call_start|>"))
+
+
 def _python_calls(region: str, tools: Sequence[dict]) -> list:
     """LFM2's [f(a="x", b=1), g()] between its markers."""
     out = []
-    for m in re.finditer(r"<\|tool_call_start\|>(.*?)<\|tool_call_end\|>", region, re.S):
-        src = m.group(1).strip()
+    for _, body in _spans(region, _LFM2_CALL, "<|tool_call_end|>"):
+        src = body.strip()
         src = src.replace("true", "True").replace("false", "False").replace("null", "None")
         try:
             tree = ast.parse(src, mode="eval").body
@@ -255,16 +279,20 @@ def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
 
 
 # GPT-OSS's harmony format: messages with a channel (analysis: reasoning; commentary or
-# final: the answer), a call where the header names `to=functions.NAME`
-_HARMONY = re.compile(r"(?:<\|start\|>assistant)?(.*?)<\|message\|>(.*?)"
-                      r"(?=<\|end\|>|<\|call\|>|<\|return\|>|<\|start\|>|$)", re.S)
+# final: the answer), a call where the header names `to=functions.NAME`. Read by a scan,
+# linear in the text: a lazy regex over the whole answer was cubic over a stream of an
+# answer without markers (18,000 characters took minutes)
+_HARMONY_END = re.compile(r"<\|(?:end|call|return|start)\|>")
 
 
 def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
     reasoning, content, calls = [], [], []
-    for m in _HARMONY.finditer(text):
-        header, body = m.group(1), m.group(2)
-        done = m.end() < len(text) or final
+    pos = 0
+    while (at := text.find("<|message|>", pos)) >= 0:
+        header, start = text[pos:at], at + len("<|message|>")
+        end = _HARMONY_END.search(text, start)
+        pos = end.start() if end else len(text)
+        body, done = text[start:pos], end is not None or final
         to = re.search(r"to=functions\.([\w.-]+)", header)
         if to is not None:
             if done and _json_at(body, 0) is not None:
@@ -279,6 +307,37 @@ def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         content.append(text if final else "" if text.lstrip().startswith("<|")
                        else _unmarked(text))
     return Parsed("".join(content), "".join(reasoning), tuple(calls))
+
+
+# Functionary v3.2: the generation prompt ends with `>>>`, then a recipient and a newline:
+# `all` for the answer's text (up to the next `>>>`), a function's name for a call, its
+# JSON arguments after; further messages each after a `>>>` of their own
+_RECIPIENT = re.compile(r"[\w.-]{1,256}")
+
+
+def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
+    content, calls = [], []
+    segments = text.split(">>>") if tools else [text]  # no tools: all of it is the text
+    for i, seg in enumerate(segments):
+        last, lead = i == len(segments) - 1, ">>>" if i else ""
+        nl = seg.find("\n")
+        head = seg if nl < 0 else seg[:nl]
+        if nl < 0 and last and not final and (not head or _RECIPIENT.fullmatch(head)):
+            break  # `all` or a name still being written
+        if head == "all" and nl >= 0:
+            body = seg[nl + 1:]
+            content.append(body if final or not last else _held(body, (">>>",)))
+            continue
+        if nl >= 0 and tools and _RECIPIENT.fullmatch(head):
+            got = _json_at(seg, nl + 1)
+            if got is not None and not seg[got[1]:].strip():
+                calls.append(ToolCall(head, _args_text(got[0]), ""))
+                continue
+            if last and not final:
+                break  # a call under way
+        # neither the answer's text nor a call: text as it was written
+        content.append(lead + seg if final or not last else _held(lead + seg, (">>>",)))
+    return Parsed("".join(content), "", tuple(calls))
 
 
 def _unmarked(text: str) -> str:
@@ -355,23 +414,24 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"))),
     (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
         "qwen3-coder", ("<tool_call>", "<function="),
-        _tagged_calls(r"<function=([^>\n]+)>(.*?)</function>",
-                      r"<parameter=([^>\n]+)>(.*?)</parameter>"))),
+        _tagged_calls(r"<function=([^<>\n]{1,256})>", "</function>",
+                      r"<parameter=([^<>\n]{1,256})>", "</parameter>"))),
     (lambda t: "<arg_key>" in t and "<tool_call>" in t, Family(
         "glm", ("<tool_call>",), _tagged_calls(
-            r"<tool_call>\s*([^<\n]+)(.*?)</tool_call>",
-            r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>"))),
+            r"<tool_call>\s{0,64}([^<\n]{1,256})", "</tool_call>",
+            r"<arg_key>([^<]{0,256})</arg_key>\s{0,64}<arg_value>", "</arg_value>"))),
     (lambda t: "<minimax:tool_call>" in t, Family(
         "minimax-m2", ("<minimax:tool_call>",), _tagged_calls(
-            r'<invoke name="([^"]+)">(.*?)</invoke>',
-            r'<parameter name="([^"]+)">(.*?)</parameter>'))),
+            r'<invoke name="([^"\n]{1,256})">', "</invoke>",
+            r'<parameter name="([^"\n]{1,256})">', "</parameter>"))),
     (lambda t: "tool▁calls▁begin" in t and "```json" in t, Family(
         "deepseek-r1", (DS_CALLS, DS_CALL),
-        _marked_calls(rf"{DS_CALL}\s*(?:function)?{DS_SEP}([^\n]+)\n```json"),
+        _marked_calls(rf"{DS_CALL}\s*(?:function)?{DS_SEP}([^<\n]{{1,256}})\n```json"),
         call_gbnf=_seq(f"{DS_CALL}function{DS_SEP}NAME\n```json\n", "ARGS",
                        f"\n```{DS_END}"), wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
     (lambda t: "tool▁calls▁begin" in t, Family(
-        "deepseek-v3.1", (DS_CALLS, DS_CALL), _marked_calls(rf"{DS_CALL}\s*(.*?){DS_SEP}"),
+        "deepseek-v3.1", (DS_CALLS, DS_CALL),
+        _marked_calls(rf"{DS_CALL}\s*([^<]{{0,256}}?){DS_SEP}"),
         call_gbnf=_seq(f"{DS_CALL}NAME{DS_SEP}", "ARGS", DS_END),
         wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
     (lambda t: "<|START_ACTION|>" in t and "<|START_THINKING|>" in t, Family(
@@ -396,8 +456,12 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         "firefunction-v2", (" functools[", "functools["), _object_calls(("name", "arguments")),
         think=None, call_object=_obj("name", "arguments"), call_gbnf=_JSON_CALL,
         wrap=_around(" functools[", "]"))),
+    (lambda t: ">>>all" in t and ">>>${recipient}" in t, Family(
+        "functionary-v3.2", (), lambda r, t: [], think=None, parse_all=_functionary_v32,
+        call_gbnf=_seq("NAME\n", "ARGS"), wrap=_repeat(">>>"),
+        lazy=False)),  # the first call opens at the answer's start: no trigger to wait for
     (lambda t: "<function=" in t, Family(
-        "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^>]+)>"),
+        "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^<>]{1,256})>"),
         think=None, call_gbnf=_seq("<function=NAME>", "ARGS", "</function>"),
         wrap=_repeat())),
     (lambda t: "<|tools_prefix|>" in t, Family(
@@ -480,18 +544,13 @@ def _generic(text: str, final: bool) -> Parsed:
     return Parsed(text)
 
 
+_STRING_BODY = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\[^u])*')
+
+
 def _partial_string(s: str) -> str:
     """The decoded part of a JSON string's body that has arrived (up to its closing quote,
     not into an escape cut short)."""
-    i, n = 0, len(s)
-    while i < n and s[i] != '"':
-        if s[i] == "\\":
-            step = 6 if s[i + 1:i + 2] == "u" else 2
-            if i + step > n:
-                break
-            i += step
-        else:
-            i += 1
+    i = _STRING_BODY.match(s).end()
     try:
         return json.loads('"' + s[:i] + '"')
     except ValueError:

@@ -38,6 +38,7 @@ TEMPLATE = {
     "minimax-m2": "<minimax:tool_call>",
     "firefunction-v2": " functools[{{ calls }}]",
     "functionary-v3.1": "<function={{ name }}>",
+    "functionary-v3.2": "{{ '>>>all\\n' }}{{ '>>>${recipient}\\n' }}",
     "apertus": "<|tools_prefix|>",
     "lfm2": "<|tool_list_start|>",
 }
@@ -98,6 +99,11 @@ CASES = [
     ("firefunction-v2", ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]',
      "", "", [CALL]),
     ("functionary-v3.1", '<function=special_function>{"arg1": 1}</function>', "", "", [CALL]),
+    ("functionary-v3.2", "all\n" + HELLO, HELLO, "", []),
+    ("functionary-v3.2", 'special_function\n{"arg1": 1}', "", "", [CALL]),
+    ("functionary-v3.2", 'all\nLet me see.\n>>>special_function\n{"arg1": 1}>>>get_time\n'
+     '{"city": "Paris"}', "Let me see.\n", "", [CALL, ("get_time", {"city": "Paris"})]),
+    ("functionary-v3.2", HELLO, HELLO, "", []),  # a model that writes no recipient
     ("apertus", '<|tools_prefix|>[{"special_function": {"arg1": 1}}]<|tools_suffix|>', "", "",
      [CALL]),
     ("lfm2", "<think>I need the time</think>Let me check.<|tool_call_start|>"
@@ -194,6 +200,29 @@ def test_the_generic_response_streams_as_it_is_written():
     assert out + s.finish().content == "Hi é\n there"
 
 
+HOSTILE = {  # what a model may be led to write: no call in any of them
+    "nesting deeper than json's decoder": '<tool_call>[TOOL_CALLS] functools' + "[" * 100_000,
+    "an object never closed": '{"response": ' + '{"a": ' * 50_000,
+    "openers without closers": "".join(
+        f"{o}x{{" for o in ("<tool_call>", "<function=", "<|tool_call>call:", "[TOOL_CALLS]",
+                            "<|tool_call_start|>", '<invoke name="x">', toolcall.DS_CALL,
+                            "<|channel|>commentary to=functions.x<|message|>")) * 500,
+}
+
+
+@pytest.mark.parametrize("what", list(HOSTILE))
+@pytest.mark.parametrize("name", [*TEMPLATE, "generic"])
+def test_a_hostile_answer_is_text_in_every_family(name, what):
+    """Nothing in an answer breaks its reading: no exception (a nesting too deep for
+    json's decoder is no call), no call made up (a hostile stream's cost is
+    scripts/bench_toolcall.py's)."""
+    fam, text = _fam(name), HOSTILE[what]
+    assert parse(fam, text, TOOLS).calls == ()
+    s = Splitter(fam, TOOLS)
+    got = [s.feed(text[i:i + 4096]) for i in range(0, len(text), 4096)] + [s.finish()]
+    assert all(d.calls == () for d in got)
+
+
 def test_a_family_without_tool_calls_in_its_template_is_generic():
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}", False) is GENERIC
 
@@ -218,6 +247,7 @@ GRAMMAR_TEXT = {
                     '"id": "123456789"}]',
     "firefunction-v2": ' functools[{"name": "special_function", "arguments": {"arg1": 1}}]',
     "functionary-v3.1": '<function=special_function>{"arg1": 1}</function>',
+    "functionary-v3.2": 'special_function\n{"arg1": 1}',
     "hermes": '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n'
               "</tool_call>",
     "llama3": '{"name": "special_function", "parameters": {"arg1": 1}}',
