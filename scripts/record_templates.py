@@ -40,8 +40,8 @@ TEMPLATES = [
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "ibm-granite-granite-3.3-2B-Instruct",
     "ibm-granite-granite-4.0", "openai-gpt-oss-120b", "google-gemma-2-2b-it",
     "google-gemma-4-31B-it", "fireworks-ai-llama-3-firefunction-v2",
-    "meetkai-functionary-medium-v3.1", "moonshotai-Kimi-K2", "GLM-4.6",
-    "HuggingFaceTB-SmolLM3-3B", "microsoft-Phi-3.5-mini-instruct",
+    "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "moonshotai-Kimi-K2",
+    "GLM-4.6", "HuggingFaceTB-SmolLM3-3B", "microsoft-Phi-3.5-mini-instruct",
 ]
 
 WEATHER = {"type": "function", "function": {
