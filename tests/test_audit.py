@@ -54,8 +54,9 @@ def pair(f16, q4_1) -> list[str]:
 
 @pytest.fixture(scope="module")
 def small(q4_1) -> list[str]:
-    """The cheapest real run: the attempt matrix is about the watch, not the model."""
-    return ["-m", q4_1, "-p", "Hi", "-n", "2", "--temp", "0"]
+    """The cheapest real run: the attempt matrix is about the watch, not the model (no
+    warm-up decode either)."""
+    return ["-m", q4_1, "-p", "Hi", "-n", "2", "--temp", "0", "--no-warmup"]
 
 
 MODES = {"isolated": (), "no-isolate": ("--no-isolate",),
