@@ -1,9 +1,12 @@
-"""Chat templates from GGUF files, rendered in Jinja's immutable sandbox, within a budget.
+"""Chat templates from GGUF files, rendered in Jinja's sandbox, within a budget.
 
 A template is code from a file someone else wrote. The sandbox stops it reaching anything; the
 budget stops it hanging or exhausting memory: a deadline checked on every line the template
 runs, and a size limit on every string or list it builds (operators, method calls, filters,
-`~` joins) and on its output. Breaking either is a one-line UsageError naming the template.
+`~` joins, a list or dict it grows in place) and on its output. Breaking either is a one-line
+UsageError naming the template. As in llama.cpp's Jinja, a template may grow its own lists
+(`ns.items.append(x)`: Kimi K2's), and may mark the assistant's text with transformers'
+`{% generation %}` tag, which renders its body.
 """
 
 from __future__ import annotations
@@ -13,14 +16,15 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import lru_cache, wraps
 
 import jinja2.runtime
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
 from jinja2.nodes import EvalContext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from specli.errors import ContextOverflowError, UsageError
 
@@ -42,7 +46,7 @@ class _OverBudget(Exception):
 
 
 def _sized(value, limit: int):
-    if isinstance(value, str | bytes | list | tuple | dict) and len(value) > limit:
+    if isinstance(value, str | bytes | list | tuple | dict | set) and len(value) > limit:
         raise _OverBudget(f"it built a value of {len(value)} items (limit {limit})")
     return value
 
@@ -74,7 +78,23 @@ def _check_size(n: int, limit: int, what: str) -> None:
         raise _OverBudget(f"{what} of {n} items (limit {limit})")
 
 
-class _Budgeted(ImmutableSandboxedEnvironment):
+class _Generation(Extension):
+    """transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's
+    tokens for training masks): the body, rendered as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+# the methods that grow a list, dict or set in place: its size is checked after each
+_GROWS = {"append", "insert", "add", "extend", "update", "setdefault", "__setitem__"}
+
+
+class _Budgeted(SandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
 
     def __init__(self, **kw):
@@ -132,14 +152,17 @@ class _Budgeted(ImmutableSandboxedEnvironment):
             elif name == "join" and args and isinstance(args[0], list | tuple):
                 _check_size(sum(len(x) if isinstance(x, str) else 1 for x in args[0])
                             + len(bound) * max(len(args[0]) - 1, 0), limit, "a join")
-        return _sized(super().call(__context, __obj, *args, **kwargs), limit)
+        out = _sized(super().call(__context, __obj, *args, **kwargs), limit)
+        if isinstance(bound, list | dict | set) and name in _GROWS:
+            _sized(bound, limit)
+        return out
 
 
 @lru_cache(maxsize=8)
 def _compile(source: str):
     # {% break %} and {% continue %}, as llama.cpp's and transformers' templates use them
     env = _Budgeted(trim_blocks=True, lstrip_blocks=True,
-                    extensions=["jinja2.ext.loopcontrols"])
+                    extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do", _Generation])
 
     def raise_exception(message):
         raise TemplateError(message)
@@ -206,9 +229,19 @@ class WatchedList(list):
 
 def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None,
             sort_keys: bool = False) -> str:
+    value = list(value) if isinstance(value, Iterator) else value
     _seen(value)
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, default=_as_list,
                       separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+
+
+def _as_list(value):
+    """What Jinja's map, select and selectattr give is a generator, which llama.cpp's Jinja
+    makes an array: `tools | map(attribute='function') | tojson` (llama.cpp's DeepSeek R1
+    template) prints the list."""
+    if isinstance(value, Iterator):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _seen(value, depth: int = 0) -> None:
@@ -221,12 +254,24 @@ def _seen(value, depth: int = 0) -> None:
 
 def template_context(kwargs: dict | None = None) -> dict:
     """The variables llama.cpp gives every template besides the messages: the date in the
-    two forms templates read (Llama 3.x's date_string, firefunction's datetime) and
-    enable_thinking (on unless kwargs say otherwise); then the request's
-    chat_template_kwargs, each a variable of its own."""
+    two forms templates read (Llama 3.x's date_string, firefunction's datetime),
+    enable_thinking (on unless kwargs say otherwise), whether earlier turns keep their
+    reasoning (kwargs' preserve_reasoning, on by default) and the reasoning effort under its
+    second name; then the request's chat_template_kwargs, each a variable of its own."""
     now = datetime.now()
-    return {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
-            "enable_thinking": True, **(kwargs or {})}
+    kwargs = kwargs or {}
+    ctx = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y"),
+           "enable_thinking": True}
+    keep = kwargs.get("preserve_reasoning", True)
+    if isinstance(keep, bool):  # llama.cpp's --reasoning-preserve (on by default): the names
+        # templates read for keeping earlier turns' reasoning in the history (GLM 4.7's
+        # clear_thinking, DeepSeek V4's drop_thinking, ...)
+        ctx.update(preserve_thinking=keep, clear_thinking=not keep,
+                   truncate_history_thinking=not keep, drop_thinking=not keep)
+    effort = kwargs.get("reasoning_effort")
+    if isinstance(effort, str) and effort:
+        ctx["reasoning_strength"] = effort  # llama.cpp binds both names to the effort
+    return {**ctx, **kwargs}
 
 
 def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
@@ -305,7 +350,7 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
     sys.settrace(on_call)
     try:
         parts, size = [], 0
-        for piece in compiled.generate({**(context or {}), "messages": messages,
+        for piece in compiled.generate({**(context or {}), "messages": list(messages),
                                         "add_generation_prompt": add_generation_prompt,
                                         "bos_token": bos, "eos_token": eos}):
             size += len(piece)

@@ -114,6 +114,9 @@ def test_a_template_that_loops_forever_is_stopped():
     ("{% for i in range(100000) %}{% for j in range(100000) %}" + "x" * 64 +
      "{% endfor %}{% endfor %}", "output passed"),
     ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed"),
+    # a template may grow its own lists, as llama.cpp's Jinja lets it, within the same bound
+    ("{% set x = [1] %}{% for i in range(40) %}{% set _ = x.extend(x) %}{% endfor %}",
+     "built a value of"),
 ])
 def test_a_template_that_builds_too_much_is_stopped(template, needle):
     t0 = time.monotonic()
@@ -131,6 +134,22 @@ def test_a_template_that_builds_too_much_is_stopped(template, needle):
 def test_sizes_are_judged_before_they_are_built(template, needle):
     with pytest.raises(UsageError, match=needle):
         render_messages(template, [{"role": "user", "content": "hi"}])
+
+
+def test_what_llama_cpps_jinja_allows_renders():
+    """A template's own list grown in place (Kimi K2's), `{% do %}`, transformers'
+    `{% generation %}` tag (LFM2.5's, Laguna's), a filtered sequence through tojson
+    (llama.cpp's DeepSeek R1 template: `tools | map(attribute='function') | tojson`); the
+    caller's list of messages is not the template's to change."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    out = render_messages(
+        "{% set ns = namespace(seen=[]) %}{% for m in messages %}"
+        "{% set _ = ns.seen.append(m.role) %}{% endfor %}{% do ns.seen.append('end') %}"
+        "{{ ns.seen | join(',') }}|{% generation %}{{ messages[-1].content }}{% endgeneration %}"
+        "|{{ messages | map(attribute='role') | tojson }}{% do messages.pop() %}",
+        messages, add_generation_prompt=False)
+    assert out == 'user,assistant,end|yo|["user", "assistant"]'
+    assert len(messages) == 2
 
 
 def test_large_numbers_are_values_not_widths():
