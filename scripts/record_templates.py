@@ -3,9 +3,9 @@
     SPECLI_NATIVE_SERVER=1 scripts/build_native.sh
     python scripts/record_templates.py --model SmolLM2-135M-Instruct.F16.gguf
 
-For each template of llama.cpp's models/templates/ named in TEMPLATES (the families specli
-reads tool calls of), start native llama-server with `--jinja --chat-template-file`, post
-each of CONVERSATIONS to /apply-template, and write what it answered to
+For each template of llama.cpp's models/templates/ (every one: the families specli reads
+tool calls of and the rest), start native llama-server with `--jinja --chat-template-file`,
+post each of CONVERSATIONS to /apply-template, and write what it answered to
 tests/data/templates/native.json, the template files beside it (copied from the vendored
 tree: the test needs no llama.cpp source). The date the templates printed is recorded too:
 the test puts today's in its place.
@@ -29,20 +29,6 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "templates"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-TEMPLATES = [
-    "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "Qwen3.5-4B", "Qwen-QwQ-32B", "Qwen3-Coder",
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
-    "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "meta-llama-Llama-3.1-8B-Instruct",
-    "meta-llama-Llama-3.2-3B-Instruct", "meta-llama-Llama-3.3-70B-Instruct",
-    "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
-    "unsloth-mistral-Devstral-Small-2507", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B", "deepseek-ai-DeepSeek-V3.1",
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use", "ibm-granite-granite-3.3-2B-Instruct",
-    "ibm-granite-granite-4.0", "openai-gpt-oss-120b", "google-gemma-2-2b-it",
-    "google-gemma-4-31B-it", "fireworks-ai-llama-3-firefunction-v2",
-    "meetkai-functionary-medium-v3.1", "meetkai-functionary-medium-v3.2", "moonshotai-Kimi-K2",
-    "GLM-4.6", "HuggingFaceTB-SmolLM3-3B", "microsoft-Phi-3.5-mini-instruct",
-]
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -106,7 +92,7 @@ def main() -> None:
     doc = {"llama_cpp_python": version, "model": Path(args.model).name,
            "date_string": today.strftime("%d %b %Y"), "datetime": today.strftime("%b %d %Y"),
            "conversations": CONVERSATIONS, "renders": {}}
-    for name in TEMPLATES:
+    for name in sorted(p.stem for p in src.glob("*.jinja")):
         shutil.copy(src / f"{name}.jinja", OUT / f"{name}.jinja")
         port = free_port()
         proc = subprocess.Popen(
@@ -116,6 +102,8 @@ def main() -> None:
         try:
             url = f"http://127.0.0.1:{port}"
             for _ in range(600):
+                if proc.poll() is not None:  # native refused the template: no render
+                    break
                 try:
                     with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
                         if r.status == 200:
@@ -124,7 +112,8 @@ def main() -> None:
                     time.sleep(0.1)
             doc["renders"][name] = {}
             for conv, body in CONVERSATIONS.items():
-                status, prompt = post(f"{url}/apply-template", body)
+                status, prompt = post(f"{url}/apply-template", body) if proc.poll() is None \
+                    else (0, "llama-server did not start with this template")
                 doc["renders"][name][conv] = {"status": status, "prompt": prompt}
             print(f"{name}: {sum(v['status'] == 200 for v in doc['renders'][name].values())}"
                   f"/{len(CONVERSATIONS)} rendered", file=sys.stderr)

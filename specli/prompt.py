@@ -6,6 +6,7 @@ conversation, through its own template."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -205,7 +206,7 @@ def prepare(template: str | None, messages: list[dict], opts: ChatOptions
     context["functions"] = ""  # firefunction's: llama.cpp gives it no tools (but defined)
     if tools:
         context["tools"] = tools
-    out = [dict(m) for m in messages]
+    out = _reasoning_fields(template or "", [dict(m) for m in messages])
     calls = tools or any(m.get("tool_calls") or m.get("role") == "tool" for m in out)
     if not calls and not (out and out[0].get("role") == "system"):
         return out, context  # nothing to ask of the template (a plain chat probes nothing)
@@ -220,6 +221,9 @@ def prepare(template: str | None, messages: list[dict], opts: ChatOptions
         for m in out:
             if m.get("tool_calls"):
                 m["tool_calls"] = [_object_arguments(c) for c in m["tool_calls"]]
+    if "'<|tool_call>call:'" in (template or "") and \
+            "{#- OpenAI Chat Completions:" not in (template or ""):
+        out = _gemma4_turns(out)  # Gemma 4's older templates, as llama.cpp works around them
     if not has_system and out and out[0].get("role") == "system":
         first, *rest = out
         if rest:
@@ -227,6 +231,73 @@ def prepare(template: str | None, messages: list[dict], opts: ChatOptions
                        f"{rest[0].get('content') or ''}"}
         out = rest
     return out, context
+
+
+def _reasoning_fields(template: str, messages: list[dict]) -> list[dict]:
+    """Earlier turns' reasoning where the template reads it, as llama.cpp hands it over:
+    as `thinking` to the templates that read a message's thinking (LFM2.5, Cohere2 MoE,
+    GPT-OSS), as a content block of type thinking to Ministral 3's (its system and
+    assistant messages all become blocks then)."""
+    if not any(isinstance(m.get("reasoning_content"), str) for m in messages):
+        return messages
+    if _THINKING_FIELD.search(template):
+        for m in messages:
+            if isinstance(m.get("reasoning_content"), str):
+                m["thinking"] = m["reasoning_content"]
+    if "[SYSTEM_PROMPT]" in template and "[ARGS]" in template and "[CALL_ID]" not in \
+            template and "'thinking'" in template:
+        for i, m in enumerate(messages):
+            if m.get("role") not in ("system", "assistant"):
+                continue
+            blocks = []
+            if isinstance(m.get("reasoning_content"), str):
+                blocks.append({"type": "thinking", "thinking": m["reasoning_content"]})
+            content = m.get("content")
+            blocks += content if isinstance(content, list) else \
+                [{"type": "text", "text": content}] if isinstance(content, str) else []
+            messages[i] = {k: v for k, v in m.items() if k != "reasoning_content"} | {
+                "content": blocks}
+    return messages
+
+
+def _gemma4_turns(messages: list[dict]) -> list[dict]:
+    """A call, its results and the answer after them as one model turn with
+    `tool_responses` (the results, JSON where they parse as JSON, each named after its
+    call), which Gemma 4's older templates read instead of tool messages."""
+    out, i = [], 0
+    while i < len(messages):
+        m = messages[i]
+        if m.get("role") != "assistant" or not m.get("tool_calls"):
+            out.append(m)
+            i += 1
+            continue
+        turn = {"role": "assistant", "tool_calls": list(m["tool_calls"])}
+        if isinstance(m.get("reasoning_content"), str):
+            turn["reasoning_content"] = m["reasoning_content"]
+        responses, i = [], i + 1
+        while i < len(messages) and messages[i].get("role") == "tool":
+            r = messages[i]
+            content = r.get("content")
+            try:
+                content = json.loads(content) if isinstance(content, str) else content
+            except ValueError:
+                pass
+            calls = turn["tool_calls"]
+            name = (calls[len(responses)].get("function") or {}).get("name", "") \
+                if len(responses) < len(calls) else ""
+            responses.append({"name": name or r.get("tool_call_id", ""), "response": content})
+            i += 1
+        if responses:
+            turn["tool_responses"] = responses
+        if i < len(messages) and messages[i].get("role") == "assistant" and \
+                not messages[i].get("tool_calls") and messages[i].get("content"):
+            turn["content"] = messages[i]["content"]
+            i += 1
+        out.append(turn)
+    return out
+
+
+_THINKING_FIELD = re.compile(r"""message\.thinking\b|message\[['"]thinking['"]\]""")
 
 
 def _object_arguments(call: dict) -> dict:

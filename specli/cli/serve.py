@@ -114,6 +114,12 @@ def serve(
         "</think> and its kin) goes: none leaves it in the content; auto, deepseek and "
         "deepseek-legacy put it in reasoning_content.", envvar="LLAMA_ARG_THINK",
         rich_help_panel=SERVER)] = "auto",
+    reasoning_preserve: Annotated[bool, typer.Option(
+        "--reasoning-preserve/--no-reasoning-preserve", help="Keep earlier turns' reasoning "
+        "in the history the template renders, for the templates that can drop it (GLM 4.7, "
+        "DeepSeek V4, LFM2.5, Nemotron...: their preserve_thinking, clear_thinking, "
+        "drop_thinking); a request's chat_template_kwargs.preserve_reasoning goes over it.",
+        envvar="LLAMA_ARG_REASONING_PRESERVE", rich_help_panel=SERVER)] = True,
     template_kwargs: Annotated[str | None, typer.Option(
         "--chat-template-kwargs", metavar="JSON", help="Variables for the chat template, a "
         "JSON object (e.g. '{\"enable_thinking\": false}'); a request's chat_template_kwargs "
@@ -192,11 +198,11 @@ def serve(
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
         cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
         cors_credentials=cors_credentials, log_requests=not log_disable,
-        **_reasoning(reasoning, reasoning_format, template_kwargs))
+        **_reasoning(reasoning, reasoning_format, template_kwargs, reasoning_preserve))
     _run(config, hosts, port)
 
 
-def _reasoning(reasoning: str, fmt: str, kwargs: str | None) -> dict:
+def _reasoning(reasoning: str, fmt: str, kwargs: str | None, preserve: bool = True) -> dict:
     """--reasoning, --reasoning-format and --chat-template-kwargs, checked, as ServerConfig's
     fields."""
     from specli.toolcall import REASONING_FORMATS
@@ -220,6 +226,7 @@ def _reasoning(reasoning: str, fmt: str, kwargs: str | None) -> dict:
                              "'{\"enable_thinking\": false}'")
     if on == "on":
         given.setdefault("enable_thinking", True)
+    given.setdefault("preserve_reasoning", preserve)  # llama.cpp's, a template variable too
     return {"reasoning": on, "reasoning_format": fmt, "template_kwargs": given}
 
 
