@@ -4,13 +4,14 @@ A template is code from a file someone else wrote. The sandbox stops it reaching
 budget stops it hanging or exhausting memory: a deadline checked on every line the template
 runs, and a size limit on every string or list it builds (operators, method calls, filters,
 `~` joins, a list or dict it grows in place) and on its output. Breaking either is a one-line
-UsageError naming the template. As in llama.cpp's Jinja, a template may grow its own lists
-(`ns.items.append(x)`: Kimi K2's), and may mark the assistant's text with transformers'
-`{% generation %}` tag, which renders its body.
+UsageError naming the template. As in llama.cpp's Jinja, a template may grow the lists it
+builds (`ns.items.append(x)`: Kimi K2's; never what it was handed), and may mark the
+assistant's text with transformers' `{% generation %}` tag, which renders its body.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import re
 import secrets
@@ -19,12 +20,13 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import lru_cache, wraps
+from itertools import islice
 
 import jinja2.runtime
 from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
 from jinja2.nodes import EvalContext
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import SandboxedEnvironment, modifies_known_mutable
 
 from specli.errors import ContextOverflowError, UsageError
 
@@ -90,12 +92,32 @@ class _Generation(Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
-# the methods that grow a list, dict or set in place: its size is checked after each
-_GROWS = {"append", "insert", "add", "extend", "update", "setdefault", "__setitem__"}
+# the ids of the lists, dicts and sets the render was handed (messages, tools, kwargs'
+# values): a template may change what it builds, never those (the caller reuses them, and
+# prompt.template_caps's probes are module constants)
+_INPUTS: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("_INPUTS",
+                                                                        default=frozenset())
+_INDENT = 64  # the widest tojson indent (real templates use 2 or 4)
+
+
+def _containers(*roots) -> frozenset[int]:
+    seen, stack = set(), list(roots)
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict | list | set | tuple) and id(v) not in seen:
+            seen.add(id(v))
+            # the base classes' own iteration: a Watched probe must not see this as a read
+            stack.extend(dict.values(v) if isinstance(v, dict) else
+                         list.__iter__(v) if isinstance(v, list) else v)
+    return frozenset(seen)
 
 
 class _Budgeted(SandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "+", "%", "//"})
+
+    def is_safe_attribute(self, obj, attr, value) -> bool:
+        return super().is_safe_attribute(obj, attr, value) and not (
+            id(obj) in _INPUTS.get() and modifies_known_mutable(obj, attr))
 
     def __init__(self, **kw):
         super().__init__(**kw)
@@ -152,8 +174,12 @@ class _Budgeted(SandboxedEnvironment):
             elif name == "join" and args and isinstance(args[0], list | tuple):
                 _check_size(sum(len(x) if isinstance(x, str) else 1 for x in args[0])
                             + len(bound) * max(len(args[0]) - 1, 0), limit, "a join")
+        elif isinstance(bound, list | dict | set):  # a list of its own grown in place: a
+            # generator argument is read here, bounded (x.extend(x|map(...)) never ends)
+            args = tuple(_sized(list(islice(a, limit + 1)), limit) if isinstance(a, Iterator)
+                         else a for a in args)
         out = _sized(super().call(__context, __obj, *args, **kwargs), limit)
-        if isinstance(bound, list | dict | set) and name in _GROWS:
+        if isinstance(bound, list | dict | set):
             _sized(bound, limit)
         return out
 
@@ -229,7 +255,9 @@ class WatchedList(list):
 
 def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None,
             sort_keys: bool = False) -> str:
-    value = list(value) if isinstance(value, Iterator) else value
+    if indent is not None and len(indent if isinstance(indent, str) else " " * min(
+            int(indent), _INDENT + 1)) > _INDENT:
+        raise _OverBudget(f"a tojson indent of more than {_INDENT}")
     _seen(value)
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, default=_as_list,
                       separators=tuple(separators) if separators else None, sort_keys=sort_keys)
@@ -240,7 +268,9 @@ def _as_list(value):
     makes an array: `tools | map(attribute='function') | tojson` (llama.cpp's DeepSeek R1
     template) prints the list."""
     if isinstance(value, Iterator):
-        return list(value)
+        out = list(value)
+        _seen(out)
+        return out
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
@@ -346,13 +376,15 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
         code = frame.f_code
         return on_line if code.co_filename == "<template>" or code in _JOINS else None
 
+    variables = {**(context or {}), "messages": messages,
+                 "add_generation_prompt": add_generation_prompt, "bos_token": bos,
+                 "eos_token": eos}
+    inputs = _INPUTS.set(_containers(variables))
     previous = sys.gettrace()
     sys.settrace(on_call)
     try:
         parts, size = [], 0
-        for piece in compiled.generate({**(context or {}), "messages": list(messages),
-                                        "add_generation_prompt": add_generation_prompt,
-                                        "bos_token": bos, "eos_token": eos}):
+        for piece in compiled.generate(variables):
             size += len(piece)
             if size > limit:
                 if max_bytes is not None:  # the caller's bound: what the context can hold
@@ -375,4 +407,5 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
         raise UsageError(f"the model's chat template failed: {kind}{e}", hint=hint) from e
     finally:
         sys.settrace(previous)
+        _INPUTS.reset(inputs)
 

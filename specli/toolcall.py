@@ -111,6 +111,7 @@ def _args_text(value) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+
 def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
     """Calls written as JSON objects (or lists of them) anywhere in the region, with the name
     and arguments under these keys."""
@@ -124,10 +125,9 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
             if got is None:
                 if region[start] == "[":  # a marker's bracket ([TOOL_CALLS]), or a list
                     at, brackets = start + 1, _BRACE  # under way whose complete objects
-                    continue  # still count (its inner lists are not read again: linear)
+                    continue  # still count (no list after it is read again: linear)
                 return out
             value, at = got
-            brackets = _OPENING
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, dict) and isinstance(v.get(name_key), str):
                     args = v.get(args_key, v.get("arguments", v.get("parameters", {})))
@@ -296,7 +296,7 @@ def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         to = re.search(r"to=functions\.([\w.-]+)", header)
         if to is not None:
             if done and _json_at(body, 0) is not None:
-                calls.append(ToolCall(to.group(1), body.strip(), new_id()))
+                calls.append(ToolCall(to.group(1), body.strip(), ""))  # _named gives ids
         elif "analysis" in header:
             reasoning.append(body if done else _unmarked(body))
         else:
@@ -316,27 +316,33 @@ _RECIPIENT = re.compile(r"[\w.-]{1,256}")
 
 
 def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
-    content, calls = [], []
-    segments = text.split(">>>") if tools else [text]  # no tools: all of it is the text
-    for i, seg in enumerate(segments):
-        last, lead = i == len(segments) - 1, ">>>" if i else ""
-        nl = seg.find("\n")
-        head = seg if nl < 0 else seg[:nl]
-        if nl < 0 and last and not final and (not head or _RECIPIENT.fullmatch(head)):
+    content, calls, pos, lead = [], [], 0, ""
+    while True:
+        nl = text.find("\n", pos)
+        head = text[pos:] if nl < 0 else text[pos:nl]
+        if nl < 0 and not final and (not head or _RECIPIENT.fullmatch(head)):
             break  # `all` or a name still being written
-        if head == "all" and nl >= 0:
-            body = seg[nl + 1:]
-            content.append(body if final or not last else _held(body, (">>>",)))
-            continue
-        if nl >= 0 and tools and _RECIPIENT.fullmatch(head):
-            got = _json_at(seg, nl + 1)
-            if got is not None and not seg[got[1]:].strip():
-                calls.append(ToolCall(head, _args_text(got[0]), ""))
-                continue
-            if last and not final:
-                break  # a call under way
-        # neither the answer's text nor a call: text as it was written
-        content.append(lead + seg if final or not last else _held(lead + seg, (">>>",)))
+        got = _json_at(text, nl + 1) if nl >= 0 and tools and head != "all" and \
+            _RECIPIENT.fullmatch(head) else None
+        tail = text[got[1]:].lstrip() if got is not None else ""
+        if head == "all" and nl >= 0:  # the answer's text, up to the next message
+            end = text.find(">>>", nl + 1) if tools else -1
+            body = text[nl + 1:] if end < 0 else text[nl + 1:end]
+            content.append(body if final or end >= 0 else _held(body, (">>>",)))
+        elif got is not None and (not tail or tail.startswith(">>>") or
+                                  not final and ">>>".startswith(tail)):
+            # a call: its JSON is read whole first, so a `>>>` inside it is its own
+            calls.append(ToolCall(head, _args_text(got[0]), ""))
+            end = len(text) - len(tail) if tail.startswith(">>>") else -1
+        elif nl >= 0 and tools and _RECIPIENT.fullmatch(head) and got is None and not final:
+            break  # a call under way
+        else:  # neither the answer's text nor a call: text as it was written
+            end = text.find(">>>", pos) if tools else -1
+            seg = lead + (text[pos:] if end < 0 else text[pos:end])
+            content.append(seg if final or end >= 0 else _held(seg, (">>>",)))
+        if end < 0:
+            break
+        pos, lead = end + 3, ">>>"
     return Parsed("".join(content), "", tuple(calls))
 
 
@@ -392,7 +398,7 @@ GENERIC = Family(
 
 FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
     (lambda t: "[TOOL_CALLS]" in t and "[ARGS]" in t and "[CALL_ID]" not in t, Family(
-        "ministral", ("[TOOL_CALLS]",), _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[ARGS\]"),
+        "ministral", ("[TOOL_CALLS]",), _marked_calls(r"\[TOOL_CALLS\]([^\[]{1,256})\[ARGS\]"),
         think=("[THINK]", "[/THINK]"), call_gbnf=_seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
         wrap=_repeat())),
     (lambda t: "<|channel|>" in t, Family(
@@ -443,7 +449,8 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))),
     (lambda t: "[TOOL_CALLS]" in t and "[CALL_ID]" in t, Family(
         "mistral-small", ("[TOOL_CALLS]",),
-        _marked_calls(r"\[TOOL_CALLS\]\s*([^\[]+?)\[CALL_ID\]\s*(\w+)\s*\[ARGS\]", ident=2),
+        _marked_calls(r"\[TOOL_CALLS\]([^\[]{1,256})\[CALL_ID\]\s{0,64}(\w{1,64})\s{0,64}\[ARGS\]",
+                      ident=2),
         think=None, id_length=9,
         call_gbnf=_seq("[TOOL_CALLS]NAME[CALL_ID]", "ID9", "[ARGS]", "ARGS"),
         wrap=_repeat())),
@@ -458,8 +465,7 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         wrap=_around(" functools[", "]"))),
     (lambda t: ">>>all" in t and ">>>${recipient}" in t, Family(
         "functionary-v3.2", (), lambda r, t: [], think=None, parse_all=_functionary_v32,
-        call_gbnf=_seq("NAME\n", "ARGS"), wrap=_repeat(">>>"),
-        lazy=False)),  # the first call opens at the answer's start: no trigger to wait for
+        call_gbnf=_seq("NAME\n", "ARGS"), wrap=_repeat(">>>"))),  # no opener: auto is free
     (lambda t: "<function=" in t, Family(
         "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^<>]{1,256})>"),
         think=None, call_gbnf=_seq("<function=NAME>", "ARGS", "</function>"),
@@ -537,7 +543,7 @@ def _generic(text: str, final: bool) -> Parsed:
     if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
         raw = value.get("tool_calls", [value.get("tool_call")])
         calls = _object_calls(("name", "arguments"), "id")(json.dumps(raw), ())
-        return Parsed("", "", tuple(ToolCall(n, a, i or new_id()) for n, a, i in calls))
+        return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
         return Parsed(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False))

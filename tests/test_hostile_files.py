@@ -11,6 +11,7 @@ import pytest
 from conftest import cli, specli
 from hostile_models import T, copy_gguf, with_nan, with_template
 
+from specli import prompt
 from specli.chat import render_messages
 from specli.errors import UsageError
 from specli.ggufmeta import read_header
@@ -117,6 +118,7 @@ def test_a_template_that_loops_forever_is_stopped():
     # a template may grow its own lists, as llama.cpp's Jinja lets it, within the same bound
     ("{% set x = [1] %}{% for i in range(40) %}{% set _ = x.extend(x) %}{% endfor %}",
      "built a value of"),
+    ("{{ [1, 2] | tojson(indent=100000000) }}", "indent"),
 ])
 def test_a_template_that_builds_too_much_is_stopped(template, needle):
     t0 = time.monotonic()
@@ -140,16 +142,25 @@ def test_what_llama_cpps_jinja_allows_renders():
     """A template's own list grown in place (Kimi K2's), `{% do %}`, transformers'
     `{% generation %}` tag (LFM2.5's, Laguna's), a filtered sequence through tojson
     (llama.cpp's DeepSeek R1 template: `tools | map(attribute='function') | tojson`); the
-    caller's list of messages is not the template's to change."""
+    lists, dicts and sets the template was handed (messages, tools, prompt's probes) are not
+    its to change."""
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    for change in ("{% do messages.pop() %}", "{% do messages[0].update(content='x') %}",
+                   "{% do tools[0].function.clear() %}"):
+        with pytest.raises(UsageError, match="unsafe"):
+            render_messages(change, messages, context={"tools": [prompt.PROBE_TOOL]})
+    assert messages[0]["content"] == "hi" and prompt.PROBE_TOOL["function"]["name"]
     out = render_messages(
         "{% set ns = namespace(seen=[]) %}{% for m in messages %}"
         "{% set _ = ns.seen.append(m.role) %}{% endfor %}{% do ns.seen.append('end') %}"
         "{{ ns.seen | join(',') }}|{% generation %}{{ messages[-1].content }}{% endgeneration %}"
-        "|{{ messages | map(attribute='role') | tojson }}{% do messages.pop() %}",
+        "|{{ messages | map(attribute='role') | tojson }}",
         messages, add_generation_prompt=False)
     assert out == 'user,assistant,end|yo|["user", "assistant"]'
-    assert len(messages) == 2
+    # a list extended by a generator over itself: the generator is read first, bounded (in C,
+    # it would never end, past the deadline's reach)
+    assert render_messages("{% set x = [1] %}{% do x.extend(x | map('string')) %}{{ x }}",
+                           messages) == "[1, '1']"
 
 
 def test_large_numbers_are_values_not_widths():

@@ -154,7 +154,7 @@ def test_earlier_reasoning_is_kept_unless_preserve_reasoning_is_off(specials):
     for name in ("GLM-4.7-Flash", "deepseek-ai-DeepSeek-V4", "LFM2.5-8B-A1B"):
         assert "A greeting." in render(name, history, specials)
         assert "A greeting." not in render(name, off, specials)
-    assert _reasoning("auto", "auto", None)["template_kwargs"]["preserve_reasoning"] is True
+    assert "preserve_reasoning" not in _reasoning("auto", "auto", None)["template_kwargs"]
     assert _reasoning("auto", "auto", None, False)["template_kwargs"] == {
         "preserve_reasoning": False}
     assert _reasoning("auto", "auto", '{"preserve_reasoning": true}', False)[

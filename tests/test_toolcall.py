@@ -104,6 +104,8 @@ CASES = [
     ("functionary-v3.2", 'all\nLet me see.\n>>>special_function\n{"arg1": 1}>>>get_time\n'
      '{"city": "Paris"}', "Let me see.\n", "", [CALL, ("get_time", {"city": "Paris"})]),
     ("functionary-v3.2", HELLO, HELLO, "", []),  # a model that writes no recipient
+    ("functionary-v3.2", 'get_time\n{"city": ">>> Paris"}>>>all\nDone.',  # >>> in its JSON
+     "Done.", "", [("get_time", {"city": ">>> Paris"})]),
     ("apertus", '<|tools_prefix|>[{"special_function": {"arg1": 1}}]<|tools_suffix|>', "", "",
      [CALL]),
     ("lfm2", "<think>I need the time</think>Let me check.<|tool_call_start|>"
@@ -203,6 +205,8 @@ def test_the_generic_response_streams_as_it_is_written():
 HOSTILE = {  # what a model may be led to write: no call in any of them
     "nesting deeper than json's decoder": '<tool_call>[TOOL_CALLS] functools' + "[" * 100_000,
     "an object never closed": '{"response": ' + '{"a": ' * 50_000,
+    "a marker then blanks": "[TOOL_CALLS]" + " " * 20_000 + "<tool_call>" + " " * 20_000,
+    "lists that never close around objects": ("[{}," + "1," * 100) * 200,
     "openers without closers": "".join(
         f"{o}x{{" for o in ("<tool_call>", "<function=", "<|tool_call>call:", "[TOOL_CALLS]",
                             "<|tool_call_start|>", '<invoke name="x">', toolcall.DS_CALL,

@@ -226,7 +226,8 @@ def _reasoning(reasoning: str, fmt: str, kwargs: str | None, preserve: bool = Tr
                              "'{\"enable_thinking\": false}'")
     if on == "on":
         given.setdefault("enable_thinking", True)
-    given.setdefault("preserve_reasoning", preserve)  # llama.cpp's, a template variable too
+    if not preserve:  # on is chat.template_context's default
+        given.setdefault("preserve_reasoning", False)
     return {"reasoning": on, "reasoning_format": fmt, "template_kwargs": given}
 
 
