@@ -192,8 +192,9 @@ async def messages(request: Request, st: AppState, pool: Pool) -> Response:
     gen = await start(pool, job)
     if body.stream:
         return f.sse(_anthropic_events(gen, cp, head, len(ids)), gen, False,
-                     lambda kind, msg, _: _event("error", {"error": {"type": kind,
-                                                                     "message": msg}}))
+                     lambda kind, msg, _: _event("error", {"error": {  # Anthropic's name
+                         "type": "api_error" if kind == "server_error" else kind,
+                         "message": msg}}))
     d = (await collect(gen, request))[0]
     p = cp.read(d.text)
     content: list[dict] = []
