@@ -255,8 +255,8 @@ def test_planted_attempt_text_report(small, tmp_path):
         "verdict: NETWORK USE SEEN: 1 event(s) counted: none could leave this machine")
 
 
-def test_loopback_is_reported_and_fails_only_with_strict(pair):
-    r, _ = audit(*pair, "--json", kind="loopback", mode="no-isolate", standin=False)
+def test_loopback_is_reported_and_fails_only_with_strict(small):
+    r, _ = audit(*small, "--json", kind="loopback", mode="no-isolate", standin=False)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["counted"] == []
@@ -266,16 +266,16 @@ def test_loopback_is_reported_and_fails_only_with_strict(pair):
             ("hook+seccomp", "socket.sendto", "loopback", "inet/udp"),
             ("proc", "socket", "loopback", "tcp"),
             ("proc", "socket", "local", "udp")} <= seen  # its sends went to loopback
-    r, _ = audit(*pair, "--json", "--strict", kind="loopback", mode="no-isolate",
+    r, _ = audit(*small, "--json", "--strict", kind="loopback", mode="no-isolate",
                  standin=False)
     assert r.returncode == 1
     assert json.loads(r.stdout)["counted"]
 
 
-def test_a_child_the_hook_cannot_see_is_still_reported(pair):
+def test_a_child_the_hook_cannot_see_is_still_reported(small):
     """python -I ignores PYTHONPATH, so the child runs without the audit hook: its loopback
     connection is reported by seccomp and by the /proc poll, with its pid."""
-    r, _ = audit(*pair, "--json", kind="child-unhooked", mode="no-isolate", standin=False)
+    r, _ = audit(*small, "--json", kind="child-unhooked", mode="no-isolate", standin=False)
     assert r.returncode == 0, r.stderr
     parent, outcome = planted(r, "child-unhooked")
     assert outcome == "ok"
@@ -289,10 +289,10 @@ def test_a_child_the_hook_cannot_see_is_still_reported(pair):
 
 
 @needs_netns
-def test_isolation_really_moves_the_run(pair):
+def test_isolation_really_moves_the_run(small):
     """Outside any test namespace, the loopback connection that works unisolated (above)
     fails in the default, isolated audit: the run is in a namespace of its own."""
-    r, _ = audit(*pair, "--json", kind="loopback", standin=False)
+    r, _ = audit(*small, "--json", kind="loopback", standin=False)
     assert r.returncode == 0, r.stderr
     _, outcome = planted(r, "loopback")
     assert "Network is unreachable" in outcome

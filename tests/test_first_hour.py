@@ -28,6 +28,21 @@ def test_version_and_help_load_no_llama_library(args):
     assert r.stderr.strip().splitlines()[-1] == "[]", r.stderr
 
 
+def test_a_run_loads_no_high_level_llama_cpp_and_a_later_import_keeps_it_quiet(q4_1):
+    """specli uses llama-cpp-python's ctypes API only: its Llama class (numpy, jinja2,
+    diskcache, multiprocessing; 0.1 s of every start) is not imported. A program that imports
+    it later in the same process gets it whole, and llama.cpp's log stays specli's (silent)."""
+    code = ("import sys\nfrom specli.backend import Model\nfrom specli.config import "
+            "ModelParams\nprint('llama_cpp.llama' in sys.modules)\n"
+            "from llama_cpp import Llama\nprint(Llama.__name__)\n"
+            f"Model(ModelParams({q4_1!r}, n_ctx=64)).close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "Llama"]
+    assert r.stderr == ""
+
+
 @pytest.mark.parametrize("env,args,says", [
     ({"LLAMA_ARG_CTX_SIZE": "abc"}, [], "invalid value for LLAMA_ARG_CTX_SIZE (-c/--ctx-size)"),
     ({"LLAMA_ARG_CTX_SIZE": "-5"}, [], "LLAMA_ARG_CTX_SIZE (-c/--ctx-size) must be at least 16"),

@@ -5,10 +5,40 @@ that llama.h does not wrap."""
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import sys
 import threading
+import types
 
-import llama_cpp as ll
+
+def _low_level() -> types.ModuleType:
+    """llama_cpp.llama_cpp, the ctypes API, without running the package's __init__ first: that
+    also imports the high-level Llama class (numpy, jinja2, diskcache, multiprocessing and its
+    chat formats, about 0.1 s of every start), which specli never uses. The package stands
+    in as its path alone, and runs its own __init__ the first time anything else is asked of
+    it (`from llama_cpp import Llama` in the same process still works)."""
+    if "llama_cpp" in sys.modules:
+        return importlib.import_module("llama_cpp.llama_cpp")
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        import llama_cpp.llama_cpp as low  # an unusual install: the plain way
+
+        return low
+    pkg = importlib.util.module_from_spec(spec)
+
+    def complete(name: str):
+        del pkg.__dict__["__getattr__"]  # once: the real __init__ defines what it defines
+        spec.loader.exec_module(pkg)
+        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # its import installed its own
+        return getattr(pkg, name)
+
+    pkg.__getattr__ = complete  # type: ignore[attr-defined]  # PEP 562, on first miss
+    sys.modules["llama_cpp"] = pkg
+    return importlib.import_module("llama_cpp.llama_cpp")
+
+
+ll = _low_level()
 
 _log_lock = threading.Lock()
 _log_verbose = False
@@ -38,7 +68,7 @@ ll.llama_backend_init()
 
 
 # libllama's handle reaches the ggml symbols it links against (dlsym searches dependencies)
-_ggml = ll.llama_cpp._lib
+_ggml = ll._lib
 
 
 def ggml_fn(name: str, restype, *argtypes):

@@ -57,7 +57,7 @@ def fn(name: str):
     if f is None:
         if name in _EXT:
             symbol, restype, argtypes = _EXT[name]
-            f = getattr(ll.llama_cpp._lib, symbol)
+            f = getattr(ll._lib, symbol)
             f.restype, f.argtypes = restype, argtypes
         else:
             f = getattr(ll, name)
