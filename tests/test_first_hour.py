@@ -31,15 +31,18 @@ def test_version_and_help_load_no_llama_library(args):
 def test_a_run_loads_no_high_level_llama_cpp_and_a_later_import_keeps_it_quiet(q4_1):
     """specli uses llama-cpp-python's ctypes API only: its Llama class (numpy, jinja2,
     diskcache, multiprocessing; 0.1 s of every start) is not imported. A program that imports
-    it later in the same process gets it whole, and llama.cpp's log stays specli's (silent)."""
-    code = ("import sys\nfrom specli.backend import Model\nfrom specli.config import "
-            "ModelParams\nprint('llama_cpp.llama' in sys.modules)\n"
-            "from llama_cpp import Llama\nprint(Llama.__name__)\n"
+    it later in the same process gets it whole (from several threads at once: each waits for
+    the package's __init__), and llama.cpp's log stays specli's (silent)."""
+    code = ("import sys, threading\nfrom specli.backend import Model\nfrom specli.config import "
+            "ModelParams\nprint('llama_cpp.llama' in sys.modules)\nimport llama_cpp\n"
+            "got = []\nts = [threading.Thread(target=lambda: got.append(llama_cpp.Llama)) "
+            "for _ in range(4)]\n[t.start() for t in ts]\n[t.join() for t in ts]\n"
+            "print(len(got), got[0].__name__)\n"
             f"Model(ModelParams({q4_1!r}, n_ctx=64)).close()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "Llama"]
+    assert r.stdout.split() == ["False", "4", "Llama"]
     assert r.stderr == ""
 
 

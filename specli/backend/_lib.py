@@ -26,11 +26,20 @@ def _low_level() -> types.ModuleType:
 
         return low
     pkg = importlib.util.module_from_spec(spec)
+    lock, running = threading.RLock(), []
 
     def complete(name: str):
-        del pkg.__dict__["__getattr__"]  # once: the real __init__ defines what it defines
-        spec.loader.exec_module(pkg)
-        ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # its import installed its own
+        with lock:  # once, whichever thread asks first; the others wait for it here
+            if "__getattr__" in pkg.__dict__:
+                if running:  # asked from inside its own __init__: not defined yet
+                    raise AttributeError(name)
+                running.append(True)
+                try:
+                    spec.loader.exec_module(pkg)
+                finally:
+                    running.clear()
+                del pkg.__dict__["__getattr__"]  # from here, __init__ defined what it defines
+                ll.llama_log_set(_log_callback, ctypes.c_void_p(0))  # it installed its own
         return getattr(pkg, name)
 
     pkg.__getattr__ = complete  # type: ignore[attr-defined]  # PEP 562, on first miss
