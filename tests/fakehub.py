@@ -9,7 +9,6 @@ import hashlib
 import json
 import re
 import threading
-import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
@@ -139,10 +138,8 @@ class FakeHub:
         if self.drops.get(key, 0) > 0:  # half the body, then the connection drops
             self.drops[key] -= 1
             end = start + (len(data) - start) // 2
-            for i in range(start, end, 1 << 16):
-                h.wfile.write(data[i:min(i + (1 << 16), end)])
-                h.wfile.flush()
-                time.sleep(0.005)
+            h.wfile.write(data[start:end])  # returns once the client has taken all but
+            h.wfile.flush()  # what the socket buffers hold: the FIN follows those bytes
             h.close_connection = True
             h.connection.shutdown(2)
             return

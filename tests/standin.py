@@ -12,6 +12,8 @@ namespace of its own, nothing may arrive.
 from __future__ import annotations
 
 import json
+import os
+import select
 import socket
 import subprocess
 import sys
@@ -28,7 +30,10 @@ def main() -> None:
     subprocess.run(["ip", "addr", "add", f"{HOST}/32", "dev", "lo"], check=True)
     with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as f:
         f.write(f"nameserver {HOST}\noptions timeout:1 attempts:1\n")
-    subprocess.run(["mount", "--bind", f.name, "/etc/resolv.conf"], check=True)
+    try:
+        subprocess.run(["mount", "--bind", f.name, "/etc/resolv.conf"], check=True)
+    finally:
+        os.unlink(f.name)  # the mount keeps the file for this namespace; /tmp keeps nothing
     received: list[dict] = []
     lock = threading.Lock()
 
@@ -59,7 +64,14 @@ def main() -> None:
     for target, args in ((serve_tcp, ()), *((serve_udp, a) for a in udps)):
         threading.Thread(target=target, args=args, daemon=True).start()
     rc = subprocess.run(cmd).returncode
-    time.sleep(0.2)
+    # what was sent before the command ended is queued at the listeners (loopback delivers
+    # in the sender's call): wait until they have taken it all, then a moment for the last
+    # one to note it
+    listeners = [tcp, *(u for u, _ in udps)]
+    deadline = time.monotonic() + 2.0
+    while select.select(listeners, [], [], 0)[0] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.05)
     with lock, open(out, "w") as f:
         json.dump({"rc": rc, "received": received}, f)
     sys.exit(rc)

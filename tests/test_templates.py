@@ -6,6 +6,7 @@ template files, tests/data/templates/); the date they printed becomes today's.""
 
 from __future__ import annotations
 
+import functools
 import json
 from datetime import datetime
 from pathlib import Path
@@ -92,6 +93,7 @@ KNOWN = {
 REFUSED = {("CohereForAI-c4ai-command-r-plus-tool_use", c) for c in ("tools", "round_trip")}
 
 
+@functools.cache  # at collection, once per template (each compile is ~50 ms)
 def generic(name: str) -> bool:
     """A template that renders no tool calls: specli gives it the generic format."""
     return not prompt.template_caps((DATA / f"{name}.jinja").read_text())[1]

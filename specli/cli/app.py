@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import errno
 import functools
+import importlib
 import os
 import re
 import sys
@@ -12,37 +13,22 @@ import sys
 import typer
 
 from specli import __version__
-from specli.cli import audit as audit_cmd
-from specli.cli import check_pair as check_pair_cmd
 from specli.cli import console
-from specli.cli import download as download_cmd
-from specli.cli import info as info_cmd
-from specli.cli import lookup as lookup_cmd
-from specli.cli import rpc_server as rpc_server_cmd
-from specli.cli import run as run_cmd
-from specli.cli import serve as serve_cmd
-from specli.cli import tune as tune_cmd
 from specli.cli.console import err
 from specli.errors import SpecliError, UsageError
 
-app = typer.Typer(
-    name="specli",
-    help="Speculative decoding of local GGUF models, on llama.cpp.",
-    no_args_is_help=True,
-    pretty_exceptions_show_locals=False,
-    add_completion=False,
-    rich_markup_mode=None,  # plain help: every flag spelled in full, wrapped at any width
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-app.command("run")(run_cmd.run)
-app.command("serve")(serve_cmd.serve)
-app.command("check-pair")(check_pair_cmd.check_pair)
-app.command("info")(info_cmd.info)
-app.command("download")(download_cmd.download)
-app.command("tune-draft")(tune_cmd.tune_draft)
-app.command("audit")(audit_cmd.audit)
-app.command("rpc-server")(rpc_server_cmd.rpc_server)
-app.add_typer(lookup_cmd.app, name="lookup")
+# each command: (its module, the Typer command or sub-app there), in the help's order
+COMMANDS = {
+    "run": ("run", "run"),
+    "serve": ("serve", "serve"),
+    "check-pair": ("check_pair", "check_pair"),
+    "info": ("info", "info"),
+    "download": ("download", "download"),
+    "tune-draft": ("tune", "tune_draft"),
+    "audit": ("audit", "audit"),
+    "rpc-server": ("rpc_server", "rpc_server"),
+    "lookup": ("lookup", "app"),
+}
 
 
 def _version(value: bool) -> None:
@@ -51,18 +37,58 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """Speculative decoding of local GGUF models, on llama.cpp."""
 
 
+def build(only: str | None = None) -> typer.Typer:
+    """The Typer app: every command, or only the one named (what `specli NAME ...` runs:
+    the other commands' modules are never imported, nor their options built)."""
+    new = typer.Typer(
+        name="specli",
+        help="Speculative decoding of local GGUF models, on llama.cpp.",
+        no_args_is_help=True,
+        pretty_exceptions_show_locals=False,
+        add_completion=False,
+        rich_markup_mode=None,  # plain help: every flag spelled in full, wrapped at any width
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    new.callback()(_root)
+    for name, (module, attr) in COMMANDS.items():
+        if only in (None, name):
+            what = getattr(importlib.import_module(f"specli.cli.{module}"), attr)
+            if isinstance(what, typer.Typer):
+                new.add_typer(what, name=name)
+            else:
+                new.command(name)(what)
+    return new
+
+
 @functools.cache
-def _command():
-    """The app as Click's command, built once per process: Typer builds it anew from every
-    command's signature on each call (50 ms), which `specli` pays once anyway but a process
-    that runs several commands (tests, scripts/gen_cli_docs.py) would pay each time."""
-    return typer.main.get_command(app)
+def whole() -> typer.Typer:
+    return build()
+
+
+def __getattr__(name: str):
+    if name == "app":  # `app`, the whole app (tests, scripts/gen_cli_docs.py), when asked for
+        return whole()
+    raise AttributeError(name)
+
+
+def _selected(args: list[str]) -> str | None:
+    """The command args name first, if it is one (else the whole app: the root's help, a
+    mistyped name's suggestions)."""
+    return args[0] if args and args[0] in COMMANDS else None
+
+
+@functools.cache
+def _command(only: str | None = None):
+    """The app (or its one command's) as Click's command, built once per process: Typer
+    builds it anew from every command's signature on each call (50 ms for them all), which
+    `specli` pays once anyway but a process that runs several commands (tests,
+    scripts/gen_cli_docs.py) would pay each time."""
+    return typer.main.get_command(whole() if only is None else build(only))
 
 
 def whole_words(args: list[str], command=None) -> None:
@@ -98,7 +124,7 @@ def whole_words(args: list[str], command=None) -> None:
 def _subcommand(args: list[str], command=None):
     """(the Click command args name, the index of its first argument); None for a name the
     app does not have."""
-    cmd, i = command or _command(), 0
+    cmd, i = command or _command(_selected(args)), 0
     while i < len(args) and not args[i].startswith("-"):
         cmd, i = (getattr(cmd, "commands", None) or {}).get(args[i]), i + 1
         if cmd is None:
@@ -140,7 +166,8 @@ def main() -> None:
     try:
         try:
             whole_words(sys.argv[1:])
-            rc = _command().main(prog_name="specli", standalone_mode=False)
+            rc = _command(_selected(sys.argv[1:])).main(prog_name="specli",
+                                                        standalone_mode=False)
         except SystemExit as e:  # Click turns EPIPE into a silent exit 1 even so
             if isinstance(e.__context__, console.OutputError):
                 raise e.__context__ from None

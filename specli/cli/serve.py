@@ -173,22 +173,24 @@ def serve(
     plan = o.plan(drafting, model_draft)
     keys = _keys(api_key or [], api_key_file)
 
+    from specli.plan import check_files
+
+    target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
+    target = replace(target, chat_template=template, jinja=jinja)
+    # a bad pair or file is refused before listening (and before the web stack's 0.8 s of
+    # imports)
+    check_files(target, draft_model, plan)
+    from specli.cli.run import constrained
+
+    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise SpecliError("specli serve needs the server extra",
                           hint="pip install 'specli[server]'") from None
-    from specli.plan import check_files
     from specli.server import ServerConfig
 
-    target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
-    target = replace(target, chat_template=template, jinja=jinja)
-    # a bad pair or file is refused before listening
-    check_files(target, draft_model, plan)
-    from specli.cli.run import constrained
-
-    sampling = constrained(sampling, grammar, grammar_file, json_schema, json_schema_file)
     config = ServerConfig(
         target=target, draft=draft_model,
         draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
