@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import httpx
 import pytest
 from test_serve import KEY, Server
@@ -142,7 +141,10 @@ def test_apply_template_honours_add_generation_prompt_and_tools(server):
 
 # -- Anthropic's Messages --------------------------------------------------------------------
 
-def claude(server: Server) -> anthropic.Anthropic:
+def claude(server: Server):
+    import anthropic  # 1-2.5 s of imports, for this module's Messages tests only (not at
+    # collection, which every xdist worker runs)
+
     return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
 
 
