@@ -82,12 +82,16 @@ def _selected(args: list[str]) -> str | None:
     return args[0] if args and args[0] in COMMANDS else None
 
 
-@functools.cache
 def _command(only: str | None = None):
     """The app (or its one command's) as Click's command, built once per process: Typer
     builds it anew from every command's signature on each call (50 ms for them all), which
     `specli` pays once anyway but a process that runs several commands (tests,
     scripts/gen_cli_docs.py) would pay each time."""
+    return _click(only)  # one cache key for _command() and _command(None)
+
+
+@functools.cache
+def _click(only: str | None):
     return typer.main.get_command(whole() if only is None else build(only))
 
 
