@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -61,10 +62,20 @@ def render(name: str, body: dict, specials: tuple[str, str]) -> str:
     return prompt.render_messages(target, _messages(req), False, cp.opts)
 
 
+# the forms of the date the templates print: the context's two and every strftime_now format
+# in the template files (Apertus and Solar print the ISO date)
+FORMATS = {"%d %b %Y", "%b %d %Y"} | {
+    m[1] for f in DATA.glob("*.jinja")
+    for m in re.finditer(r"strftime_now\(['\"]([^'\"]*)['\"]\)", f.read_text())}
+
+
 def today(text: str) -> str:
-    ctx = template_context()
-    return text.replace(NATIVE["date_string"], ctx["date_string"]).replace(
-        NATIVE["datetime"], ctx["datetime"])
+    """The recorded text with the recording's date, in each form, as today's."""
+    recorded = datetime.strptime(NATIVE["date_string"], "%d %b %Y")
+    now = datetime.now()
+    for fmt in sorted(FORMATS):
+        text = text.replace(recorded.strftime(fmt), now.strftime(fmt))
+    return text
 
 
 # where specli renders otherwise, and why: (what specli writes, what native writes there,
