@@ -104,27 +104,34 @@ KNOWN = {
 REFUSED = {("CohereForAI-c4ai-command-r-plus-tool_use", c) for c in ("tools", "round_trip")}
 
 
-@functools.cache  # at collection, once per template (each compile is ~50 ms)
+@functools.cache  # once per template and worker, when its first case runs (~50 ms a compile)
 def generic(name: str) -> bool:
     """A template that renders no tool calls: specli gives it the generic format."""
     return not prompt.template_caps((DATA / f"{name}.jinja").read_text())[1]
 
 
-# a generic template's tool round trip is the generic format's JSON (which Gemma 2's
-# alternating roles take, where native refuses a tool turn): the generic test checks it
-CASES = [(t, c) for t, convs in NATIVE["renders"].items() for c in convs
-         if not (c == "round_trip" and generic(t))]
+CASES = [(t, c) for t, convs in NATIVE["renders"].items() for c in convs]
 
 
 @pytest.mark.parametrize("name,conv", CASES)
 def test_a_template_renders_as_llama_server_renders_it(name, conv, specials):
     """Every recorded conversation renders as native llama-server rendered it, but for the
-    known differences (KNOWN: the text specli keeps) and the generic format's tools
-    (test_a_template_without_tool_calls_gets_the_generic_format)."""
+    known differences (KNOWN: the text specli keeps) and the tools of a template that renders
+    no tool calls: specli gives it the generic format, the tools described in the system
+    prompt (or the first message, where the template has no system role), earlier calls and
+    results as the JSON the model answers in (which Gemma 2's alternating roles take, where
+    native refuses a tool turn)."""
     want = NATIVE["renders"][name][conv]
     body = NATIVE["conversations"][conv]
-    if generic(name) and body.get("tools"):  # the tools are the generic test's
-        body = {k: v for k, v in body.items() if k != "tools"}
+    if generic(name) and conv == "round_trip":
+        trip = render(name, body, specials)
+        assert '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}' in trip
+        assert '{"tool_response": {"tool": "get_weather", "content": "Sunny, 21 C"}}' in trip
+        return
+    if generic(name) and body.get("tools"):
+        tools = render(name, body, specials)
+        assert "You can call any of the following tools" in tools and '"get_weather"' in tools
+        body = {k: v for k, v in body.items() if k != "tools"}  # the rest as native's
     if want["status"] != 200:
         with pytest.raises(UsageError):
             render(name, body, specials)
@@ -139,17 +146,6 @@ def test_a_template_renders_as_llama_server_renders_it(name, conv, specials):
         assert ours in got and (not theirs or theirs not in got)
         got = theirs.join(got.rsplit(ours, 1))
     assert got == today(want["prompt"])
-
-
-@pytest.mark.parametrize("name", [n for n in NATIVE["renders"] if generic(n)])
-def test_a_template_without_tool_calls_gets_the_generic_format(name, specials):
-    """The tools described in the system prompt (or the first message, where the template
-    has no system role), earlier calls and results as the JSON the model answers in."""
-    tools = render(name, NATIVE["conversations"]["tools"], specials)
-    assert "You can call any of the following tools" in tools and '"get_weather"' in tools
-    trip = render(name, NATIVE["conversations"]["round_trip"], specials)
-    assert '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}' in trip
-    assert '{"tool_response": {"tool": "get_weather", "content": "Sunny, 21 C"}}' in trip
 
 
 def test_the_date_is_todays():
