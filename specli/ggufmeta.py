@@ -10,31 +10,56 @@ read or allocated, so a bad file fails at once, in one ModelFileError line that 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import math
 import mmap
 import os
 import struct
+import sys
+import types
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from specli.errors import ModelFileError
 
-# gguf's type tables, imported at the first header read (_tables): the package, numpy under
-# it, is 0.3 s that `--help`, `--version` and the audit's own processes never need
+# gguf's type tables, loaded at the first header read (_tables): `--help`, `--version` and
+# the audit's own processes never need them
 _SCALARS: dict = {}
+
+
+def gguf_constants() -> types.ModuleType:
+    """gguf.constants, the package's type tables, without the package's __init__ first: that
+    imports its reader, writer, metadata and vocabulary modules too (0.1 s of every start that
+    only reads headers). Loaded under its own name, it is the module the package takes as its
+    own if anything imports `gguf` later."""
+    mod = sys.modules.get("gguf.constants")
+    if mod is not None:
+        return mod
+    pkg = importlib.util.find_spec("gguf")  # a top-level package: found, not imported
+    where = pkg.submodule_search_locations if pkg else None
+    spec = where and importlib.util.spec_from_file_location(
+        "gguf.constants", os.path.join(where[0], "constants.py"))
+    if not spec or not os.path.isfile(spec.origin):  # an unusual install: the plain way
+        import gguf.constants
+
+        return gguf.constants
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gguf.constants"] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        del sys.modules["gguf.constants"]
+        raise
+    return mod
 
 
 def _tables() -> None:
     global GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFValueType
     if _SCALARS:
         return
-    from gguf import (  # noqa: F401 - module globals, for _Walk
-        GGML_QUANT_SIZES,
-        GGUF_DEFAULT_ALIGNMENT,
-        GGMLQuantizationType,
-        GGUFValueType,
-    )
-
+    c = gguf_constants()
+    GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT = c.GGML_QUANT_SIZES, c.GGUF_DEFAULT_ALIGNMENT
+    GGMLQuantizationType, GGUFValueType = c.GGMLQuantizationType, c.GGUFValueType
     t = GGUFValueType
     _SCALARS.update({t.UINT8: "B", t.INT8: "b", t.UINT16: "H", t.INT16: "h", t.UINT32: "I",
                      t.INT32: "i", t.FLOAT32: "f", t.BOOL: "?", t.UINT64: "Q", t.INT64: "q",

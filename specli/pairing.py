@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 
 from specli.errors import IncompatiblePairError
-from specli.ggufmeta import Header, invalid, read_header
+from specli.ggufmeta import Header, gguf_constants, invalid, read_header
 from specli.headmeta import HEAD_ARCHS
 
 # llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE and SPEC_VOCAB_CHECK_START_TOKEN_ID
@@ -191,7 +191,7 @@ def model_info(h: Header) -> ModelInfo:
 def file_type(h: Header) -> str | None:
     """llama.cpp's file type name (general.file_type), else the type holding most bytes."""
     ft = h.kv.get("general.file_type")
-    from gguf import LlamaFileType
+    LlamaFileType = gguf_constants().LlamaFileType  # noqa: N806 - gguf's class
 
     if ft in LlamaFileType._value2member_map_ and ft != LlamaFileType.GUESSED:
         return LlamaFileType(ft).name.removeprefix("MOSTLY_").removeprefix("ALL_")

@@ -17,10 +17,10 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
     with neither, the embedded SmolLM2 pair. -hfd without -hffd takes the draft-head sidecar
     the repository ships, as llama.cpp does: the one a head type in spec_types names, or
     with no draft type asked for, the first it ships (MTP, DSpark, DFlash, Eagle3)."""
-    from specli import hub
-
     progress = not quiet and err.is_terminal
     if hf is not None or hf_file is not None:
+        from specli import hub  # -m alone never imports the hub
+
         if model is not None:
             raise UsageError("give -m or -hf, not both")
         if hf is None:
@@ -31,6 +31,8 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             raise UsageError("give -md or -hfd, not both")
         if hf_draft is None:
             raise UsageError("-hffd/--hf-file-draft needs -hfd REPO")
+        from specli import hub
+
         ref = hub.parse_ref(hf_draft)
         heads = [t for t in hub.SIDECARS if t in spec_types] or (
             [] if "draft-simple" in spec_types else list(hub.SIDECARS))
