@@ -68,7 +68,11 @@ def test_llama_cpp_loads_before_sentencepiece_in_the_cli(fake_sentencepiece, f16
     r = specli("run", "-m", f16, "-md", q4_1, "-p", "Hi", "-n", "4", "--temp", "0", "--json",
                env=env)  # a fresh process: the order of its imports is the point
     assert r.returncode == 0, r.stderr
-    assert record.read_text().split() == ["True", "True"]
+    # `run -m` reads the headers with gguf's type tables alone (ggufmeta.gguf_constants):
+    # gguf's package, and sentencepiece under it, need not load at all; if they do, after
+    # llama.cpp's libraries
+    lines = record.read_text().split() if record.exists() else []
+    assert lines in ([], ["True", "True"]), lines
 
 
 def test_the_fake_would_catch_the_wrong_order(fake_sentencepiece):
