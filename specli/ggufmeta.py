@@ -27,28 +27,34 @@ from specli.errors import ModelFileError
 _SCALARS: dict = {}
 
 
+_CONSTANTS = "specli.ggufmeta.gguf_constants"  # the private copy's module name
+
+
 def gguf_constants() -> types.ModuleType:
-    """gguf.constants, the package's type tables, without the package's __init__ first: that
-    imports its reader, writer, metadata and vocabulary modules too (0.1 s of every start that
-    only reads headers). Loaded under its own name, it is the module the package takes as its
-    own if anything imports `gguf` later."""
-    mod = sys.modules.get("gguf.constants")
-    if mod is not None:
-        return mod
+    """gguf.constants, the package's type tables, without the package's __init__: that imports
+    its reader, writer, metadata and vocabulary modules (sentencepiece among them), 0.1 s of
+    every start that only reads headers. gguf's own where the package is imported already;
+    else a copy under a name of its own, so that a later `import gguf` runs whole as usual
+    (`gguf.constants` included). Only names and values leave specli through it, and its
+    IntEnums compare equal to gguf's by value. (backend._lib's stand-in package is for
+    llama_cpp.llama_cpp, whose relative imports need a parent; constants.py has none.)"""
+    for name in ("gguf.constants", _CONSTANTS):
+        if name in sys.modules:
+            return sys.modules[name]
     pkg = importlib.util.find_spec("gguf")  # a top-level package: found, not imported
     where = pkg.submodule_search_locations if pkg else None
     spec = where and importlib.util.spec_from_file_location(
-        "gguf.constants", os.path.join(where[0], "constants.py"))
+        _CONSTANTS, os.path.join(where[0], "constants.py"))
     if not spec or not os.path.isfile(spec.origin):  # an unusual install: the plain way
         import gguf.constants
 
         return gguf.constants
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["gguf.constants"] = mod
+    sys.modules[_CONSTANTS] = mod  # (dataclasses and enums look their module up)
     try:
         spec.loader.exec_module(mod)
     except BaseException:
-        del sys.modules["gguf.constants"]
+        del sys.modules[_CONSTANTS]
         raise
     return mod
 

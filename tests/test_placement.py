@@ -75,6 +75,20 @@ def test_llama_cpp_loads_before_sentencepiece_in_the_cli(fake_sentencepiece, f16
     assert lines in ([], ["True", "True"]), lines
 
 
+def test_a_header_read_leaves_gguf_unimported_and_whole_afterwards(q4_1):
+    """ggufmeta reads with gguf's type tables alone (no package, no sentencepiece); a later
+    `import gguf` in the same process is the whole package, `gguf.constants` included."""
+    code = ("import sys\nfrom specli.ggufmeta import read_header\n"
+            f"read_header({q4_1!r})\nprint(sorted(m for m in sys.modules if 'gguf' in m"
+            " and not m.startswith('specli')))\n"
+            "import gguf\n"
+            "print(gguf.constants.GGUFValueType.ARRAY.name, gguf.GGUFWriter.__name__)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["[]", "ARRAY GGUFWriter"]
+
+
 def test_the_fake_would_catch_the_wrong_order(fake_sentencepiece):
     """The check above can fail: gguf imported on its own records llama.cpp as absent."""
     env, record = fake_sentencepiece
