@@ -6,6 +6,7 @@ greedy by default; what the model's text does not decide, in process on fake eng
 from __future__ import annotations
 
 import json
+import time
 from contextlib import nullcontext
 
 import openai
@@ -353,6 +354,43 @@ def test_a_prompt_goes_to_the_slot_that_holds_its_prefix(server):
         assert r.json()["id_slot"] == other
         bad = h.post("/completion", json={"prompt": PROMPT, "id_slot": 7})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "id_slot"
+
+
+class _SlowToFinish:
+    """An executor whose threads linger after each generation's work, as a thread does that
+    waits for the GIL while the loop answers its client."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def submit(self, fn, *args):
+        def work():
+            try:
+                return fn(*args)
+            finally:
+                time.sleep(0.3)
+        return self.inner.submit(work)
+
+    def shutdown(self, *args, **kw):
+        self.inner.shutdown(*args, **kw)
+
+
+def test_a_slot_is_free_when_its_answer_arrives():
+    """A client's next request, sent as soon as an answer arrives, finds that answer's slot
+    idle and its prompt cached: the slot goes back before the last event is sent, not when
+    the generation's thread ends (a full run once saw the next request go to the other slot)."""
+    with serve(config(target=ModelParams(path="fake.gguf", n_ctx=1024), parallel=2,
+                      draft=True, api_keys=(KEY,)), key=KEY) as client:
+        pool = client.state.pool
+        pool.executor = _SlowToFinish(pool.executor)
+        body = {"prompt": PROMPT + " Then the months.", "n_predict": 2}
+        first = client.post("/completion", json=body).json()
+        for stream in (False, True, False):
+            assert pool.idle == 2
+            r = client.post("/completion", json={**body, "stream": stream})
+            assert r.status_code == 200
+            again = json.loads(r.text.strip().splitlines()[-1].removeprefix("data: "))
+            assert again["id_slot"] == first["id_slot"], again
 
 
 def test_llama_servers_prompt_forms(server):

@@ -148,9 +148,25 @@ class Generation:
         self._cancel = threading.Event()
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
+        self._released = False
         pool.active.add(self)
         fut = self._loop.run_in_executor(pool.executor, self._work)
-        fut.add_done_callback(lambda _: (pool.active.discard(self), pool.release(slot)))
+        fut.add_done_callback(lambda _: self._release())
+
+    def _release(self) -> None:
+        """On the loop, once: the slot goes back to the pool."""
+        if not self._released:
+            self._released = True
+            self._pool.active.discard(self)
+            self._pool.release(self.slot)
+
+    def _last(self, done: Done) -> None:
+        """On the loop: the slot is released before its reader sees the last Done, so that
+        a client's next request (sent as soon as this answer arrives) finds the slot idle,
+        its prompt cached (a release left to the thread's end raced the answer: the next
+        request went to another slot and evaluated its prompt again)."""
+        self._release()
+        self._queue.put_nowait(done)
 
     def cancel(self) -> None:
         self._cancel.set()
@@ -191,13 +207,17 @@ class Generation:
                 sp = job.sampling
                 if index and sp.seed is not None:  # each choice its own seed
                     sp = replace(sp, seed=(sp.seed + index) % 2**63)
-                if not self._choice(engine, job, sp, index):
+                done = self._choice(engine, job, sp, index)
+                if index == job.n - 1 or done.finish_reason == "cancelled":
+                    # the engine is left alone from here on: the slot may go at once
+                    self._loop.call_soon_threadsafe(self._last, done)
                     break
+                self._push(done)
         except BaseException as e:  # handed to the event loop, which answers the client
             self.fail(e)
 
-    def _choice(self, engine: Engine, job: Job, sp: SamplingParams, index: int) -> bool:
-        """One choice, streamed as Pieces and ended by its Done; False if cancelled."""
+    def _choice(self, engine: Engine, job: Job, sp: SamplingParams, index: int) -> Done:
+        """One choice, streamed as Pieces; its Done (the caller sends it)."""
         stats = Stats()
         stop = StopMatcher(job.stop)
         pieces: list[str] = []
@@ -231,8 +251,7 @@ class Generation:
         finish = finish or stats.finish_reason
         if self._on_done:
             self._on_done(stats)
-        self._push(Done(finish, stats, "".join(pieces), sent, tokens, stop.word, index))
-        return finish != "cancelled"
+        return Done(finish, stats, "".join(pieces), sent, tokens, stop.word, index)
 
 
 @dataclass
