@@ -150,10 +150,16 @@ def cli(*args: str, env: dict | None = None, input: str | None = None,
     its call and does not crash the process (a hostile file stays with specli()). timeout
     is specli()'s signature; a command here runs to its end. `audit` (which execs itself),
     `serve` and `rpc-server` (which run until stopped) go to specli()."""
-    from specli.cli.app import main
-
     if args and args[0] in ("audit", "serve", "rpc-server"):
         return specli(*args, env=env, timeout=timeout or 300)
+    return cli_here(*args, env=env, input=input)
+
+
+def cli_here(*args: str, env: dict | None = None,
+             input: str | None = None) -> subprocess.CompletedProcess:
+    """cli() for any command: in this process, whatever it is (tests/test_serve.InProcess
+    runs `serve` here with its last step, the listening, replaced)."""
+    from specli.cli.app import main
 
     files = [tempfile.TemporaryFile() for _ in range(3)]
     files[0].write((input or "").encode())

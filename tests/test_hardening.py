@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 from test_hostile_serve import KEY, health_while, post
-from test_serve import Server
+from test_serve import InProcess, Server
 
 # 46 bytes: nested optional repetitions multiply llama.cpp's parse stacks (60^3 of them)
 BOMB = 'x ::= "a"{0,60}\ny ::= x{0,60}\nroot ::= y{0,60}'
@@ -23,9 +23,19 @@ LATE = 'root ::= "a" | "b" y\nx ::= "a"{0,60}\ny ::= x{0,60} x{0,60} x{0,60}'
 
 @pytest.fixture(scope="module")
 def server(q4_1):
-    s = Server("-m", q4_1, "-c", "512", "--api-key", KEY, "--temp", "0")
-    yield s
-    s.stop()
+    """The server in this process, its deadlines shortened (the same checks, each bomb
+    stopped in 2 s, not 5; a head timed out in 4 s, not 10): what is under test is that
+    a deadline stops it and the server keeps serving, not how long the deadline is."""
+    from specli import grammar_host
+    from specli.server import conn
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(grammar_host, "CHECK_S", 2.0)  # a request's check
+        mp.setattr(grammar_host, "BASE_S", 2.0)  # a generation's grammar time
+        mp.setattr(conn, "HEAD_S", 4.0)
+        s = InProcess("-m", q4_1, "-c", "512", "--api-key", KEY, "--temp", "0")
+        yield s
+        s.stop()
 
 
 def idle(s: Server) -> int:
@@ -67,7 +77,7 @@ def test_a_grammar_that_explodes_mid_generation_frees_its_slot(server, stream):
         assert "was stopped" in text and '"error"' in text, text
     else:
         assert r.status_code == 400 and "was stopped" in r.json()["error"]["message"], text
-    assert took < 15  # its time: 5 s, and 0.5 s a token (grammar_host.Budget)
+    assert took < 15  # its time: BASE_S, and 0.5 s a token (grammar_host.Budget)
     still_serving(server)
 
 

@@ -16,7 +16,7 @@ import pytest
 from conftest import cli, specli
 from fakehub import FakeHub
 from test_sampling import chi_square, exact_sequences, sample_runs
-from test_serve import Server
+from test_serve import InProcess
 
 from specli import hub
 from specli.backend import ext
@@ -277,8 +277,8 @@ def test_server_slots_each_keep_their_own_head(heads, case):
 def test_serve_answers_the_openai_client_with_a_head(heads):
     """`specli serve` with draft-mtp: the text is the target's, the head drafted, and a
     request's speculative.type may name it (or turn to an n-gram type)."""
-    s = Server("-m", heads["mtp"], "--spec-type", "draft-mtp", "-np", "2", "-c", "1024",
-               "--temp", "0", "--draft", str(K))
+    s = InProcess("-m", heads["mtp"], "--spec-type", "draft-mtp", "-np", "2", "-c", "1024",
+                  "--temp", "0", "--draft", str(K))
     try:
         client = s.client()
 

@@ -14,14 +14,14 @@ import pytest
 from fakeserver import serve
 from hostile_models import with_nan, with_template
 from test_hostile_files import DOUBLE, LOOP
-from test_serve import Server
+from test_serve import InProcess, Server
 
 KEY = "test-key-123"
 
 
 @pytest.fixture(scope="module")
 def server(q4_1):
-    s = Server("-m", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
+    s = InProcess("-m", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
     yield s
     s.stop()
 
@@ -99,8 +99,11 @@ def test_a_signal_ends_the_server_with_a_generation_in_flight(q4_1, sig):
 @pytest.mark.parametrize("template,needle", [(LOOP, "ran for more than"),
                                              (DOUBLE, "built a value of")])
 def test_a_hostile_template_is_a_400_and_health_keeps_answering(tmp_path, q4_1, template,
-                                                                needle):
-    s = Server("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256")
+                                                                needle, monkeypatch):
+    from specli import chat
+
+    monkeypatch.setattr(chat, "RENDER_SECONDS", 1.5)  # the loop stopped sooner than in 5 s
+    s = InProcess("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256")
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
         r, slowest = health_while(s, lambda: post(s, "/v1/chat/completions", body))
@@ -222,7 +225,7 @@ def test_json_without_a_json_content_type_is_parsed(fake, content_type):
 # -- 10. NaN weights: a 500 that says so, and the slot is free again ----------------------------
 
 def test_nan_logits_are_a_500_and_the_slot_recovers(tmp_path, q4_1):
-    s = Server("-m", with_nan(q4_1, tmp_path / "nan.gguf"), "-c", "256")
+    s = InProcess("-m", with_nan(q4_1, tmp_path / "nan.gguf"), "-c", "256")
     try:
         for _ in range(2):
             r = post(s, "/completion", {"prompt": "hi", "n_predict": 4})

@@ -3,9 +3,11 @@ against a server started with the real SmolLM2 pair on a free loopback port (iss
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ from contextlib import nullcontext
 import httpx
 import openai
 import pytest
+from conftest import cli_here
 from fakeserver import serve
 
 KEY = "test-key-123"
@@ -72,6 +75,48 @@ class Server:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class InProcess(Server):
+    """`specli serve ARGS` in this process: the config the CLI builds from ARGS, served by
+    what `specli serve` runs (cli/serve.py's `serving`: the app over real slots, uvicorn with
+    the connection layer) from a thread. For the tests that shorten the server's own
+    deadlines (grammar budgets, the head's timeout) with monkeypatch, which a server in
+    another process would not see; signals and exit codes stay with Server."""
+
+    def __init__(self, *args: str):
+        from specli.cli import serve as command
+        from specli.server import conn
+
+        seen: dict = {}
+        run, command._run = command._run, lambda config, hosts, port: seen.update(c=config)
+        try:
+            r = cli_here("serve", "--port", "0", *args)
+        finally:
+            command._run = run
+        if "c" not in seen:
+            raise RuntimeError(f"serve refused its arguments: {r.stderr}")
+        sock = socket.create_server(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc, self.log = None, []
+        ready = threading.Event()
+        self._max_open = conn.Guarded.max_open  # serving() sets it for the process
+        self.server, failure = command.serving(seen["c"], [sock], lambda n: ready.set())
+        self.thread = threading.Thread(
+            target=lambda: asyncio.run(self.server.serve(sockets=[sock])), daemon=True)
+        self.thread.start()
+        while not ready.wait(0.05):
+            if failure or not self.thread.is_alive():
+                self.stop()
+                raise RuntimeError(f"server did not start: {failure}")
+
+    def stop(self) -> None:
+        from specli.server import conn
+
+        self.server.should_exit = True
+        self.thread.join(30)
+        conn.Guarded.max_open = self._max_open
 
 
 @pytest.fixture(scope="module")

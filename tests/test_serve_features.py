@@ -12,7 +12,7 @@ from contextlib import nullcontext
 import openai
 import pytest
 from fakeserver import config, serve
-from test_serve import KEY, Server
+from test_serve import KEY, InProcess, Server
 
 from specli.config import ModelParams
 
@@ -21,8 +21,8 @@ PROMPT = "List the days of the week, one per line."
 
 @pytest.fixture(scope="module")
 def server(f16, q4_1):
-    s = Server("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "--api-key", KEY,
-               "-a", "smollm2-f16", "--temp", "0")
+    s = InProcess("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "--api-key", KEY,
+                  "-a", "smollm2-f16", "--temp", "0")
     yield s
     s.stop()
 

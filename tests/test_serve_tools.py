@@ -11,7 +11,7 @@ import json
 
 import httpx
 import pytest
-from test_serve import KEY, Server
+from test_serve import KEY, InProcess, Server
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -29,8 +29,8 @@ def server(q8_0):
     """The protocol's server: the Q8_0 (faster than the F16 and, over a long prompt of tool
     definitions, than the Q4_1 on an AVX2 CPU), drafting for itself so that every answer goes
     through speculative steps."""
-    s = Server("-m", q8_0, "-md", q8_0, "-c", "2048", "--api-key", KEY, "--temp", "0",
-               "-a", "smollm2")
+    s = InProcess("-m", q8_0, "-md", q8_0, "-c", "2048", "--api-key", KEY, "--temp", "0",
+                  "-a", "smollm2")
     yield s
     s.stop()
 
@@ -38,7 +38,7 @@ def server(q8_0):
 @pytest.fixture(scope="module")
 def exact(f16, q4_1):
     """The F16 target and the Q4_1 draft: where greedy text must equal the target's own."""
-    s = Server("-m", f16, "-md", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
+    s = InProcess("-m", f16, "-md", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
     yield s
     s.stop()
 
@@ -275,9 +275,9 @@ def hermes(q8_0):
     <tool_call> JSON </tool_call>, under a grammar when required, a lazy one for auto."""
     from pathlib import Path
 
-    s = Server("-m", q8_0, "-c", "2048", "--api-key", KEY, "--temp", "0",
-               "--chat-template-file", str(Path(__file__).parent / "data" / "templates" /
-                                            HERMES))
+    s = InProcess("-m", q8_0, "-c", "2048", "--api-key", KEY, "--temp", "0",
+                  "--chat-template-file", str(Path(__file__).parent / "data" / "templates" /
+                                               HERMES))
     yield s
     s.stop()
 

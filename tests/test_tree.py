@@ -18,7 +18,7 @@ from conftest import PROMPTS, cli
 from fakes import FakeModel
 from test_cli import one_line_error
 from test_sampling import N_SEEDS, SP, chi_square, exact_sequences
-from test_serve import KEY, Server
+from test_serve import KEY, InProcess
 
 from specli import defaults, verify
 from specli.backend import Model
@@ -202,9 +202,9 @@ def test_tree_rewind_leaves_both_caches_as_a_fresh_decode(tree4, f32):
 def test_serve_drafts_trees_in_every_slot(f32, q4_1):
     """`serve --draft-n-seq`: each slot drafts a tree in its own sequences of the shared
     contexts; two requests at once get the target's own greedy text."""
-    s = Server("-m", f32, "-md", defaults.derived("q2_k", q4_1), "-np", "2", "-c", "1024",
-               "--api-key", KEY, "--temp", "0", "--draft-n-seq", "3",
-               "--draft-p-split", "0.05")
+    s = InProcess("-m", f32, "-md", defaults.derived("q2_k", q4_1), "-np", "2", "-c", "1024",
+                  "--api-key", KEY, "--temp", "0", "--draft-n-seq", "3",
+                  "--draft-p-split", "0.05")
     try:
         client = s.client()
         prompts = PROMPTS[:2]

@@ -6,9 +6,10 @@ import json
 import os
 import signal
 import socket
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,6 +17,9 @@ from specli.cli import options as o
 from specli.cli.console import err
 from specli.config import SamplingParams
 from specli.errors import SpecliError, UsageError
+
+if TYPE_CHECKING:
+    import uvicorn
 
 SERVER = "Server"
 
@@ -349,10 +353,6 @@ def _stale(path: str) -> None:
 
 
 def _run(config, hosts: list[str], port: int) -> None:
-    import uvicorn
-
-    from specli.server import create_app
-
     socks = _inherited(len(hosts))
     try:
         tcp = sum(not h.endswith(".sock") for h in hosts)
@@ -362,13 +362,6 @@ def _run(config, hosts: list[str], port: int) -> None:
         for s in socks:
             s.close()
         raise
-    failure: list[BaseException] = []
-    server: uvicorn.Server | None = None
-
-    def fatal(e: BaseException) -> None:
-        failure.append(e)
-        if server is not None:
-            server.should_exit = True
 
     def ready(slots: int) -> None:
         where = ", ".join(f"unix:{h}" if h.endswith(".sock") else
@@ -378,8 +371,35 @@ def _run(config, hosts: list[str], port: int) -> None:
                   f"{'draft ' + Path(config.draft.path).name if config.draft else 'no draft'}"
                   f", {slots} slot{'s' * (slots != 1)})", markup=False)
 
-    app = create_app(config, on_fatal=fatal, on_ready=ready)
+    server, failure = serving(config, socks, ready)
+    server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
+    if failure:
+        e = failure[0]
+        if isinstance(e, SpecliError):
+            raise e
+        raise SpecliError(f"the server could not load the models: {e}") from e
+
+
+def serving(config, socks: list[socket.socket], on_ready: Callable[[int], None]
+            ) -> tuple[uvicorn.Server, list[BaseException]]:
+    """The app over `config` and the uvicorn server that runs it on `socks` with specli's
+    connection layer, and the list a failure to load lands in (which ends the server):
+    what `specli serve` runs, from its main thread (the tests run it from one of theirs)."""
+    import uvicorn
+
+    from specli.server import conn, create_app
+
+    failure: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def fatal(e: BaseException) -> None:
+        failure.append(e)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_fatal=fatal, on_ready=on_ready)
     app.state.specli.listening = [s.fileno() for s in socks]
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:  # SIGTERM, SIGINT: streams end now
             app.state.specli.stopping()
@@ -390,16 +410,9 @@ def _run(config, hosts: list[str], port: int) -> None:
                 self.force_exit = True
             self.should_exit = True
 
-    from specli.server import conn
-
     conn.Guarded.max_open = conn.limit(conn.raise_fd_limit())
     # ws="none": no WebSocket route, and no upgrade that would take the connection from
     # Guarded (its count would never come back)
     server = Server(uvicorn.Config(app, http=conn.Guarded, ws="none", log_level="warning",
                                    timeout_keep_alive=30, timeout_graceful_shutdown=5))
-    server.run(sockets=socks)  # a socket file stays behind: the next start replaces it
-    if failure:
-        e = failure[0]
-        if isinstance(e, SpecliError):
-            raise e
-        raise SpecliError(f"the server could not load the models: {e}") from e
+    return server, failure
