@@ -171,14 +171,14 @@ class GrammarHost:
 
     # -- what a request needs ----------------------------------------------------------------
     def check(self, grammar: str | None = None, schema: dict | None = None,
-              budget: float | None = None, tools: tuple[dict, str] | None = None) -> str:
+              budget: float = CHECK_S, tools: tuple[dict, str] | None = None) -> str:
         """The request's GBNF (its grammar, or its schema converted, or its tools' schemas
         converted under their rule names with a root over them: toolcall.grammar_parts),
-        once parsed and walked PROBE_STEPS tokens into within `budget` seconds (CHECK_S as
-        it is when called; counted from when this host is free: a check queued behind
-        another keeps its whole budget); GrammarError otherwise."""
+        once parsed and walked PROBE_STEPS tokens into within `budget` seconds (counted from
+        when this host is free: a check queued behind another keeps its whole budget);
+        GrammarError otherwise."""
         with self._lock:
-            return self._check(grammar, schema, CHECK_S if budget is None else budget, tools)
+            return self._check(grammar, schema, budget, tools)
 
     def _check(self, grammar: str | None, schema: dict | None, budget: float,
                tools: tuple[dict, str] | None = None) -> str:

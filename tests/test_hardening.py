@@ -23,14 +23,15 @@ LATE = 'root ::= "a" | "b" y\nx ::= "a"{0,60}\ny ::= x{0,60} x{0,60} x{0,60}'
 
 @pytest.fixture(scope="module")
 def server(q4_1):
-    """The server in this process, its deadlines shortened (the same checks, each bomb
-    stopped in 2 s, not 5; a head timed out in 4 s, not 10): what is under test is that
-    a deadline stops it and the server keeps serving, not how long the deadline is."""
+    """The server in this process, two of its deadlines shortened (a generation's grammar
+    time 2 s, not 5; a head timed out in 4 s, not 10): what is under test is that a
+    deadline stops it and the server keeps serving, not how long the deadline is. A
+    request's check keeps its 5 s: LATE's own check takes 1.1-1.4 s on this CPU, more on a
+    shared one (a 2 s budget refused it once)."""
     from specli import grammar_host
     from specli.server import conn
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(grammar_host, "CHECK_S", 2.0)  # a request's check
         mp.setattr(grammar_host, "BASE_S", 2.0)  # a generation's grammar time
         mp.setattr(conn, "HEAD_S", 4.0)
         s = InProcess("-m", q4_1, "-c", "512", "--api-key", KEY, "--temp", "0")
