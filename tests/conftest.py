@@ -16,11 +16,10 @@ import pytest
 
 
 def _worker() -> None:
-    """Under pytest-xdist, each worker (and every process it starts) keeps to one CPU, worker
-    i to the i-th (modulo their number), so specli's default thread count there is 1: no
-    model's threads spin against another's. Two workers share each CPU (pyproject's -n 4
-    on 2 cores): the waits of one (a subprocess or a server starting, a timeout running
-    out, a sleep) are the other's time to compute. Its environment is a plain run's: xdist's
+    """Under pytest-xdist, each worker (and every process it starts) keeps to one CPU of its
+    own, so specli's default thread count there is 1: two model processes never spin against
+    each other on a shared core, and the waits of one (a subprocess starting, a timeout
+    running out) are the other's time to compute. Its environment is a plain run's: xdist's
     workers start with COLUMNS=80 and LINES=24, which would make specli's output into a pipe
     80 columns wide."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")

@@ -102,7 +102,8 @@ def test_a_hostile_template_is_a_400_and_health_keeps_answering(tmp_path, q4_1, 
                                                                 needle, monkeypatch):
     from specli import chat
 
-    monkeypatch.setattr(chat, "RENDER_SECONDS", 1.5)  # the loop stopped sooner than in 5 s
+    if needle == "ran for more than":  # the loop stopped sooner than in 5 s (the other
+        monkeypatch.setattr(chat, "RENDER_SECONDS", 1.5)  # stops on its size, in time)
     s = InProcess("-m", with_template(q4_1, tmp_path / "t.gguf", template), "-c", "256")
     try:
         body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
