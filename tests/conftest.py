@@ -52,7 +52,7 @@ PROMPTS = [  # code, prose, chat-style, structured
 
 # the fixtures that hand out real GGUF files: a test that uses one (directly or through
 # another fixture) is marked `models`; `pytest -m "not models"` runs the rest
-MODEL_FIXTURES = {"model_dir", "q4_1", "f32", "f16", "q8_0", "gemma", "heads"}
+MODEL_FIXTURES = {"model_dir", "q4_1", "f32", "f16", "q8_0", "q2_k", "gemma", "heads"}
 
 
 def pytest_collection_modifyitems(items):
@@ -106,6 +106,13 @@ def f16(q4_1, model_dir) -> str:
 def q8_0(q4_1, model_dir) -> str:
     with once(model_dir):
         return defaults.derived("q8_0", q4_1)
+
+
+@pytest.fixture(scope="session")
+def q2_k(q4_1, model_dir) -> str:
+    """A weak draft of the same tokenizer: about a third to a half of its tokens accepted."""
+    with once(model_dir):
+        return defaults.derived("q2_k", q4_1)
 
 
 @pytest.fixture(scope="session")

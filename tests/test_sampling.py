@@ -3,7 +3,8 @@
 The target's exact distribution is computed from its logits with the same transforms (temp,
 top-k, top-p, min-p), and seeded speculative runs (2,000; 1,000 on the real pair) are compared
 with it by chi-square.
-The first token is checked on the real SmolLM2 pair; the first three tokens and n-gram
+The first token is checked on a real SmolLM2 pair (the F16 target, the Q2_K as its draft:
+rejected about half the time, so the residual is sampled); the first three tokens and n-gram
 proposals on the fake model (tests/fakes.py), where 2,000 runs take seconds, not minutes,
 and where sampling from the wrong residual is shown to fail the same check.
 """
@@ -35,8 +36,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def engine(f16, q4_1):
-    e = load(ModelParams(f16), ModelParams(q4_1), DraftParams(n_max=4))
+def engine(f16, q2_k):
+    """The F16 target with the Q2_K draft: its first draft is rejected about half the time
+    (the Q4_1's was accepted in 965 of 1,000 runs, so its residual was sampled in 35)."""
+    e = load(ModelParams(f16), ModelParams(q2_k), DraftParams(n_max=4))
     yield e
     e.close()
 

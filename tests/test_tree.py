@@ -20,7 +20,7 @@ from test_cli import one_line_error
 from test_sampling import N_SEEDS, SP, chi_square, exact_sequences
 from test_serve import KEY, InProcess
 
-from specli import defaults, verify
+from specli import verify
 from specli.backend import Model
 from specli.config import DraftPolicy, ModelParams, SamplingParams
 from specli.drafts import ModelDraft
@@ -141,9 +141,9 @@ def test_trees_are_refused_where_they_cannot_run(f32, q4_1):
 
 
 @pytest.fixture(scope="module")
-def tree4(f32, q4_1):
+def tree4(f32, q2_k):
     """A weak draft (SmolLM2 requantized to Q2_K: about a third accepted), so trees branch."""
-    e = load(ModelParams(f32), ModelParams(defaults.derived("q2_k", q4_1)),
+    e = load(ModelParams(f32), ModelParams(q2_k),
                     DraftPolicy(n_max=8, n_seq=4, p_split=0.05))
     yield e
     e.close()
@@ -199,10 +199,10 @@ def test_tree_rewind_leaves_both_caches_as_a_fresh_decode(tree4, f32):
     fresh.close()
 
 
-def test_serve_drafts_trees_in_every_slot(f32, q4_1):
+def test_serve_drafts_trees_in_every_slot(f32, q2_k):
     """`serve --draft-n-seq`: each slot drafts a tree in its own sequences of the shared
     contexts; two requests at once get the target's own greedy text."""
-    s = InProcess("-m", f32, "-md", defaults.derived("q2_k", q4_1), "-np", "2", "-c", "1024",
+    s = InProcess("-m", f32, "-md", q2_k, "-np", "2", "-c", "1024",
                   "--api-key", KEY, "--temp", "0", "--draft-n-seq", "3",
                   "--draft-p-split", "0.05")
     try:
@@ -233,11 +233,10 @@ def test_serve_drafts_trees_in_every_slot(f32, q4_1):
         s.stop()
 
 
-def test_run_np_draws_a_tree_and_prints_its_lines(f32, q4_1):
+def test_run_np_draws_a_tree_and_prints_its_lines(f32, q2_k):
     """`specli run -np N` (llama-speculative's spelling) and `--draft-n-seq N`: the text is the
     target's, the statistics block says what the tree did, --json has the same figures."""
-    q2 = defaults.derived("q2_k", q4_1)
-    fast = ("-m", f32, "-md", q2, "-p", PROMPTS[1], "--chat", "-n", "24", "--temp", "0",
+    fast = ("-m", f32, "-md", q2_k, "-p", PROMPTS[1], "--chat", "-n", "24", "--temp", "0",
             "--draft-p-split", "0.05")
     plain = cli("run", *fast, "--no-spec", "-np", "3")
     tree = cli("run", *fast, "-np", "3")
