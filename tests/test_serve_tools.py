@@ -1,6 +1,7 @@
 """Coding agents on `specli serve` (issue 35): tool calls on /v1/chat/completions, Anthropic's
 Messages and OpenAI's Responses, through the real `openai` and `anthropic` clients, on the
-real SmolLM2 family (F16 target, Q4_1 draft, greedy). SmolLM2's template renders no tool
+real SmolLM2 family, greedy (the protocol's server: the Q8_0 drafting for itself; where text
+must equal the target's own: the F16 target, the Q4_1 draft). SmolLM2's template renders no tool
 calls, so its tools go through the generic format (the tools in the system prompt, a JSON
 answer kept to by a grammar): the protocol is under test; how each model family writes a
 call is tests/test_toolcall.py's, how templates render them tests/test_templates.py's."""
