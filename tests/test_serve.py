@@ -80,9 +80,10 @@ class Server:
 class InProcess(Server):
     """`specli serve ARGS` in this process: the config the CLI builds from ARGS, served by
     what `specli serve` runs (cli/serve.py's `serving`: the app over real slots, uvicorn with
-    the connection layer) from a thread. For the tests that shorten the server's own
-    deadlines (grammar budgets, the head's timeout) with monkeypatch, which a server in
-    another process would not see; signals and exit codes stay with Server."""
+    the connection layer) from a thread: for the real-model server tests that are not about
+    the process (it saves each a new interpreter's start), and where a test shortens the
+    server's own deadlines with monkeypatch (grammar budgets, the head's timeout), which a
+    server in another process would not see. Signals, exit codes and logs stay with Server."""
 
     def __init__(self, *args: str):
         from specli.cli import serve as command
