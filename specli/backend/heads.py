@@ -167,6 +167,14 @@ class HeadContext:
             raise BackendError(f"internal: no logits for head batch item {i}")
         return np.ctypeslib.as_array(ptr, (self.n_vocab,))
 
+    def logits_rows(self, n_rows: int) -> np.ndarray:
+        """The logits rows of the last decode's first n_rows outputs (a view, valid until
+        the next decode), one read for a whole block."""
+        ptr = ll.llama_get_logits(self._ctx)
+        if not ptr:
+            raise BackendError("internal: no logits for the head's batch")
+        return np.ctypeslib.as_array(ptr, (n_rows, self.n_vocab))
+
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""
         return ext.rows("llama_get_embeddings_nextn_ith", self._ctx, i, shape=(self.n_state,))

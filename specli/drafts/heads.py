@@ -22,7 +22,7 @@ import numpy as np
 from specli.backend.heads import HeadContext
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Decoded, Outcome, Proposal, Reads
-from specli.verify import finite_argmax
+from specli.verify import NonFinite, finite_argmax
 
 _TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
 
@@ -254,30 +254,52 @@ class DflashDraft(_Head):
         self.n_max = block_size if self.anchor else block_size - 1
         head.export_nextn(True, masked=True)
         head.causal(False)
+        self.told: Decoded | None = None  # the last batch, its features not yet cached
 
     def begin(self, prompt: Sequence[int]) -> Reads:
         m = self.model
+        self._take()
         m.rewind(_shared(m.tokens, prompt[:-1]))
         return Reads(layers=self.layers, redo=len(m.tokens))
 
     def process(self, batch: Decoded) -> None:
-        m, n = self.model, len(batch.tokens)
-        m.rewind(batch.pos[0])
+        """The features go into the cache once it is known how many of them the target
+        kept (accept): a verification's rejected rows are never written. A batch that no
+        accept follows (the prompt's) was all kept."""
+        self._take()
+        self.told = batch
+
+    def _take(self, n_keep: int | None = None) -> None:
+        """Write the told batch's features at their positions, those before n_keep (all)."""
+        batch, self.told = self.told, None
+        if batch is None:
+            return
+        m, s = self.model, batch.pos[0]
+        n = len(batch.tokens) if n_keep is None else min(len(batch.tokens), n_keep - s)
+        m.rewind(s)
         for a in range(0, n, m.n_ubatch):  # a non-causal decode fits one ubatch
             b = min(a + m.n_ubatch, n)
             m.run([(None, batch.pos[i], batch.layers[i], False) for i in range(a, b)])
-        m.tokens.extend(batch.tokens)
+        m.tokens.extend(batch.tokens[:max(n, 0)])
 
     def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
                out: list[int]) -> None:
         """One decode of the block [last token, mask, ...] (its cells go after)."""
         m = self.model
+        self._take()
         n_block = min(k, self.n_max) + (0 if self.anchor else 1)
         m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
                for i in range(n_block)])
         conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
+        rows = m.logits_rows(n_block)[:, : self.n_vocab]
+        best = rows.argmax(axis=1)  # the whole block's top tokens in one pass
         for i in range(0 if self.anchor else 1, n_block):
-            token, p = self.top(i, 0.0 if self.dspark else p_min)
+            if self.dspark or p_min <= 0.0:
+                token, p = int(best[i]), 1.0
+            else:
+                token, p = _top(rows[i], p_min)
+            if not np.isfinite(rows[i, token]):
+                raise NonFinite(-1)
             if conf is not None and conf[i] < p_min:
                 break
             if not self.dspark and p < p_min:
@@ -285,4 +307,8 @@ class DflashDraft(_Head):
             out.append(token)
 
     def accept(self, outcome: Outcome) -> None:
+        self._take(outcome.n_keep)
         self.model.rewind(outcome.n_keep)
+
+    def end(self) -> None:
+        self._take()
