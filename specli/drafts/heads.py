@@ -51,6 +51,7 @@ class _Head:
     def __init__(self, head: HeadContext, n_vocab_target: int):
         self.model = head
         self.n_vocab = min(head.n_vocab, n_vocab_target)
+        self.told: Decoded | None = None  # the last batch, not yet written into the cache
 
     def top(self, i: int, p_min: float = 0.0) -> tuple[int, float]:
         return _top(self.model.logits(i)[: self.n_vocab], p_min)
@@ -61,6 +62,7 @@ class _Head:
         """Up to k of its top tokens after `context` (p_min from the policy); the cells it
         drafted into are dropped after (the verification brings its own)."""
         out, n_past = Proposal(source=self.name), len(context) - 1
+        self._take()
         try:
             if k > 0:
                 self._draft(context, n_past, k, policy.p_min if policy else 0.0, out.tokens)
@@ -68,8 +70,27 @@ class _Head:
             self.model.rewind_cells(n_past)
         return out
 
+    def process(self, batch: Decoded) -> None:
+        """A head that reads the target's layers writes what they give once it is known how
+        many rows the target kept (accept): a verification's rejected rows are never
+        encoded. A batch that no accept follows (the prompt's) was all kept."""
+        self._take()
+        self.told = batch
+
+    def _take(self, n_keep: int | None = None) -> None:
+        """Write the told batch's rows before position n_keep (all of them: None)."""
+        batch, self.told = self.told, None
+        if batch is not None:
+            n = len(batch.tokens) if n_keep is None else min(len(batch.tokens),
+                                                             n_keep - batch.pos[0])
+            if n > 0:
+                self._write(batch, n)
+
+    def _write(self, batch: Decoded, n: int) -> None:
+        raise NotImplementedError
+
     def end(self) -> None:
-        pass
+        self._take()
 
 
 class MtpDraft(_Head):
@@ -179,20 +200,19 @@ class Eagle3Draft(_Head):
         self.layers = tuple(layers)
         head.export_nextn(True, masked=True)
         self.pending: tuple[int, np.ndarray] | None = None  # (position, g) not yet cached
-        self.before: tuple[int, np.ndarray] | None = None
-        self.g: np.ndarray | None = None  # the last batch's g rows
-        self.pos0 = 0
 
     def begin(self, prompt: Sequence[int]) -> Reads:
         m = self.model
+        self._take()
         n = _shared(m.tokens, prompt[:-1])
         if n < len(m.tokens) or self.pending is None:  # token n - 1's g is gone: the
             m.rewind(max(n - 1, 0))                      # target decodes it again
             self.pending = None
         return Reads(layers=self.layers, redo=len(m.tokens))
 
-    def process(self, batch: Decoded) -> None:
-        m, s, n = self.model, batch.pos[0], len(batch.tokens)
+    def _write(self, batch: Decoded, n: int) -> None:
+        """The first n rows through the encoder; tokens 1..n-1 cached with their g."""
+        m, s = self.model, batch.pos[0]
         g = np.empty((n, m.n_embd), np.float32)
         base = m.pos_max() + 1
         for a in range(0, n, m.n_ubatch):  # the encoder takes one ubatch at a time
@@ -203,9 +223,8 @@ class Eagle3Draft(_Head):
         items = [(batch.tokens[i + 1], batch.pos[i], g[i], False) for i in range(n - 1)]
         if items:
             m.run(items)
-        m.tokens.extend(batch.tokens)
-        self.before, self.g, self.pos0 = self.pending, g, s
-        self.pending = (batch.pos[-1], g[-1])
+        m.tokens.extend(batch.tokens[:n])
+        self.pending = (batch.pos[n - 1], g[n - 1])
 
     def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
                out: list[int]) -> None:
@@ -229,13 +248,8 @@ class Eagle3Draft(_Head):
             items = [(token, pos + i + 1, state, True)]
 
     def accept(self, outcome: Outcome) -> None:
-        m, i = self.model, outcome.n_keep - 1 - self.pos0
-        m.rewind(outcome.n_keep)
-        if self.g is not None and 0 <= i < len(self.g):
-            self.pending = (self.pos0 + i, self.g[i])
-        elif i == -1:
-            self.pending = self.before
-        self.g = None
+        self._take(outcome.n_keep)  # the seed becomes the last kept token's
+        self.model.rewind(outcome.n_keep)
 
 
 class DflashDraft(_Head):
@@ -254,7 +268,6 @@ class DflashDraft(_Head):
         self.n_max = block_size if self.anchor else block_size - 1
         head.export_nextn(True, masked=True)
         head.causal(False)
-        self.told: Decoded | None = None  # the last batch, its features not yet cached
 
     def begin(self, prompt: Sequence[int]) -> Reads:
         m = self.model
@@ -262,31 +275,19 @@ class DflashDraft(_Head):
         m.rewind(_shared(m.tokens, prompt[:-1]))
         return Reads(layers=self.layers, redo=len(m.tokens))
 
-    def process(self, batch: Decoded) -> None:
-        """The features go into the cache once it is known how many of them the target
-        kept (accept): a verification's rejected rows are never written. A batch that no
-        accept follows (the prompt's) was all kept."""
-        self._take()
-        self.told = batch
-
-    def _take(self, n_keep: int | None = None) -> None:
-        """Write the told batch's features at their positions, those before n_keep (all)."""
-        batch, self.told = self.told, None
-        if batch is None:
-            return
-        m, s = self.model, batch.pos[0]
-        n = len(batch.tokens) if n_keep is None else min(len(batch.tokens), n_keep - s)
-        m.rewind(s)
+    def _write(self, batch: Decoded, n: int) -> None:
+        """The first n rows' features into the cache at their positions."""
+        m = self.model
+        m.rewind(batch.pos[0])
         for a in range(0, n, m.n_ubatch):  # a non-causal decode fits one ubatch
             b = min(a + m.n_ubatch, n)
             m.run([(None, batch.pos[i], batch.layers[i], False) for i in range(a, b)])
-        m.tokens.extend(batch.tokens[:max(n, 0)])
+        m.tokens.extend(batch.tokens[:n])
 
     def _draft(self, context: Sequence[int], n_past: int, k: int, p_min: float,
                out: list[int]) -> None:
         """One decode of the block [last token, mask, ...] (its cells go after)."""
         m = self.model
-        self._take()
         n_block = min(k, self.n_max) + (0 if self.anchor else 1)
         m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
                for i in range(n_block)])
@@ -309,6 +310,3 @@ class DflashDraft(_Head):
     def accept(self, outcome: Outcome) -> None:
         self._take(outcome.n_keep)
         self.model.rewind(outcome.n_keep)
-
-    def end(self) -> None:
-        self._take()
