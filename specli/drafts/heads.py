@@ -109,12 +109,10 @@ class MtpDraft(_Head):
         self.n_heads = 1 if self.shared else max(1, n_heads)  # its heads run in one graph
         head.export_nextn(True, masked=True)
         self.pending: np.ndarray | None = np.zeros(head.n_state, np.float32)  # state at p-1
-        self.before: np.ndarray | None = None  # pending before the last batch
-        self.rows: np.ndarray | None = None  # the last batch's target states
-        self.pos0 = 0
 
     def begin(self, prompt: Sequence[int]) -> Reads:
         m = self.model
+        self._take()
         n = _shared(m.tokens, prompt[:-1])
         if n < len(m.tokens):  # the target's state before position n is gone: decode
             m.rewind(n)        # its last shared token again (its cell here stays)
@@ -123,17 +121,17 @@ class MtpDraft(_Head):
             self.pending = np.zeros(m.n_state, np.float32)  # as llama.cpp starts
         return Reads(nextn=True, redo=n - 1 if self.pending is None else n)
 
-    def process(self, batch: Decoded) -> None:
+    def _write(self, batch: Decoded, n: int) -> None:
+        """The first n tokens, each with the target's state before it, into the cache."""
         m, s = self.model, batch.pos[0]
         skip = 1 if self.pending is None else 0  # its cell is held: the state is the batch's
         m.rewind(s + skip)
-        items = [(t, p, batch.nextn[i - 1] if i else self.pending, False)
-                 for i, (t, p) in enumerate(zip(batch.tokens, batch.pos, strict=True))][skip:]
+        items = [(batch.tokens[i], batch.pos[i], batch.nextn[i - 1] if i else self.pending,
+                  False) for i in range(skip, n)]
         if items and not self.shared:  # a shared cache holds the target's decode already
             self._decode(items)
-        m.tokens.extend(batch.tokens[skip:])
-        self.before, self.rows, self.pos0 = self.pending, batch.nextn, s
-        self.pending = batch.nextn[-1]
+        m.tokens.extend(batch.tokens[skip:n])
+        self.pending = batch.nextn[n - 1]
 
     def _decode(self, items: list) -> None:
         m = self.model
@@ -179,13 +177,8 @@ class MtpDraft(_Head):
                 m.layer_offset(0)
 
     def accept(self, outcome: Outcome) -> None:
-        m, i = self.model, outcome.n_keep - 1 - self.pos0
-        m.rewind(outcome.n_keep)
-        if self.rows is not None and 0 <= i < len(self.rows):
-            self.pending = self.rows[i]  # the target's state at the last kept token
-        elif i == -1:
-            self.pending = self.before
-        self.rows = None
+        self._take(outcome.n_keep)  # pending: the target's state at the last kept token
+        self.model.rewind(outcome.n_keep)
 
 
 class Eagle3Draft(_Head):
