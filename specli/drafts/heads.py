@@ -6,7 +6,9 @@ is told what was decoded with the states it asked for at `begin` (process): an M
 target's next-token-head state per token, an EAGLE-3 or DFlash head the inputs of chosen target
 layers. Its cache follows the target's committed tokens (`HeadContext.tokens`), so a prompt
 that shares a prefix with the last one is not decoded again, except the last shared token when
-the head needs the target's state there (Reads.redo).
+the head needs the target's state there (Reads.redo). What a verification told is written into
+the head's cache at accept, once the target has said how much of it it kept: rejected tokens
+are never encoded (llama.cpp's process writes the whole batch and drops them after).
 
 As in llama.cpp, a head drafts its top token at every position (a deterministic proposal,
 at any temperature: rejection sampling keeps the target's distribution), and p_min is judged
