@@ -36,7 +36,7 @@ def assert_consistent(e: Engine) -> None:
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_greedy_speculative_equals_plain_on_f32_target(spec, prompt):
+def test_greedy_speculative_equals_plain_on_f16_target(spec, prompt):
     ids = spec.tokenize(prompt, chat=True)
     plain = spec.complete(ids, 64, GREEDY, speculative=False)
     fast = spec.complete(ids, 64, GREEDY)

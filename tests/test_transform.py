@@ -96,7 +96,7 @@ def test_greedy_speculation_equals_plain_decoding_under_the_transform(draft, ext
         assert 11 not in plain.tokens and 3 in plain.tokens
 
 
-def test_greedy_speculation_equals_plain_on_a_real_f32_target(f16, q4_1):
+def test_greedy_speculation_equals_plain_on_a_real_f16_target(f16, q4_1):
     e = load(ModelParams(f16, n_ctx=512), ModelParams(q4_1, n_ctx=512),
                     DraftParams(n_max=6))
     try:
