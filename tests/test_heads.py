@@ -21,6 +21,7 @@ from test_serve import InProcess
 from specli import hub
 from specli.backend import ext
 from specli.config import DEFAULT_THREADS, DraftPolicy, ModelParams, SamplingParams
+from specli.errors import BackendError
 from specli.plan import load, load_slots
 from specli.stats import Stats
 
@@ -138,6 +139,40 @@ def test_a_resumed_prompt_drafts_as_a_fresh_one(heads, case):
         finally:
             f.close()
     assert resumed == fresh
+
+
+@pytest.mark.parametrize("case", ["mtp", "eagle3", "dflash"])
+def test_a_failed_write_leaves_the_head_where_it_was(heads, case, monkeypatch):
+    """A head decode that fails while a verification is written into the head's cache (a
+    llama_process error) ends the generation with the error; a prompt that goes on from the
+    tokens it had emitted then drafts exactly what a fresh engine drafts for it."""
+    e = engine(heads, case)
+    head = type(e.draft)
+    write, calls, emitted = head._write, [], []
+
+    def failing(self, batch, n):
+        calls.append(n)
+        if len(calls) == 6:  # the prompt's batch, then a few steps
+            raise BackendError("llama_process failed")
+        return write(self, batch, n)
+
+    first = e.tokenize(PROMPTS[0])
+    try:
+        monkeypatch.setattr(head, "_write", failing)
+        with pytest.raises(BackendError):
+            for token, _ in e.steps(first, 24, GREEDY, Stats()):
+                emitted.append(token)
+        monkeypatch.setattr(head, "_write", write)
+        ids = [*first, *emitted, *e.tokenize(" and then the")]
+        after = run_steps(e, ids, 24)
+    finally:
+        e.close()
+    f = engine(heads, case)
+    try:
+        assert after == run_steps(f, ids, 24)
+    finally:
+        f.close()
+    assert len(calls) == 6 and emitted
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "," not in CASES[c][0]])

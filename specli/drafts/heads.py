@@ -45,7 +45,8 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class _Head:
-    """What every head shares: the context, its vocabulary cap, the prompt's reuse."""
+    """What every head shares: the context, its vocabulary cap, the prompt's reuse, and the
+    write of what the target decoded into the head's cache once the step is over."""
 
     name = ""
     own_length = False  # --draft caps it
@@ -73,22 +74,26 @@ class _Head:
         return out
 
     def process(self, batch: Decoded) -> None:
-        """A head that reads the target's layers writes what they give once it is known how
-        many rows the target kept (accept): a verification's rejected rows are never
-        encoded. A batch that no accept follows (the prompt's) was all kept."""
+        """Kept until it is known how many of its rows the target kept (accept), so that a
+        verification's rejected rows are never written. A batch that no accept follows (the
+        prompt's) was all kept: it is written before the next batch, draft, begin or end."""
         self._take()
         self.told = batch
 
     def _take(self, n_keep: int | None = None) -> None:
-        """Write the told batch's rows before position n_keep (all of them: None)."""
+        """Write the told batch's rows before position n_keep (all of them: None). A write
+        that fails leaves `tokens` and the seed as they were (the next begin drops any cell
+        past them)."""
         batch, self.told = self.told, None
-        if batch is not None:
-            n = len(batch.tokens) if n_keep is None else min(len(batch.tokens),
-                                                             n_keep - batch.pos[0])
-            if n > 0:
-                self._write(batch, n)
+        if batch is None:
+            return
+        n = len(batch.tokens) if n_keep is None else min(len(batch.tokens),
+                                                         n_keep - batch.pos[0])
+        if n > 0:
+            self._write(batch, n)
 
     def _write(self, batch: Decoded, n: int) -> None:
+        """The batch's first n rows into the head's cache, the head's own way."""
         raise NotImplementedError
 
     def end(self) -> None:
