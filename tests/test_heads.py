@@ -120,13 +120,15 @@ def test_sampling_keeps_the_targets_distribution(heads, case):
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_resumed_prompt_drafts_as_a_fresh_one(heads, case):
-    """The head's cache follows the target's: a prompt that extends the last generation, or
-    shares only its start, drafts exactly what a fresh engine drafts for it."""
+    """The head's cache follows the target's: a prompt that extends the last generation
+    (all of it, as a chat's next turn does, or part of it), or shares only its start, drafts
+    exactly what a fresh engine drafts for it."""
     e = engine(heads, case)
     try:
         first = e.tokenize(PROMPTS[0])
         tokens, _, _ = run_steps(e, first, 24)
-        prompts = ([*first, *tokens[:12], *e.tokenize(" and then the")],
+        prompts = ([*first, *tokens, *e.tokenize(" and then the")],
+                   [*first, *tokens[:12], *e.tokenize(" and then the")],
                    [*first[:3], *e.tokenize(" people of the land")])
         resumed = [run_steps(e, ids, 24) for ids in prompts]
     finally:

@@ -211,7 +211,9 @@ class Eagle3Draft(_Head):
         return Reads(layers=self.layers, redo=len(m.tokens))
 
     def _write(self, batch: Decoded, n: int) -> None:
-        """The first n rows through the encoder; tokens 1..n-1 cached with their g."""
+        """The first n rows through the encoder; tokens 1..n-1 cached with their g, after
+        the seed's cell (the batch's first token with the seed's g) when no draft wrote it:
+        the cache has no gap for the next decode to refuse."""
         m, s = self.model, batch.pos[0]
         g = np.empty((n, m.n_embd), np.float32)
         base = m.pos_max() + 1
@@ -221,6 +223,8 @@ class Eagle3Draft(_Head):
             g[a:b] = m.nextn_rows(b - a)
         m.rewind(s)
         items = [(batch.tokens[i + 1], batch.pos[i], g[i], False) for i in range(n - 1)]
+        if self.pending is not None and self.pending[0] == s - 1 and m.pos_max() < s - 1:
+            items.insert(0, (batch.tokens[0], s - 1, self.pending[1], False))
         if items:
             m.run(items)
         m.tokens.extend(batch.tokens[:n])
