@@ -24,7 +24,7 @@ import numpy as np
 from specli.backend.heads import HeadContext
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Decoded, Outcome, Proposal, Reads
-from specli.verify import NonFinite, finite_argmax
+from specli.verify import finite_argmax
 
 _TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
 
@@ -296,15 +296,9 @@ class DflashDraft(_Head):
         m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
                for i in range(n_block)])
         conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
-        rows = m.logits_rows(n_block)[:, : self.n_vocab]
-        best = rows.argmax(axis=1)  # the whole block's top tokens in one pass
+        rows = m.logits_rows(n_block)[:, : self.n_vocab]  # the block's rows, one read
         for i in range(0 if self.anchor else 1, n_block):
-            if self.dspark or p_min <= 0.0:
-                token, p = int(best[i]), 1.0
-            else:
-                token, p = _top(rows[i], p_min)
-            if not np.isfinite(rows[i, token]):
-                raise NonFinite(-1)
+            token, p = _top(rows[i], 0.0 if self.dspark else p_min)
             if conf is not None and conf[i] < p_min:
                 break
             if not self.dspark and p < p_min:
