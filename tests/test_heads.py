@@ -19,7 +19,7 @@ from test_sampling import chi_square, exact_sequences, sample_runs
 from test_serve import InProcess
 
 from specli import hub
-from specli.backend import ext
+from specli.backend import ext, set_verbose
 from specli.config import DEFAULT_THREADS, DraftPolicy, ModelParams, SamplingParams
 from specli.errors import BackendError
 from specli.plan import load, load_slots
@@ -175,6 +175,31 @@ def test_a_failed_write_leaves_the_head_where_it_was(heads, case, monkeypatch):
     finally:
         f.close()
     assert len(calls) == 6 and emitted
+
+
+@pytest.mark.parametrize("case", ["eagle3", "dflash"])
+def test_the_next_generation_costs_the_target_no_new_graphs(heads, case, capsys):
+    """The target's layer inputs a head reads stay exported between generations, as in
+    llama.cpp's speculative contexts: turning them off at a generation's end and on at the
+    next made llama.cpp reserve the target's compute graphs again each time (its debug log,
+    -v, says `reserve took`, as it does when a context is made). A plain generation between
+    changes nothing either."""
+    spec, target, head = CASES[case]
+    e = load(ModelParams(heads[target], verbose=True), ModelParams(heads[head], verbose=True),
+             DraftPolicy(n_max=K), spec_types=(spec,))
+    try:
+        assert "reserve took" in capsys.readouterr().err  # the contexts' first
+        ids = e.tokenize(PROMPTS[0])
+        first = e.complete(ids, 8, GREEDY).tokens
+        capsys.readouterr()
+        again = e.complete(ids, 8, GREEDY).tokens
+        plain = e.complete(ids, 8, GREEDY, speculative=False).tokens
+        last = e.complete(ids, 8, SamplingParams(temp=0.8, seed=1)).tokens
+        assert "reserve took" not in capsys.readouterr().err
+    finally:
+        set_verbose(False)
+        e.close()
+    assert first == again == plain and len(last) == 8
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if "," not in CASES[c][0]])

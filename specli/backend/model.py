@@ -166,7 +166,8 @@ class Model:
         self._runner: Runner = runner or self
         self._hidden: np.ndarray | None = None  # the last decode's, when kept
         self._keeps_hidden = False
-        self._exports: tuple[tuple[int, ...], bool] = ((), False)  # set on this context
+        self._exports: tuple[tuple[int, ...], bool] = ((), False)  # read of this context
+        self._exporting: set[int] = set()  # the layers llama.cpp exports (keep_exports)
         self._layers: dict[int, np.ndarray] | None = None  # the last decode's, when exported
         self._nextn: np.ndarray | None = None
         if share is not None:
@@ -593,14 +594,19 @@ class Model:
         ll.llama_set_embeddings(self._ctx, on)
 
     def keep_exports(self, m: Model, layers: tuple[int, ...], nextn: bool) -> None:
-        """This context exports exactly these layers' inputs (and the next-token-head
-        states if nextn), for every token it decodes."""
-        old_layers, old_nextn = self._exports
-        f = ext.fn("llama_set_embeddings_layer_inp") if old_layers or layers else None
-        for lid in set(old_layers) - set(layers):
-            f(self._ctx, lid, False)
-        for lid in set(layers) - set(old_layers):
-            f(self._ctx, lid, True)
+        """This context's decodes export these layers' inputs (and the next-token-head
+        states if nextn) and `run` reads them, for every token it decodes.
+
+        A layer once exported stays exported until the context closes, read or not, as
+        llama.cpp's own speculative contexts set it once: each change of that set makes
+        llama.cpp reserve its compute graphs again at the next decode (2-3 ms on the tiny
+        heads of the tests, more on a large model): every generation of an EAGLE-3 or
+        DFlash head paid one when the one before had turned the export off at its end. The
+        next-token-head states cost no reserve and are turned off."""
+        old_nextn = self._exports[1]
+        for lid in set(layers) - self._exporting:
+            ext.fn("llama_set_embeddings_layer_inp")(self._ctx, lid, True)
+            self._exporting.add(lid)
         if nextn != old_nextn:
             ext.fn("llama_set_embeddings_nextn")(self._ctx, nextn, False)
         self._exports = (tuple(layers), nextn)
