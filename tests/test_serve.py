@@ -97,7 +97,8 @@ class InProcess(Server):
             command._run = run
         if "c" not in seen:
             raise RuntimeError(f"serve refused its arguments: {r.stderr}")
-        sock = socket.create_server(("127.0.0.1", 0))
+        sock = command._listen("127.0.0.1", 0)  # as `specli serve` binds it
+        sock.listen()
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc, self.log = None, []
@@ -460,6 +461,33 @@ def test_a_full_queue_answers_503_with_retry_after(q4_1):
         assert all(r == "1" for c, r in zip(codes, retry, strict=True) if c == 503)
     finally:
         s.stop()
+
+
+def test_the_servers_connections_send_without_waiting_for_acks():
+    """`specli serve`'s listening socket says it is TCP, so asyncio, under uvicorn, turns
+    Nagle off on every connection (TCP_NODELAY). With it on, a response's body waited for the
+    client's delayed ACK of its headers: 40 ms on each request of a kept-alive connection,
+    which is how the openai package and llama.cpp's clients talk to a server."""
+    from specli.cli.serve import _listen
+
+    sock = _listen("127.0.0.1", 0)
+
+    async def accepted() -> int:
+        got = asyncio.get_running_loop().create_future()
+
+        def on(reader, writer):
+            got.set_result(writer.get_extra_info("socket").getsockopt(
+                socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        async with await asyncio.start_server(on, sock=sock):
+            _, w = await asyncio.open_connection(*sock.getsockname()[:2])
+            try:
+                return await asyncio.wait_for(got, 10)
+            finally:
+                w.close()
+
+    assert asyncio.run(accepted()) != 0
 
 
 def test_an_incompatible_pair_is_refused_before_listening(gemma, q4_1):
