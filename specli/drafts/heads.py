@@ -298,9 +298,9 @@ class DflashDraft(_Head):
         conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
         rows = m.logits_rows(n_block)[:, : self.n_vocab]  # the block's rows, one read
         for i in range(0 if self.anchor else 1, n_block):
-            token, p = _top(rows[i], 0.0 if self.dspark else p_min)
-            if conf is not None and conf[i] < p_min:
+            if conf is not None and conf[i] < p_min:  # before the row is read, as native
                 break
+            token, p = _top(rows[i], 0.0 if self.dspark else p_min)
             if not self.dspark and p < p_min:
                 break
             out.append(token)
