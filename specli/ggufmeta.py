@@ -269,21 +269,29 @@ class _Walk:
         if etype != GGUFValueType.STRING:
             raise self.fail(f"unknown value type {etype} at byte {pos - 12}")
         self.need(pos, n * 8, f"an array of {n} elements")  # each at least a length
-        # the hot loop of a big vocabulary, kept tight
-        length, size, buf = struct.Struct(self.bo + "Q").unpack_from, self.size, self.buf
-        raw, append = [], None
-        if keep:
-            append = raw.append
-        for _ in range(n):  # (a length that is itself cut off counts as past the end)
-            end = pos + 8 + (length(buf, pos)[0] if pos + 8 <= size else size)
-            if end > size:
-                raise self.fail(f"an array of {n} strings runs past the end of the file: "
-                                "truncated")
-            if append:
-                append(buf[pos + 8:end])
-            pos = end
+        # the hot loop of a big vocabulary (100,000 strings a SmolLM2 header, read by every
+        # process that loads a model), kept tight: the bounds are checked once, after it. A
+        # string past the end moves pos past it, and a length cut off fails to unpack.
+        length, buf, raw = struct.Struct(self.bo + "Q").unpack_from, self.buf, []
         try:
-            items = [b.decode("utf-8") for b in raw]
+            if keep:
+                append = raw.append
+                for _ in range(n):
+                    start = pos + 8
+                    pos = start + length(buf, pos)[0]
+                    append(buf[start:pos])
+            else:
+                for _ in range(n):
+                    pos += 8 + length(buf, pos)[0]
+        except (struct.error, OverflowError):
+            pos = self.size + 1
+        if pos > self.size:
+            raise self.fail(f"an array of {n} strings runs past the end of the file: "
+                            "truncated")
+        try:  # decoded in one piece, split where no string has a NUL of its own
+            items = b"\0".join(raw).decode("utf-8").split("\0") if raw else []
+            if len(items) != len(raw):
+                items = [b.decode("utf-8") for b in raw]
         except UnicodeDecodeError:
             raise self.fail(f"a string in the array at byte {pos} is not UTF-8") from None
         return GGUFValueType(etype).name, n, items, pos
