@@ -45,6 +45,10 @@ def fake(tmp_path):
     h.close()
 
 
+# huggingface_hub's retries without their waits, for the tests that exhaust them
+NO_BACKOFF = str(Path(__file__).parent / "nobackoff")
+
+
 def run(fake: FakeHub, tmp_path: Path, *args: str, offline: bool = False, **env):
     e = {"HF_ENDPOINT": fake.url, "HF_HUB_CACHE": str(tmp_path / "cache"),
          "HF_HUB_DISABLE_TELEMETRY": "1", "HF_TOKEN": "", "HF_HUB_OFFLINE": "1" if offline else "0",
@@ -134,7 +138,7 @@ def test_split_models_come_whole(fake, tmp_path):
 
 def test_a_dropped_connection_leaves_a_partial_that_the_next_call_resumes(fake, tmp_path):
     fake.drops["acme/tiny-GGUF/big-Q6_K.gguf"] = 6  # more than huggingface_hub's own retries
-    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K")
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", PYTHONPATH=NO_BACKOFF)
     assert r.returncode == 2 and r.stdout == ""
     assert "run again to resume" in r.stderr and "Traceback" not in r.stderr
     partial = list((tmp_path / "cache").rglob("*.incomplete"))
@@ -163,7 +167,8 @@ def test_a_partial_from_an_interrupted_run_is_resumed(fake, tmp_path):
 def test_local_dir_downloads_resume_too(fake, tmp_path):
     fake.drops["acme/tiny-GGUF/big-Q6_K.gguf"] = 6
     where = tmp_path / "models"
-    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where))
+    r = run(fake, tmp_path, "download", "acme/tiny-GGUF:Q6_K", "--local-dir", str(where),
+            PYTHONPATH=NO_BACKOFF)
     assert r.returncode == 2
     partial = list(where.rglob("*.incomplete"))
     assert len(partial) == 1 and partial[0].stat().st_size > 0
