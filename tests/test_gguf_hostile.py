@@ -49,6 +49,17 @@ CASES = {
     "truncated value": (header(1, s(b"general.x") + struct.pack("<I", UINT32) + b"\1"),
                         "truncated"),
     "empty file": (b"", "empty file"),
+    # a string array's bounds are checked after its loop (ggufmeta._Walk.array): a string
+    # past the end, a length past it, and a length cut off are each caught there
+    "string past the end": (header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, 2) + s(b"ab") + struct.pack("<Q", 50) + b"x" * 20),
+        "array of 2 strings runs past the end"),
+    "string length 2^64-1 in an array": (header(1, s(b"tokenizer.ggml.merges") + struct.pack(
+        "<IIQ", ARRAY, STRING, 3) + s(b"ab") + struct.pack("<Q", 2**64 - 1) + b"x" * 40),
+        "array of 3 strings runs past the end"),
+    "string length cut off in an array": (header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, 3) + s(b"a" * 30) + s(b"b") + b"\5\0\0"),
+        "array of 3 strings runs past the end"),
 }
 
 
@@ -100,3 +111,21 @@ def test_a_header_read_again_is_the_files_bytes_now(tmp_path):
         f.write(b"GGML")
     with pytest.raises(ModelFileError, match="wrong magic"):
         read_header(str(path))
+
+
+def test_token_strings_with_nuls_and_multibyte_text_read_back_as_written(tmp_path):
+    """The kept strings are decoded in one piece and split at NULs: a token with a NUL of its
+    own (or an empty one) must still come back whole and in its place."""
+    from specli.ggufmeta import read_header
+
+    tokens = [b"a\0b", "\u00e9t\u00e9".encode(), b"", b"\0", "\u0120the".encode()]
+    p = tmp_path / "t.gguf"
+    p.write_bytes(header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, len(tokens)) + b"".join(s(t) for t in tokens)))
+    got = read_header(str(p), {"tokenizer.ggml.tokens"}).kv["tokenizer.ggml.tokens"]
+    assert got == [t.decode() for t in tokens]
+    tokens = tokens[1:2] + tokens[4:]  # without NULs: the one-piece path
+    p.write_bytes(header(1, s(b"tokenizer.ggml.tokens") + struct.pack(
+        "<IIQ", ARRAY, STRING, len(tokens)) + b"".join(s(t) for t in tokens)))
+    assert read_header(str(p), {"tokenizer.ggml.tokens"}).kv["tokenizer.ggml.tokens"] == \
+        [t.decode() for t in tokens]
