@@ -124,11 +124,17 @@ class Header:
         return sum(max(t.n_bytes, 0) for t in self.tensors)
 
 
+# in read_header's `arrays`: every array of the file's own architecture ("<arch>.*": the
+# per-layer values), as far as general.architecture comes before them (as writers put it)
+ARCH_ARRAYS = "<arch>."
+
+
 def read_header(path: str, arrays: Collection[str] = (), preview: int = 0) -> Header:
     """Read a GGUF file's metadata and tensor index.
 
-    `arrays` names the array keys to decode in full into `kv`; every array is summarised in
-    `arrays` with `preview` leading elements. The tensor index is checked against the file
+    `arrays` names the array keys to decode in full into `kv` (ARCH_ARRAYS: the
+    architecture's own); every array is summarised in `arrays` with `preview` leading
+    elements. The tensor index is checked against the file
     size, so a download cut short is caught here rather than by llama.cpp after loading."""
     _tables()
     if not os.path.exists(path):
@@ -232,12 +238,15 @@ class _Walk:
             (vtype,) = self.unpack("I", pos, "a value type")
             start = pos + 4
             if vtype == GGUFValueType.ARRAY:
-                etype, n, items, pos = self.array(start, key in self.keep)
+                arch = kv.get("general.architecture")
+                keep = key in self.keep or (ARCH_ARRAYS in self.keep and isinstance(arch, str)
+                                            and key.startswith(f"{arch}."))
+                etype, n, items, pos = self.array(start, keep)
                 digest = hashlib.sha256(self.buf[start + 12:pos]).hexdigest()
                 first = tuple(items[:self.preview]) if items else self._first(start)
                 arrays[key] = ArrayInfo(etype, n, first, digest)
                 types[key] = f"ARRAY[{etype}]"
-                if key in self.keep:
+                if keep:
                     kv[key] = items
             else:
                 kv[key], pos = self.value(vtype, start)

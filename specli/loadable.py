@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from specli import pairing
 from specli.errors import ModelFileError
-from specli.ggufmeta import Header, read_header
+from specli.ggufmeta import ARCH_ARRAYS, Header, read_header
 
 TOKENS = "tokenizer.ggml.tokens"
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
@@ -22,14 +22,21 @@ ROPE_SCALING = {"none", "linear", "yarn", "longrope"}
 
 def check_file(path: str) -> Header:
     """Read the header (tokens included) and check it; returns it for further use."""
-    h = read_header(path, {TOKENS})
-    arch = h.kv.get("general.architecture")
-    arrays = {k for k, t in h.types.items() if t.startswith("ARRAY") and arch
-              and k.startswith(f"{arch}.")}
-    if arrays:  # per-layer values: decode them too
-        h = read_header(path, {TOKENS, *arrays})
+    h = read(path)
     pairing.check_types(h)  # the tokenizer keys' types first: a wrong one is its own error
     check(h)
+    return h
+
+
+def read(path: str) -> Header:
+    """The header with its tokens and its architecture's per-layer values decoded, in one
+    pass where general.architecture comes before them (as writers put it), else two."""
+    h = read_header(path, {TOKENS, ARCH_ARRAYS})
+    arch = h.kv.get("general.architecture")
+    missed = {k for k, t in h.types.items() if t.startswith("ARRAY") and isinstance(arch, str)
+              and k.startswith(f"{arch}.") and k not in h.kv}
+    if missed:
+        h = read_header(path, {TOKENS, ARCH_ARRAYS, *missed})
     return h
 
 

@@ -129,3 +129,25 @@ def test_token_strings_with_nuls_and_multibyte_text_read_back_as_written(tmp_pat
         "<IIQ", ARRAY, STRING, len(tokens)) + b"".join(s(t) for t in tokens)))
     assert read_header(str(p), {"tokenizer.ggml.tokens"}).kv["tokenizer.ggml.tokens"] == \
         [t.decode() for t in tokens]
+
+
+@pytest.mark.parametrize("arch_first", [True, False])
+def test_per_layer_values_are_decoded_in_one_pass_when_the_architecture_comes_first(
+        tmp_path, monkeypatch, arch_first):
+    """loadable.read decodes the architecture's arrays (per-layer values) with the tokens:
+    one walk of the header where general.architecture comes first, a second only where an
+    array of it came before it."""
+    from specli import ggufmeta, loadable
+
+    layers = s(b"llama.swa_layers") + struct.pack("<IIQ", ARRAY, UINT32, 3) + \
+        struct.pack("<3I", 1, 0, 1)
+    tokens = s(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", ARRAY, STRING, 2) + \
+        s(b"a") + s(b"b")
+    p = tmp_path / "m.gguf"
+    p.write_bytes(header(3, (ARCH + layers if arch_first else layers + ARCH) + tokens))
+    walks = []
+    header_of = ggufmeta._Walk.header
+    monkeypatch.setattr(ggufmeta._Walk, "header", lambda w: walks.append(1) or header_of(w))
+    h = loadable.read(str(p))
+    assert h.kv["llama.swa_layers"] == [1, 0, 1] and h.kv["tokenizer.ggml.tokens"] == ["a", "b"]
+    assert len(walks) == (1 if arch_first else 2)
