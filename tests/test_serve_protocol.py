@@ -4,6 +4,7 @@ llama-server's fields on /v1/completions, ignore_eos, response_fields, system_fi
 
 from __future__ import annotations
 
+import asyncio
 from contextlib import nullcontext
 
 import pytest
@@ -272,7 +273,7 @@ def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
     try:
         msgs = [{"role": "system", "content": "You are a test."},
                 {"role": "user", "content": "Hi there"}]
-        with httpx.Client(transport=httpx.HTTPTransport(uds=sock),
+        with httpx.Client(transport=httpx.HTTPTransport(uds=sock, verify=False),
                           base_url="http://specli") as h:  # the same server, on the socket
             r = h.post("/apply-template", json={"messages": msgs}).json()
             # llama.cpp's own renderer, as llama-server's --chat-template command-r
@@ -299,3 +300,64 @@ def test_builtin_chat_templates_and_a_unix_socket(q4_1, tmp_path):
     finally:
         again.terminate()
         again.wait(20)
+
+
+def test_requests_that_arrive_together_are_held_to_the_queue_limit():
+    """One idle slot and --max-queue 0: of three requests that arrive in one turn of the
+    event loop, one takes the slot and two are refused (503), although none has taken the
+    slot yet when the others ask; with --max-queue 1 one of them waits."""
+    from specli.server.slots import Busy, SlotPool
+
+    async def together(max_queue: int) -> list:
+        pool = SlotPool([_slot(0, [], 0.0)], max_queue=max_queue)
+        try:
+            got = await asyncio.wait_for(asyncio.gather(
+                *(pool.acquire() for _ in range(3)), return_exceptions=True), 0.5)
+        except TimeoutError:
+            got = None  # a request waits for the slot that nobody releases
+        pool.executor.shutdown()
+        return got
+
+    got = asyncio.run(together(0))
+    assert got is not None, "a request past --max-queue 0 waited for the slot"
+    assert [type(g) for g in got].count(Busy) == 2 and got[0].id == 0
+    assert "1 slots are busy and 0 requests wait" in str(got[1])
+
+    async def one_waits() -> list:
+        pool = SlotPool([_slot(0, [], 0.0)], max_queue=1)
+        tasks = [asyncio.create_task(pool.acquire()) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        done = [t.done() for t in tasks]
+        pool.release(tasks[0].result())
+        slot = await asyncio.wait_for(tasks[1], 1)
+        pool.executor.shutdown()
+        return [done, isinstance(tasks[2].exception(), Busy), slot.id]
+
+    assert asyncio.run(one_waits()) == [[True, False, True], True, 0]
+
+
+def test_a_generation_that_fails_frees_its_slot_before_its_reader_sees_the_error():
+    """A client that reads the error and at once asks /health (or sends its next request)
+    finds the slot idle: the slot goes back before the error reaches the reader, as it does
+    before the last Done."""
+    from specli.config import SamplingParams
+    from specli.server.slots import Job, SlotPool
+
+    def stream(*args):
+        raise RuntimeError("the grammar was stopped")
+        yield
+
+    async def fail() -> tuple[bool, int]:
+        slot = _slot(0, [], 0.0)
+        slot.engine.stream = stream
+        slot.engine.forget = lambda: None
+        pool = SlotPool([slot])
+        gen = pool.start(await pool.acquire(), Job([1, 2], 4, SamplingParams()))
+        with pytest.raises(RuntimeError, match="grammar was stopped"):
+            async for _ in gen.events():
+                pass
+        seen = (slot.busy, pool.idle)
+        pool.executor.shutdown()
+        return seen
+
+    assert asyncio.run(fail()) == (False, 1)

@@ -160,11 +160,12 @@ class Generation:
             self._pool.active.discard(self)
             self._pool.release(self.slot)
 
-    def _last(self, done: Done) -> None:
-        """On the loop: the slot is released before its reader sees the last Done, so that
-        a client's next request (sent as soon as this answer arrives) finds the slot idle,
-        its prompt cached (a release left to the thread's end raced the answer: the next
-        request went to another slot and evaluated its prompt again)."""
+    def _last(self, done: Done | BaseException) -> None:
+        """On the loop: the slot is released before its reader sees the last Done (or the
+        error that ended it), so that a client's next request (sent as soon as this answer
+        arrives) finds the slot idle, its prompt cached (a release left to the thread's end
+        raced the answer: the next request went to another slot and evaluated its prompt
+        again, and /health right after an error counted the slot busy)."""
         self._release()
         self._queue.put_nowait(done)
 
@@ -214,7 +215,9 @@ class Generation:
                     break
                 self._push(done)
         except BaseException as e:  # handed to the event loop, which answers the client
-            self.fail(e)
+            # the engine's finally has run: the slot goes back before the client reads the
+            # error, as it does before the last Done
+            self._loop.call_soon_threadsafe(self._last, e)
 
     def _choice(self, engine: Engine, job: Job, sp: SamplingParams, index: int) -> Done:
         """One choice, streamed as Pieces; its Done (the caller sends it)."""
@@ -291,8 +294,13 @@ class SlotPool:
         one whose cache shares most of the prompt (llama-server's slot prompt similarity),
         else the least recently used."""
         free = self._queue()
-        if free.empty() and self.waiting >= self.max_queue:
-            raise Busy(f"all {len(self.slots)} slots are busy and {self.waiting} requests wait")
+        # the requests admitted before this one take the idle slots first, even those that
+        # have not taken theirs yet (asyncio.wait_for runs _take as a task, a turn of the
+        # loop later): counting only the queue let simultaneous requests past --max-queue 0
+        queued = self.waiting - free.qsize()
+        if queued >= self.max_queue:
+            raise Busy(f"all {len(self.slots)} slots are busy and {max(queued, 0)} requests "
+                       "wait")
         self.waiting += 1
         try:
             slot = await asyncio.wait_for(self._take(free, prompt, slot_id), self.wait_s)
