@@ -105,7 +105,7 @@ def test_serve_logs_each_request_and_exits_0_after_a_clean_shutdown(q4_1, sig, q
 
     s = Server("-m", q4_1, "-c", "256", *(["--log-disable"] if quiet else []))
     try:
-        r = httpx.post(f"{s.url}/completion", json={"prompt": "Hi", "n_predict": 3},
+        r = httpx.post(f"{s.url}/completion", verify=False, json={"prompt": "Hi", "n_predict": 3},
                        timeout=60)
         assert r.status_code == 200, r.text
         t0 = time.monotonic()
@@ -223,8 +223,8 @@ def test_serve_grammar_is_the_default_of_requests_without_one(q4_1):
     s = Server("-m", q4_1, "-c", "512", "--log-disable", "--grammar", 'root ::= "yes" | "no"')
     try:
         def content(**extra) -> str:
-            r = httpx.post(f"{s.url}/completion", json={"prompt": "Is it?", "n_predict": 8,
-                                                        "temperature": 0, **extra}, timeout=60)
+            r = httpx.post(f"{s.url}/completion", verify=False, timeout=60, json={
+                "prompt": "Is it?", "n_predict": 8, "temperature": 0, **extra})
             assert r.status_code == 200, r.text
             return r.json()["content"]
 

@@ -41,7 +41,7 @@ def health_while(s: Server, send) -> tuple[httpx.Response, float]:
     t = threading.Thread(target=lambda: out.append(send()))
     t.start()
     slowest = 0.0
-    with httpx.Client(base_url=s.url, timeout=5) as h:
+    with httpx.Client(verify=False, base_url=s.url, timeout=5) as h:
         while t.is_alive():
             t0 = time.monotonic()
             assert h.get("/health").status_code == 200
@@ -81,7 +81,7 @@ def test_a_huge_request_is_refused_and_health_keeps_answering(server, name, path
 def test_a_signal_ends_the_server_with_a_generation_in_flight(q4_1, sig):
     s = Server("-m", q4_1, "-c", "1024")
     try:
-        with httpx.Client(base_url=s.url, timeout=60) as h, h.stream(
+        with httpx.Client(verify=False, base_url=s.url, timeout=60) as h, h.stream(
                 "POST", "/completion", json={"prompt": "Count to a thousand:",
                                              "n_predict": 900, "stream": True}) as r:
             next(r.iter_lines())  # generating now
@@ -232,7 +232,7 @@ def test_nan_logits_are_a_500_and_the_slot_recovers(tmp_path, q4_1):
             r = post(s, "/completion", {"prompt": "hi", "n_predict": 4})
             assert r.status_code == 500
             assert "NaN or infinite logits at token 1" in r.json()["error"]["message"]
-            with httpx.Client(base_url=s.url) as h:
+            with httpx.Client(verify=False, base_url=s.url) as h:
                 assert h.get("/health").json()["slots_idle"] == 1
     finally:
         s.stop()
