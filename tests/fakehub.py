@@ -50,7 +50,8 @@ class FakeHub:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
+                                        daemon=True)  # shut down within 50 ms, not 0.5 s
         self._thread.start()
 
     def close(self) -> None:
