@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from specli.errors import IncompatiblePairError
 from specli.ggufmeta import Header, gguf_constants, invalid, read_header
@@ -82,7 +82,10 @@ class ModelInfo:
     tokenizer: TokenizerInfo
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "tokenizer"}
+        # not asdict(self): it would copy the tokenizer's whole token list, one call a token
+        # (262,144 for Gemma), only to drop it
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tokenizer"}
+        d["tensor_types"] = dict(self.tensor_types)
         d["tokenizer"] = self.tokenizer.to_dict()
         return d
 
