@@ -315,8 +315,10 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
                ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
     """n engines (server slots) over one target context and one draft context, a sequence
     each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
-    engines and the shared contexts, which the caller closes. A generation on a slot runs
-    between `shared[0].gate.enter()` and `.leave()`, so that decodes wait for it."""
+    engines and the shared contexts, which the caller closes. An engine's steps enter the
+    gate themselves (Backend.generating), so that the other slots' decodes wait for theirs:
+    a caller that entered it again around them would count its slot twice, and every decode
+    would wait Gate.MAX_WAIT for a slot that cannot come."""
     plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
                             draft_head(draft))
     check_files(target, draft, plan)

@@ -317,10 +317,11 @@ def test_server_slots_each_keep_their_own_head(heads, case):
                                  ModelParams(heads[head]) if head else None,
                                  DraftPolicy(n_max=K), spec_types=(spec,))
     got: list = [None, None]
+    start = threading.Barrier(2)
 
-    def slot(i: int) -> None:
-        with engines[i].target.generating():
-            got[i] = run_steps(engines[i], ids[i], 24)
+    def slot(i: int) -> None:  # the engine's steps enter the gate themselves
+        start.wait()
+        got[i] = run_steps(engines[i], ids[i], 24)
 
     try:
         threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]

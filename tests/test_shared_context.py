@@ -84,17 +84,3 @@ def test_a_slots_sequence_and_its_context_are_backends(shared):
     assert isinstance(shared.base, Backend)
     view.decode([1, 2, 3])
     assert view.kv_pos_max() == 2 and shared.view(0).kv_pos_max() == -1
-
-
-def test_a_slot_inside_its_generation_twice_counts_once(shared):
-    """A caller that holds a slot's generation around the engine's own (which enters it
-    again) is one slot generating: counted twice, every decode waited Gate.MAX_WAIT for a
-    slot that could not come. Another slot still counts on its own."""
-    gate, a, b = shared.gate, shared.view(0), shared.view(1)
-    with a.generating():
-        with a.generating():
-            assert gate.running == 1
-            with b.generating():
-                assert gate.running == 2
-        assert gate.running == 1
-    assert gate.running == 0

@@ -13,8 +13,8 @@ import ctypes
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -565,23 +565,9 @@ class Model:
         return out, (ext.rows("llama_get_embeddings_nextn", self._ctx, shape=shape)
                      if nextn else None)
 
-    _generating = False  # inside generating(): a nested call counts the slot once
-
-    @contextmanager
-    def generating(self) -> Iterator[None]:
-        """Around a generation (the engine's steps): see Runner.generation. Nested (a caller
-        that holds the slot's generation around the engine's own) the slot still counts
-        once: counted twice, every batched decode waited Gate.MAX_WAIT for a slot that
-        could not come."""
-        if self._generating:
-            yield
-            return
-        self._generating = True
-        try:
-            with self._runner.generation():
-                yield
-        finally:
-            self._generating = False
+    def generating(self) -> AbstractContextManager[None]:
+        """Around a generation (the engine's steps): see Runner.generation."""
+        return self._runner.generation()
 
     # -- Runner, for its own context: decodes at once, on the caller's thread -----------------
     def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
