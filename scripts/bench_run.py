@@ -137,7 +137,10 @@ def bench_heads(args, ks: list[int]) -> None:
     for label, (spec, target, head) in cases.items():
         for k in ks:
             e = load(ModelParams(target, n_threads=args.threads, n_gpu_layers=args.ngl),
-                     ModelParams(head, n_threads=args.threads) if head else None,
+                     # the head offloaded as -ngld says, and native's alike (its own default
+                     # offloads the draft where there is a GPU)
+                     ModelParams(head, n_threads=args.threads, n_gpu_layers=args.ngld)
+                     if head else None,
                      DraftParams(n_max=k), spec_types=(spec,))
             try:
                 for rep in range(args.repeat):
@@ -152,13 +155,14 @@ def bench_heads(args, ks: list[int]) -> None:
                         f = tmp / f"p{i}.txt"
                         f.write_text(text + "\n")  # native -f drops one trailing newline
                         r = native.head(bin_dir, target, spec, head, str(f), args.n, k,
-                                        args.threads, extra=("-ngl", str(args.ngl)),
+                                        args.threads, extra=("-ngl", str(args.ngl),
+                                                             "-ngld", str(args.ngld)),
                                         steps=False)
                         tps.setdefault((label, k, "native"), []).append(fair_tps(r, out.stats))
                         acc.setdefault((label, k, "native"), []).append(r.accept_rate)
             finally:
                 e.close()
-    lines = [f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl}.",
+    lines = [f"Machine: {machine()}; threads {args.threads}; -ngl {args.ngl}; -ngld {args.ngld}.",
              "Draft heads on " + ("the given files" if args.spec_type else
                                   "head_models.py's tiny random-weight models") +
              f", greedy, -n {args.n}, {len(texts)} prompts, median of {args.repeat} "
