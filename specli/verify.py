@@ -6,6 +6,7 @@ left after top-k/top-p/min-p), so nothing here allocates a vocabulary-sized arra
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,8 +28,8 @@ class NonFinite(ArithmeticError):
 def finite_argmax(row: np.ndarray, index: int = -1) -> int:
     """The row's argmax, after checking the row is usable: numpy's argmax lands on a NaN or
     an infinity if there is one, so one look at the winner checks the whole row."""
-    best = int(np.argmax(row))
-    if not np.isfinite(row[best]):
+    best = int(row.argmax())
+    if not math.isfinite(row[best]):
         raise NonFinite(index)
     return best
 

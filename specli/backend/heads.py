@@ -29,6 +29,33 @@ from specli.errors import BackendError
 _F = ctypes.POINTER(ctypes.c_float)
 
 
+def _batch_fns() -> tuple:
+    """The extended batch's functions, bound once (a draft token builds a batch)."""
+    global _FNS
+    if _FNS is None:
+        _FNS = tuple(fn(n) for n in (
+            "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_set_pos",
+            "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits", "llama_embd",
+            "llama_batch_ext_clear", "llama_process"))
+    return _FNS
+
+
+_FNS: tuple | None = None
+_ARRAYS: dict[int, type] = {}
+
+
+def _floats(row: np.ndarray):
+    """A contiguous float32 row as the float array llama_embd takes by pointer (a ctypes
+    array over its buffer: cheaper than ndarray.ctypes.data_as, which a read-only row
+    still takes)."""
+    if not row.flags.writeable:
+        return row.ctypes.data_as(_F)
+    t = _ARRAYS.get(row.size)
+    if t is None:
+        t = _ARRAYS[row.size] = ctypes.c_float * row.size
+    return t.from_buffer(row)
+
+
 def _arch(model) -> str:
     """A loaded model's general.architecture."""
     buf = ctypes.create_string_buffer(64)
@@ -115,6 +142,8 @@ class HeadContext:
         self.n_batch = target.n_batch
         self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
         self._batch = fn("llama_batch_ext_init")(self._ctx)
+        self._pos = ll.llama_pos(0)  # a batch item's position, copied by set_pos
+        self._views: dict[tuple[int, int], np.ndarray] = {}
 
     @property
     def n_nextn(self) -> int:
@@ -125,30 +154,26 @@ class HeadContext:
             encode: bool = False) -> None:
         """One llama_process of (token or None, position, embedding row or None, output)
         items, all in this head's sequence; encode: the head's encoder (no cache) instead."""
-        add_token, add_embd = fn("llama_batch_ext_add_token"), fn("llama_batch_ext_add_embd")
-        set_pos, set_embd = fn("llama_batch_ext_set_pos"), fn("llama_batch_ext_set_embd_token")
-        set_out, embd = fn("llama_batch_ext_set_output_logits"), fn("llama_embd")
-        b = self._batch
-        fn("llama_batch_ext_clear")(b)
+        add_token, add_embd, set_pos, set_embd, set_out, embd, clear, process = _batch_fns()
+        b, seq, pos_cell = self._batch, self.seq, self._pos
+        pos_ref = ctypes.byref(pos_cell)
+        clear(b)
         keep = []  # the rows' buffers, alive until llama.cpp has copied them
         for token, pos, row, out in items:
             if row is not None:
                 row = np.ascontiguousarray(row, np.float32)
                 keep.append(row)
-                e = embd(row.ctypes.data_as(_F), 1, row.shape[-1])
-            if token is None:
-                idx = add_embd(b, self.seq, e)
-            else:
-                idx = add_token(b, self.seq, token)
+                e = embd(_floats(row), 1, row.shape[-1])
+            idx = add_embd(b, seq, e) if token is None else add_token(b, seq, token)
             if idx < 0:
                 raise BackendError(f"internal: a head batch refused an item ({idx})")
-            set_pos(b, idx, ctypes.byref(ll.llama_pos(pos)))
+            pos_cell.value = pos
+            set_pos(b, idx, pos_ref)
             if token is not None and row is not None and not set_embd(b, idx, e):
                 raise BackendError("internal: a head batch refused an embedding row")
             if out:
                 set_out(b, idx, True)
         t0 = time.perf_counter()
-        process = fn("llama_process")
         kind = ll.LLAMA_PROCESS_TYPE_ENCODE if encode else ll.LLAMA_PROCESS_TYPE_DECODE
         rc = (process(self._ctx, kind, b) if self.decoder is None else
               self.decoder.submit(process, self._ctx, kind, b).result())
@@ -161,11 +186,12 @@ class HeadContext:
         self.n_decode_tokens += len(items)
 
     def logits(self, i: int) -> np.ndarray:
-        """The logits row of the last decode's batch item i."""
+        """The logits row of the last decode's batch item i (a view, valid until the next
+        decode)."""
         ptr = ll.llama_get_logits_ith(self._ctx, i)
         if not ptr:
             raise BackendError(f"internal: no logits for head batch item {i}")
-        return np.ctypeslib.as_array(ptr, (self.n_vocab,))
+        return self._view(ptr, 1)[0]
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """The logits rows of the last decode's first n_rows outputs (a view, valid until
@@ -173,7 +199,19 @@ class HeadContext:
         ptr = ll.llama_get_logits(self._ctx)
         if not ptr:
             raise BackendError("internal: no logits for the head's batch")
-        return np.ctypeslib.as_array(ptr, (n_rows, self.n_vocab))
+        return self._view(ptr, n_rows)
+
+    def _view(self, ptr, n_rows: int) -> np.ndarray:
+        """(n_rows, n_vocab) floats at ptr, one view kept per address: llama.cpp moves its
+        output buffer only when it grows it, and a view costs more to build than to keep
+        (a draft token reads one)."""
+        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:
+                self._views.clear()
+            view = self._views[key] = np.ctypeslib.as_array(ptr, (n_rows, self.n_vocab))
+        return view
 
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""
