@@ -18,16 +18,16 @@ _EXT = {
     "llama_set_embeddings_nextn": (
         "_Z26llama_set_embeddings_nextnP13llama_contextbb", None,
         [_P, ctypes.c_bool, ctypes.c_bool]),
-    "llama_get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", _F, [_P]),
+    "llama_get_embeddings_nextn": ("_Z26llama_get_embeddings_nextnP13llama_context", _P, [_P]),
     "llama_get_embeddings_nextn_ith": (
-        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti", _F, [_P, ctypes.c_int32]),
+        "_Z30llama_get_embeddings_nextn_ithP13llama_contexti", _P, [_P, ctypes.c_int32]),
     "llama_set_nextn_layer_offset": (
         "_Z28llama_set_nextn_layer_offsetP13llama_contexti", None, [_P, ctypes.c_int32]),
     "llama_set_embeddings_layer_inp": (
         "_Z30llama_set_embeddings_layer_inpP13llama_contextjb", None,
         [_P, ctypes.c_uint32, ctypes.c_bool]),
     "llama_get_embeddings_layer_inp": (
-        "_Z30llama_get_embeddings_layer_inpP13llama_contextj", _F, [_P, ctypes.c_uint32]),
+        "_Z30llama_get_embeddings_layer_inpP13llama_contextj", _P, [_P, ctypes.c_uint32]),
     "llama_get_ctx_other": ("_Z19llama_get_ctx_otherP13llama_context", _P, [_P]),
 }
 # the C functions and names each head type needs of llama-cpp-python's bindings
@@ -49,6 +49,10 @@ NEEDS = {
 }
 NEEDS["draft-dspark"] = NEEDS["draft-dflash"]
 _bound: dict[str, object] = {}
+# llama.h's float getters bound again on a handle of their own, returning the address (an
+# int): llama-cpp-python's bindings return float pointers, whose address costs a cast
+_ADDRESS = {"llama_get_logits": [_P], "llama_get_logits_ith": [_P, ctypes.c_int32]}
+_own: list[ctypes.CDLL] = []
 
 
 def fn(name: str):
@@ -62,6 +66,20 @@ def fn(name: str):
         else:
             f = getattr(ll, name)
         _bound[name] = f
+    return f
+
+
+def address(name: str):
+    """llama.h's getter `name` (_ADDRESS) returning the address its float pointer holds
+    (None for NULL), for `view`."""
+    key = name + "@address"
+    f = _bound.get(key)
+    if f is None:
+        if not _own:
+            _own.append(ctypes.CDLL(ll._lib._name))
+        f = getattr(_own[0], name)
+        f.restype, f.argtypes = _P, _ADDRESS[name]
+        _bound[key] = f
     return f
 
 
@@ -89,7 +107,23 @@ def require(spec_type: str) -> None:
 def rows(name: str, ctx, *args: int, shape: tuple[int, ...]) -> np.ndarray:
     """A copy of the float rows a llama-ext.h getter returns (the nextn states, a layer's
     input), shape rows x n_embd; BackendError when the context kept none."""
-    ptr = fn(name)(ctx, *args)
-    if not ptr:
+    addr = fn(name)(ctx, *args)
+    if not addr:
         raise BackendError(f"internal: {name} read from a decode that kept none")
-    return np.ctypeslib.as_array(ptr, shape).copy()
+    return view(addr, shape).copy()
+
+
+_views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+
+
+def view(addr: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The float32 array of `shape` at address addr, one view kept per (address, shape):
+    llama.cpp moves an output buffer only when it grows it, and building a view through
+    ctypes costs 30 us between two decodes (every draft step reads a few)."""
+    key = (addr, shape)
+    v = _views.get(key)
+    if v is None:
+        if len(_views) > 256:
+            _views.clear()
+        v = _views[key] = np.ctypeslib.as_array(ctypes.cast(addr, _F), shape)
+    return v

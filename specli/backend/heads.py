@@ -143,7 +143,6 @@ class HeadContext:
         self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
         self._batch = fn("llama_batch_ext_init")(self._ctx)
         self._pos = ll.llama_pos(0)  # a batch item's position, copied by set_pos
-        self._views: dict[tuple[int, int], np.ndarray] = {}
 
     @property
     def n_nextn(self) -> int:
@@ -188,30 +187,18 @@ class HeadContext:
     def logits(self, i: int) -> np.ndarray:
         """The logits row of the last decode's batch item i (a view, valid until the next
         decode)."""
-        ptr = ll.llama_get_logits_ith(self._ctx, i)
-        if not ptr:
+        addr = ext.address("llama_get_logits_ith")(self._ctx, i)
+        if not addr:
             raise BackendError(f"internal: no logits for head batch item {i}")
-        return self._view(ptr, 1)[0]
+        return ext.view(addr, (self.n_vocab,))
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """The logits rows of the last decode's first n_rows outputs (a view, valid until
         the next decode), one read for a whole block."""
-        ptr = ll.llama_get_logits(self._ctx)
-        if not ptr:
+        addr = ext.address("llama_get_logits")(self._ctx)
+        if not addr:
             raise BackendError("internal: no logits for the head's batch")
-        return self._view(ptr, n_rows)
-
-    def _view(self, ptr, n_rows: int) -> np.ndarray:
-        """(n_rows, n_vocab) floats at ptr, one view kept per address: llama.cpp moves its
-        output buffer only when it grows it, and a view costs more to build than to keep
-        (a draft token reads one)."""
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_rows)
-        view = self._views.get(key)
-        if view is None:
-            if len(self._views) > 64:
-                self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array(ptr, (n_rows, self.n_vocab))
-        return view
+        return ext.view(addr, (n_rows, self.n_vocab))
 
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""
@@ -245,7 +232,8 @@ class HeadContext:
     def rewind_cells(self, pos: int) -> None:
         """Drop the cache's positions from pos on (a draft's own cells; none when the cache
         is the target's, where llama.cpp leaves them to the target)."""
-        if self._ctx:
+        # a removal scans every cell of the context: skipped when none is at pos or after
+        if self._ctx and ll.llama_memory_seq_pos_max(self._mem, self.seq) >= pos:
             ll.llama_memory_seq_rm(self._mem, self.seq, pos, -1)
 
     def close(self) -> None:

@@ -161,7 +161,6 @@ class Model:
         self.n_decode_calls = 0
         self.n_decode_tokens = 0
         self._local = threading.local()
-        self._views: dict[tuple[int, int], np.ndarray] = {}
         self._owner = share is None
         self._runner: Runner = runner or self
         self._hidden: np.ndarray | None = None  # the last decode's, when kept
@@ -451,16 +450,12 @@ class Model:
         """A zero-copy view of the last decode's n_out logits rows."""
         if n_out == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        ptr = ll.llama_get_logits(self._ctx)
-        # one view per (buffer, rows): llama.cpp moves the buffer only when it grows it, and
-        # building a view costs as much as a GPU-side argmax (every draft token pays it)
-        key = (ctypes.cast(ptr, ctypes.c_void_p).value, n_out)
-        view = self._views.get(key)
-        if view is None:
-            if len(self._views) > 64:
-                self._views.clear()
-            view = self._views[key] = np.ctypeslib.as_array(ptr, shape=(n_out, self.n_vocab))
-        return view
+        addr = ext.address("llama_get_logits")(self._ctx)
+        if not addr:
+            raise BackendError("internal: no logits for the last decode")
+        # building a view costs as much as a GPU-side argmax (every draft token pays it):
+        # ext.view keeps one per address and shape
+        return ext.view(addr, (n_out, self.n_vocab))
 
     def rewind(self, n_keep: int) -> None:
         """Drop every cached token from position n_keep on."""
@@ -548,7 +543,7 @@ class Model:
         len(layers) * n_embd), the layers side by side (the features a head's encoder takes)."""
         if self._layers is None or any(lid not in self._layers for lid in layers):
             raise BackendError("internal: layer inputs read from a decode that kept none")
-        return np.hstack([self._layers[lid][-n_tokens:] for lid in layers])
+        return np.concatenate([self._layers[lid][-n_tokens:] for lid in layers], axis=1)
 
     def nextn_rows(self, n_tokens: int) -> np.ndarray:
         """The last decode's next-token-head states, a row per token decoded."""
