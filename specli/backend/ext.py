@@ -49,10 +49,6 @@ NEEDS = {
 }
 NEEDS["draft-dspark"] = NEEDS["draft-dflash"]
 _bound: dict[str, object] = {}
-# llama.h's float getters bound again on a handle of their own, returning the address (an
-# int): llama-cpp-python's bindings return float pointers, whose address costs a cast
-_ADDRESS = {"llama_get_logits": [_P], "llama_get_logits_ith": [_P, ctypes.c_int32]}
-_own: list[ctypes.CDLL] = []
 
 
 def fn(name: str):
@@ -66,20 +62,6 @@ def fn(name: str):
         else:
             f = getattr(ll, name)
         _bound[name] = f
-    return f
-
-
-def address(name: str):
-    """llama.h's getter `name` (_ADDRESS) returning the address its float pointer holds
-    (None for NULL), for `view`."""
-    key = name + "@address"
-    f = _bound.get(key)
-    if f is None:
-        if not _own:
-            _own.append(ctypes.CDLL(ll._lib._name))
-        f = getattr(_own[0], name)
-        f.restype, f.argtypes = _P, _ADDRESS[name]
-        _bound[key] = f
     return f
 
 
@@ -117,7 +99,8 @@ _views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
 
 def view(addr: int, shape: tuple[int, ...]) -> np.ndarray:
-    """The float32 array of `shape` at address addr, one view kept per (address, shape):
+    """The float32 array of `shape` at address addr (a float pointer's:
+    `ctypes.addressof(ptr.contents)`), one view kept per (address, shape):
     llama.cpp moves an output buffer only when it grows it, and building a view through
     ctypes costs 30 us between two decodes (every draft step reads a few)."""
     key = (addr, shape)

@@ -13,6 +13,7 @@ row), which only llama.cpp's extended batch (llama_batch_ext, llama_process) can
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor
@@ -29,18 +30,15 @@ from specli.errors import BackendError
 _F = ctypes.POINTER(ctypes.c_float)
 
 
+@functools.cache
 def _batch_fns() -> tuple:
-    """The extended batch's functions, bound once (a draft token builds a batch)."""
-    global _FNS
-    if _FNS is None:
-        _FNS = tuple(fn(n) for n in (
-            "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_set_pos",
-            "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits", "llama_embd",
-            "llama_batch_ext_clear", "llama_process"))
-    return _FNS
+    """The extended batch's functions, looked up once (a draft token builds a batch)."""
+    return tuple(fn(n) for n in (
+        "llama_batch_ext_add_token", "llama_batch_ext_add_embd", "llama_batch_ext_set_pos",
+        "llama_batch_ext_set_embd_token", "llama_batch_ext_set_output_logits", "llama_embd",
+        "llama_batch_ext_clear", "llama_process"))
 
 
-_FNS: tuple | None = None
 _ARRAYS: dict[int, type] = {}
 
 
@@ -187,18 +185,18 @@ class HeadContext:
     def logits(self, i: int) -> np.ndarray:
         """The logits row of the last decode's batch item i (a view, valid until the next
         decode)."""
-        addr = ext.address("llama_get_logits_ith")(self._ctx, i)
-        if not addr:
+        ptr = ll.llama_get_logits_ith(self._ctx, i)
+        if not ptr:
             raise BackendError(f"internal: no logits for head batch item {i}")
-        return ext.view(addr, (self.n_vocab,))
+        return ext.view(ctypes.addressof(ptr.contents), (self.n_vocab,))
 
     def logits_rows(self, n_rows: int) -> np.ndarray:
         """The logits rows of the last decode's first n_rows outputs (a view, valid until
         the next decode), one read for a whole block."""
-        addr = ext.address("llama_get_logits")(self._ctx)
-        if not addr:
+        ptr = ll.llama_get_logits(self._ctx)
+        if not ptr:
             raise BackendError("internal: no logits for the head's batch")
-        return ext.view(addr, (n_rows, self.n_vocab))
+        return ext.view(ctypes.addressof(ptr.contents), (n_rows, self.n_vocab))
 
     def nextn(self, i: int) -> np.ndarray:
         """The head's own state for batch item i (what it feeds back as its next input)."""

@@ -450,12 +450,12 @@ class Model:
         """A zero-copy view of the last decode's n_out logits rows."""
         if n_out == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        addr = ext.address("llama_get_logits")(self._ctx)
-        if not addr:
+        ptr = ll.llama_get_logits(self._ctx)
+        if not ptr:
             raise BackendError("internal: no logits for the last decode")
         # building a view costs as much as a GPU-side argmax (every draft token pays it):
         # ext.view keeps one per address and shape
-        return ext.view(addr, (n_out, self.n_vocab))
+        return ext.view(ctypes.addressof(ptr.contents), (n_out, self.n_vocab))
 
     def rewind(self, n_keep: int) -> None:
         """Drop every cached token from position n_keep on."""
