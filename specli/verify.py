@@ -34,6 +34,15 @@ def finite_argmax(row: np.ndarray, index: int = -1) -> int:
     return best
 
 
+def finite_argmaxes(rows: np.ndarray, index: int = -1) -> list[int]:
+    """finite_argmax of each row of a 2-D array, in one numpy call (a drafted block's rows:
+    a call per row costs more than the argmax of so few rows)."""
+    best = rows.argmax(axis=1)
+    if not np.isfinite(rows[np.arange(len(best)), best]).all():
+        raise NonFinite(index)
+    return best.tolist()
+
+
 @dataclass(frozen=True)
 class Dist:
     """Token ids and their probabilities, probabilities summing to 1, highest first."""

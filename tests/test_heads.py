@@ -232,6 +232,30 @@ def test_drafts_match_native_step_for_step(heads, case, tmp_path):
     assert compared >= 10
 
 
+def test_dflash_p_min_cuts_a_draft_where_native_cuts_it(heads, tmp_path):
+    """--spec-draft-p-min on a DFlash block: the draft stops at the first row whose top
+    token holds less than p_min of its top ten, every step as native's (at 0.9 the random
+    head drafts 0, 1, 2 and 4 tokens in turn)."""
+    bin_dir = native.native_bin_dir()
+    if bin_dir is None:
+        pytest.skip("no native llama.cpp build (scripts/build_native.sh)")
+    e = load(ModelParams(heads["llama"]), ModelParams(heads["dflash"]),
+             DraftPolicy(n_max=K, p_min=0.9), spec_types=("draft-dflash",))
+    try:
+        text = PROMPTS[0]
+        f = tmp_path / "p.txt"
+        f.write_text(text + "\n")
+        theirs = native.head(bin_dir, heads["llama"], "draft-dflash", heads["dflash"], str(f),
+                             N, K, threads=DEFAULT_THREADS,
+                             extra=("--spec-draft-p-min", "0.9"))
+        _, _, steps = run_steps(e, e.tokenize(text))
+    finally:
+        e.close()
+    n = min(len(steps), len(theirs.steps)) - 3  # native's last steps run past -n
+    assert steps[:n] == theirs.steps[:n]
+    assert {d for _, d in steps[:n]} >= {0, 1, 2, K}
+
+
 @pytest.mark.parametrize("case", ["mtp", "eagle3", "dspark"])
 def test_run_prints_the_heads_statistics_and_the_targets_text(heads, case):
     spec, target, head = CASES[case]

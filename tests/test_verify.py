@@ -107,7 +107,7 @@ def test_rejection_sampling_preserves_the_target_distribution(deterministic):
 
 @pytest.mark.parametrize("top_k", [0, 40])
 def test_a_nan_or_infinite_row_is_refused_and_a_masked_one_is_not(top_k):
-    from specli.verify import NonFinite, finite_argmax
+    from specli.verify import NonFinite, finite_argmax, finite_argmaxes
 
     sp = SamplingParams(temp=0.8, top_k=top_k)
     rng = np.random.default_rng(0)
@@ -115,7 +115,8 @@ def test_a_nan_or_infinite_row_is_refused_and_a_masked_one_is_not(top_k):
     for bad in (np.nan, np.inf):
         row = base.copy()
         row[rng.integers(1000)] = bad
-        for check in (lambda r: sampling_dist(r, sp, 3), lambda r: finite_argmax(r, 3)):
+        for check in (lambda r: sampling_dist(r, sp, 3), lambda r: finite_argmax(r, 3),
+                      lambda r: finite_argmaxes(np.stack([base, r, base]), 3)):
             with pytest.raises(NonFinite) as e:
                 check(row)
             assert e.value.row == 3
@@ -124,3 +125,6 @@ def test_a_nan_or_infinite_row_is_refused_and_a_masked_one_is_not(top_k):
     masked = base.copy()
     masked[:500] = -np.inf  # a grammar or a bias may rule tokens out: that is a usable row
     assert sampling_dist(masked, sp).ids.min() >= 500 and finite_argmax(masked) >= 500
+    rows = np.stack([base, masked, -base])
+    assert finite_argmaxes(rows) == [finite_argmax(r) for r in rows]
+    assert finite_argmaxes(rows[:, :700]) == [finite_argmax(r) for r in rows[:, :700]]

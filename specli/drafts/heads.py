@@ -24,7 +24,7 @@ import numpy as np
 from specli.backend.heads import HeadContext
 from specli.config import DraftPolicy, SamplingParams
 from specli.drafts.base import Decoded, Outcome, Proposal, Reads
-from specli.verify import finite_argmax
+from specli.verify import finite_argmax, finite_argmaxes
 
 _TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
 
@@ -295,13 +295,20 @@ class DflashDraft(_Head):
         n_block = min(k, self.n_max) + (0 if self.anchor else 1)
         m.run([(context[-1] if i == 0 else self.mask, n_past + i, None, True)
                for i in range(n_block)])
-        conf = m.nextn_rows(n_block)[:, 0] if self.dspark and p_min > 0 else None
-        rows = m.logits_rows(n_block)[:, : self.n_vocab]  # the block's rows, one read
-        for i in range(0 if self.anchor else 1, n_block):
-            if conf is not None and conf[i] < p_min:  # before the row is read, as native
-                break
-            token, p = _top(rows[i], 0.0 if self.dspark else p_min)
-            if not self.dspark and p < p_min:
+        first = 0 if self.anchor else 1
+        rows = m.logits_rows(n_block)[first:, : self.n_vocab]  # the block's rows, one read
+        if self.dspark or p_min <= 0:
+            # every row's top token in one argmax; DSpark stops at the first row whose
+            # confidence is under p_min, before that row is read (as native)
+            n = len(rows)
+            if self.dspark and p_min > 0:
+                conf = m.nextn_rows(n_block)[first:, 0]
+                n = next((i for i, c in enumerate(conf) if c < p_min), n)
+            out.extend(finite_argmaxes(rows[:n]))
+            return
+        for row in rows:  # DFlash's p_min: the top token's share of the top ten
+            token, p = _top(row, p_min)
+            if p < p_min:
                 break
             out.append(token)
 
