@@ -232,28 +232,31 @@ def test_drafts_match_native_step_for_step(heads, case, tmp_path):
     assert compared >= 10
 
 
-def test_dflash_p_min_cuts_a_draft_where_native_cuts_it(heads, tmp_path):
-    """--spec-draft-p-min on a DFlash block: the draft stops at the first row whose top
-    token holds less than p_min of its top ten, every step as native's (at 0.9 the random
-    head drafts 0, 1, 2 and 4 tokens in turn)."""
+@pytest.mark.parametrize("case, p_min, sizes", [("dflash", 0.9, {0, 1, 2, K}),
+                                                ("dspark", 0.5, {0})])
+def test_p_min_cuts_a_block_where_native_cuts_it(heads, tmp_path, case, p_min, sizes):
+    """--spec-draft-p-min on a block, every step as native's: DFlash stops at the first
+    row whose top token holds less than p_min of its top ten (at 0.9 the random head drafts
+    0, 1, 2 and 4 tokens in turn); DSpark at the first row whose confidence is under p_min,
+    before reading it (the random confidence head says about 0: nothing is drafted)."""
     bin_dir = native.native_bin_dir()
     if bin_dir is None:
         pytest.skip("no native llama.cpp build (scripts/build_native.sh)")
-    e = load(ModelParams(heads["llama"]), ModelParams(heads["dflash"]),
-             DraftPolicy(n_max=K, p_min=0.9), spec_types=("draft-dflash",))
+    spec, target, head = CASES[case]
+    e = load(ModelParams(heads[target]), ModelParams(heads[head]),
+             DraftPolicy(n_max=K, p_min=p_min), spec_types=(spec,))
     try:
         text = PROMPTS[0]
         f = tmp_path / "p.txt"
         f.write_text(text + "\n")
-        theirs = native.head(bin_dir, heads["llama"], "draft-dflash", heads["dflash"], str(f),
-                             N, K, threads=DEFAULT_THREADS,
-                             extra=("--spec-draft-p-min", "0.9"))
+        theirs = native.head(bin_dir, heads[target], spec, heads[head], str(f), N, K,
+                             threads=DEFAULT_THREADS, extra=("--spec-draft-p-min", str(p_min)))
         _, _, steps = run_steps(e, e.tokenize(text))
     finally:
         e.close()
     n = min(len(steps), len(theirs.steps)) - 3  # native's last steps run past -n
-    assert steps[:n] == theirs.steps[:n]
-    assert {d for _, d in steps[:n]} >= {0, 1, 2, K}
+    assert n >= 10 and steps[:n] == theirs.steps[:n]
+    assert {d for _, d in steps[:n]} == sizes
 
 
 @pytest.mark.parametrize("case", ["mtp", "eagle3", "dspark"])

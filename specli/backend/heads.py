@@ -39,19 +39,13 @@ def _batch_fns() -> tuple:
         "llama_batch_ext_clear", "llama_process"))
 
 
-_ARRAYS: dict[int, type] = {}
-
-
 def _floats(row: np.ndarray):
     """A contiguous float32 row as the float array llama_embd takes by pointer (a ctypes
-    array over its buffer: cheaper than ndarray.ctypes.data_as, which a read-only row
-    still takes)."""
+    array over its buffer, whose type ctypes caches: cheaper than ndarray.ctypes.data_as,
+    which a read-only row still takes)."""
     if not row.flags.writeable:
         return row.ctypes.data_as(_F)
-    t = _ARRAYS.get(row.size)
-    if t is None:
-        t = _ARRAYS[row.size] = ctypes.c_float * row.size
-    return t.from_buffer(row)
+    return (ctypes.c_float * row.size).from_buffer(row)
 
 
 def _arch(model) -> str:
