@@ -517,3 +517,24 @@ def test_api_keys_from_flags_and_a_file(tmp_path):
         _keys([], empty)
     with pytest.raises(SpecliError, match="cannot read --api-key-file"):
         _keys([], tmp_path / "missing.txt")
+
+
+def test_an_empty_api_key_is_refused_not_an_open_server(tmp_path):
+    """`--api-key "$KEY"` with KEY unset, or an empty LLAMA_API_KEY, would start the server
+    without authentication: one line and exit 2 instead, before any model is read."""
+    from specli.cli.serve import _keys
+    from specli.errors import UsageError
+
+    for given in ([""], ["  "], [","], ["a", ""]):
+        with pytest.raises(UsageError, match="--api-key is empty"):
+            _keys(given, None)
+    env = {k: v for k, v in os.environ.items() if k != "LLAMA_API_KEY"}
+    for args, extra in ((["--api-key", ""], {}), ([], {"LLAMA_API_KEY": ""}),
+                        ([], {"LLAMA_API_KEY": " , "})):
+        r = subprocess.run([sys.executable, "-m", "specli", "serve", "-m",
+                            str(tmp_path / "never-read.gguf"), "--port", "0", *args],
+                           capture_output=True, text=True, timeout=60, env={**env, **extra})
+        assert r.returncode == 2, r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert "is empty: the server would start without authentication" in lines[0], lines
+        assert len(lines) <= 2 and "Traceback" not in r.stderr  # the error and its hint

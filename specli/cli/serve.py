@@ -167,6 +167,7 @@ def serve(
         raise UsageError(f"-sps/--slot-prompt-similarity must be between 0 and 1, got "
                          f"{slot_similarity}")
     hosts = _hosts(host, port)
+    keys = _keys(api_key or [], api_key_file)
     aliases = tuple(a.strip() for a in (alias or "").split(",") if a.strip())
     template = _template(chat_template, chat_template_file, jinja)
     types = list(drafting.types)
@@ -175,7 +176,6 @@ def serve(
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
     model, model_draft = models.resolve(spec_types=drafting.types)
     plan = o.plan(drafting, model_draft)
-    keys = _keys(api_key or [], api_key_file)
 
     from specli.plan import check_files
 
@@ -280,6 +280,15 @@ def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
 
 
 def _keys(given: list[str], path: Path | None) -> list[str]:
+    # an empty key (`--api-key "$KEY"` with KEY unset) would start the server open: refused,
+    # as is an empty LLAMA_API_KEY, which click reads as no value at all
+    env = os.environ.get("LLAMA_API_KEY")
+    if any(not v.replace(",", "").strip() for v in given) or (
+            not given and env is not None and not env.replace(",", "").strip()):
+        where = "--api-key" if given else "LLAMA_API_KEY"
+        raise UsageError(f"{where} is empty: the server would start without authentication",
+                         hint="give the key, or leave the flag (and LLAMA_API_KEY) out to "
+                         "serve without one")
     keys = [k.strip() for v in given for k in v.split(",") if k.strip()]
     if path is not None:
         try:
