@@ -124,6 +124,30 @@ class Header:
         return sum(max(t.n_bytes, 0) for t in self.tensors)
 
 
+_INTS = {"I8": "i1", "I16": "i2", "I32": "i4", "I64": "i8"}
+
+
+def tensor_ints(h: Header, name: str):
+    """An integer tensor's values as a numpy array, read from the file (small ones: a
+    head's vocabulary map); None where the file has no such tensor or it is not of an
+    integer type. The index was checked against the file's size when the header was read."""
+    t = next((t for t in h.tensors if t.name == name), None)
+    if t is None or t.type not in _INTS:
+        return None
+    import numpy as np
+
+    dtype = np.dtype(_INTS[t.type]).newbyteorder("<" if h.byte_order == "little" else ">")
+    try:
+        with open(h.path, "rb") as f:
+            f.seek(h.data_offset + t.offset)
+            raw = f.read(t.n_bytes)
+    except OSError as e:
+        raise ModelFileError(f"cannot read {h.path}: {e.strerror or e}") from None
+    if len(raw) != t.n_bytes:
+        raise invalid(h.path, f"tensor {name!r} is cut short")
+    return np.frombuffer(raw, dtype)
+
+
 # in read_header's `arrays`: every array of the file's own architecture ("<arch>.*": the
 # per-layer values), as far as general.architecture comes before them (as writers put it)
 ARCH_ARRAYS = "<arch>."

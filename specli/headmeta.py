@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specli.errors import IncompatiblePairError
-from specli.ggufmeta import Header
+from specli.ggufmeta import Header, tensor_ints
 
 HEAD_TYPES = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 HEAD_ARRAYS = ("eagle3.target_layers", "dflash.target_layers")  # to decode in full
@@ -20,6 +20,16 @@ HEAD_ARCHS = frozenset({"eagle3", "dflash", ASSISTANT})  # the architectures tha
 MTP_ARCHS = frozenset({"bailingmoe3", "cohere2moe", "deepseek2", "deepseek32", "deepseek4",
                        "glm-dsa", "glm4moe", "glm5-next", "hy_v3", "mimo2", "nemotron_h_moe",
                        "qwen35", "qwen35moe", "qwen3next", "step35"})
+# those whose MTP graph runs one prediction layer only (it asserts n_layer_nextn == 1)
+MTP_ONE_LAYER = MTP_ARCHS - {"hy_v3", "mimo2", "step35", "glm5-next"}
+# the target architectures whose graphs keep each layer's input for a head to read
+# (res->t_layer_inp in src/models/*.cpp): another aborts at the head's first decode
+LAYER_INPUT_ARCHS = frozenset({
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan-dense", "hunyuan_vl", "lfm2",
+    "llama", "llama-embed", "mimo2", "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige",
+    "nemotron_h", "nemotron_h_moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next",
+    "qwen4exp"})
+NEXTN = ("eh_proj", "enorm", "hnorm")  # every prediction layer's own tensors
 
 
 @dataclass(frozen=True)
@@ -118,6 +128,11 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
                 f"draft-mtp: {draft.path} is a Gemma 4 assistant for a gemma4 target "
                 f"{head.hidden} wide, and {name} is {arch}, {width} wide", "mtp",
                 hint="the assistant was trained for another target")
+        why = _shared_cache(target, draft)
+        if why:
+            raise IncompatiblePairError(f"draft-mtp: the Gemma 4 assistant {draft.path} "
+                                        f"cannot read {name}'s cache: {why}", "mtp",
+                                        hint="the assistant was trained for another target")
         return
     if head.spec_type == "draft-mtp" and draft is not None:
         d_arch = draft.kv.get("general.architecture")
@@ -143,11 +158,26 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
                 f"draft-mtp: {name} has no multi-token-prediction layers "
                 f"({arch}.nextn_predict_layers and blk.N.nextn tensors)", "mtp",
                 hint="use a GGUF converted with its MTP layers, or another --spec-type")
+        why = _nextn_layers(target)
+        if why:
+            raise IncompatiblePairError(f"draft-mtp: {name}'s prediction layers cannot run: "
+                                        f"{why}", "mtp", hint="the file needs fixing, or "
+                                        "another download")
         return
     blocks = kv.get(f"{arch}.block_count")
-    n_layer = blocks - n_nextn(target) if isinstance(blocks, int) else None
+    # the layers a head may read: llama.cpp's n_layer() takes the key's count of prediction
+    # layers off, whether or not their tensors are there
+    key_nextn = kv.get(f"{arch}.nextn_predict_layers")
+    n_layer = blocks - max(n_nextn(target), key_nextn if isinstance(key_nextn, int) else 0) \
+        if isinstance(blocks, int) else None
     width = kv.get(f"{arch}.embedding_length")
     kind = head.spec_type.removeprefix("draft-")
+    if arch not in LAYER_INPUT_ARCHS:
+        raise IncompatiblePairError(
+            f"{kind} head {head.path} reads the target's layer inputs, and {name} is {arch}, "
+            "an architecture whose llama.cpp graph does not keep them", "head",
+            hint="heads run on llama, qwen3, qwen3.5, gpt-oss, gemma4, lfm2, minimax-m2... "
+            "targets")
     if head.spec_type == "draft-eagle3" and len(head.layers) != 3:
         raise IncompatiblePairError(
             f"{kind} head {head.path} reads {len(head.layers)} target layers "
@@ -173,3 +203,104 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
         if head.block_size < 2:
             raise IncompatiblePairError(f"{kind} head {head.path} has a block size of "
                                         f"{head.block_size} (dflash.block_size)", "head")
+    why = _vocabulary(target, draft, head) if draft is not None else None
+    if why:
+        raise IncompatiblePairError(f"{kind} head {head.path} cannot run with {name}: {why}",
+                                    "head", hint="the head was converted for another target")
+
+
+def _rows(h: Header, name: str) -> int | None:
+    """A matrix's row count (its ggml ne[1]), or None where the file has no such tensor."""
+    t = next((t for t in h.tensors if t.name == name), None)
+    return t.shape[1] if t is not None and len(t.shape) > 1 else None
+
+
+def _vocabulary(target: Header, draft: Header, head: HeadInfo) -> str | None:
+    """What an EAGLE-3 or DFlash head takes from its target, as its graph indexes with it:
+    the target's embedding and output rows where it has none of its own, a vocabulary map
+    (d2t) onto the target's tokens and as long as the output it maps."""
+    t_arch, d_arch = target.kv.get("general.architecture"), draft.kv.get("general.architecture")
+    n_vocab = len(target.kv.get("tokenizer.ggml.tokens") or ()) or None
+    n_head_vocab = len(draft.kv.get("tokenizer.ggml.tokens") or ()) or None
+    t_width, d_width = (target.kv.get(f"{t_arch}.embedding_length"),
+                        draft.kv.get(f"{d_arch}.embedding_length"))
+    t_out = _rows(target, "output.weight") or _rows(target, "token_embd.weight")
+    own_embd = _rows(draft, "token_embd.weight")
+    own_out = _rows(draft, "output.weight") or (own_embd if d_arch == "dflash" else None)
+    if head.spec_type == "draft-eagle3":
+        if own_embd is not None and n_vocab is not None and own_embd < n_vocab:
+            return (f"its own token embeddings have {own_embd} rows for a {n_vocab}-token "
+                    "vocabulary")
+        if (own_embd is None or own_out is None) and d_width != t_width:
+            return (f"it is {d_width} wide and uses the target's "
+                    f"{'embeddings' if own_embd is None else 'output'}, {t_width} wide")
+    d2t = next((t for t in draft.tensors if t.name == "d2t"), None)
+    if d2t is None:
+        if own_out is None and None not in (t_out, n_head_vocab) and t_out != n_head_vocab:
+            return (f"it uses the target's output, {t_out} rows, for its "
+                    f"{n_head_vocab}-token vocabulary")
+        return None
+    if own_out is None and t_out is not None and d2t.shape[0] != t_out:
+        return (f"its d2t vocabulary map has {d2t.shape[0]} entries for the target's output "
+                f"of {t_out} rows")
+    ids = tensor_ints(draft, "d2t")
+    if ids is not None and n_vocab is not None and ids.size and int(ids.max()) >= n_vocab:
+        return (f"its d2t vocabulary map holds token id {int(ids.max())}, outside the "
+                f"target's {n_vocab}-token vocabulary")
+    return None
+
+
+def _nextn_layers(h: Header) -> str | None:
+    """Every prediction layer the file says it has, with its tensors, and one only where the
+    architecture's MTP graph runs one."""
+    kv, arch = h.kv, h.kv.get("general.architecture")
+    blocks, k = kv.get(f"{arch}.block_count"), kv.get(f"{arch}.nextn_predict_layers") or 1
+    if not isinstance(blocks, int) or not isinstance(k, int):
+        return None
+    if k > 1 and arch in MTP_ONE_LAYER:
+        return (f"{arch}.nextn_predict_layers is {k}, and llama.cpp runs one prediction layer "
+                f"for {arch}")
+    names = {t.name for t in h.tensors}
+    for i in range(max(blocks - k, 0), blocks):
+        missing = next((p for p in NEXTN if f"blk.{i}.nextn.{p}.weight" not in names), None)
+        if missing:
+            return (f"{arch}.nextn_predict_layers says {k}, and block {i} has no "
+                    f"nextn.{missing} tensor")
+    return None
+
+
+def _kv_widths(h: Header, n: int) -> list[int]:
+    """Each layer's key width (key length times key/value heads), its own length for the
+    sliding-window layers."""
+    kv, arch = h.kv, h.kv.get("general.architecture")
+
+    def per_layer(v, default):
+        v = default if v is None else v
+        return list(v) if isinstance(v, list | tuple) else [v] * n
+
+    swa = per_layer(kv.get(f"{arch}.attention.sliding_window_pattern"), False)
+    heads_kv = per_layer(kv.get(f"{arch}.attention.head_count_kv"), 1)
+    k, k_swa = kv.get(f"{arch}.attention.key_length"), kv.get(f"{arch}.attention.key_length_swa")
+    return [(k_swa if i < len(swa) and swa[i] is True else k) *
+            (heads_kv[i] if i < len(heads_kv) and isinstance(heads_kv[i], int) else 1)
+            if isinstance(k, int) and isinstance(k_swa, int) else -1 for i in range(n)]
+
+
+def _shared_cache(target: Header, assistant: Header) -> str | None:
+    """A Gemma 4 assistant reads the target's last sliding-window layer's keys and values from
+    its sliding-window layers, the last global layer's from the others: the same widths."""
+    t_arch = target.kv.get("general.architecture")
+    n_t = target.kv.get(f"{t_arch}.block_count")
+    n_a = assistant.kv.get(f"{ASSISTANT}.block_count")
+    if not isinstance(n_t, int) or not isinstance(n_a, int):
+        return None
+    if n_t < 2:
+        return f"the target has {n_t} layer; the assistant reads its last two"
+    theirs, mine = _kv_widths(target, n_t), _kv_widths(assistant, n_a)
+    pattern = assistant.kv.get(f"{ASSISTANT}.attention.sliding_window_pattern") or ()
+    for i, width in enumerate(mine):
+        layer = n_t - 2 if i < len(pattern) and pattern[i] is True else n_t - 1
+        if width != theirs[layer]:
+            return (f"its layer {i} reads keys {width} wide from target layer {layer}, "
+                    f"whose keys are {theirs[layer]} wide")
+    return None

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from specli import pairing
 from specli.errors import ModelFileError
-from specli.ggufmeta import ARCH_ARRAYS, Header, read_header
+from specli.ggufmeta import ARCH_ARRAYS, Header, read_header, tensor_ints
+from specli.headmeta import ASSISTANT
 
 TOKENS = "tokenizer.ggml.tokens"
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS
@@ -103,7 +104,7 @@ def _problem(h: Header) -> str | None:  # noqa: C901 - one flat list of llama.cp
     eps = kv.get(key + "attention.layer_norm_rms_epsilon")
     if isinstance(eps, float) and eps < 0:
         return f"{key}attention.layer_norm_rms_epsilon is negative ({eps})"
-    return _heads(kv, key, arch)
+    return _heads(kv, key, arch) or _head_file(h, key, arch)
 
 
 def _tokenizer(kv: dict) -> str | None:
@@ -165,6 +166,11 @@ def _experts(kv: dict, key: str) -> str | None:
     return None
 
 
+# the architectures whose head size, key/value lengths and rotary dimensions are checked
+# here (their graphs assert on them: the draft heads' too)
+_ROPE_ARCHS = ("llama", "gemma3", "eagle3", "dflash")
+
+
 def _heads(kv: dict, key: str, arch: str) -> str | None:
     heads = _values(kv.get(key + "attention.head_count", 1))
     heads_kv = _values(kv.get(key + "attention.head_count_kv", heads))
@@ -172,9 +178,9 @@ def _heads(kv: dict, key: str, arch: str) -> str | None:
         return None
     # recurrent models (Mamba, RWKV) have no attention heads, and some models skip layers
     # (Deci): only the architectures whose graphs divide by them are held to n >= 1
-    if arch in ("llama", "gemma3") and any(n < 1 for n in heads):
+    if arch in _ROPE_ARCHS and any(n < 1 for n in heads):
         return f"{key}attention.head_count has a value below 1"
-    if arch in ("llama", "gemma3") and (len(set(heads)) > 1 or len(set(heads_kv)) > 1):
+    if arch in _ROPE_ARCHS and (len(set(heads)) > 1 or len(set(heads_kv)) > 1):
         return f"{key}attention.head_count(_kv) differs between layers, which {arch} " \
                "does not support"
     for n, n_kv in zip(heads, heads_kv * (len(heads) // max(len(heads_kv), 1) or 1),
@@ -182,7 +188,7 @@ def _heads(kv: dict, key: str, arch: str) -> str | None:
         if n and n_kv and (n_kv > n or n % n_kv):
             return f"{key}attention.head_count_kv ({n_kv}) does not divide head_count ({n})"
     n_embd = _int(kv, key + "embedding_length")
-    if arch in ("llama", "gemma3") and n_embd:
+    if arch in _ROPE_ARCHS and n_embd:
         head = n_embd // heads[0]
         k_len = _int(kv, key + "attention.key_length", head)
         v_len = _int(kv, key + "attention.value_length", head)
@@ -191,6 +197,44 @@ def _heads(kv: dict, key: str, arch: str) -> str | None:
             return f"{key}attention.key_length ({k_len}) and value_length ({v_len}) differ"
         if arch == "llama" and rot != k_len:
             return f"{key}rope.dimension_count ({rot}) is not the head size ({k_len})"
-        if arch == "gemma3" and (rot > k_len or rot % 2):
+        if arch != "llama" and (rot > k_len or rot % 2):
             return f"{key}rope.dimension_count ({rot}) does not fit the head size ({k_len})"
+    return None
+
+
+def _head_file(h: Header, key: str, arch: str) -> str | None:
+    """A draft head's own facts that its graph asserts on (src/models/eagle3.cpp, dflash.cpp,
+    gemma4-assistant.cpp); what it must share with its target is headmeta.check_head's."""
+    kv = h.kv
+    if arch == ASSISTANT:
+        pattern = kv.get(key + "attention.sliding_window_pattern")
+        if not (isinstance(pattern, list | tuple) and any(x is True for x in pattern)):
+            return (f"{key}attention.sliding_window_pattern marks no sliding-window layer "
+                    "(a Gemma 4 assistant needs one)")
+        return None
+    if arch not in ("eagle3", "dflash"):
+        return None
+    n_embd, out = _int(kv, key + "embedding_length"), _int(kv, key + "embedding_length_out")
+    if out is not None and n_embd is not None and out != n_embd:
+        return f"{key}embedding_length_out ({out}) is not its embedding_length ({n_embd})"
+    if arch == "eagle3" and _int(kv, key + "block_count", 1) != 1:
+        return f"{key}block_count is {_int(kv, key + 'block_count')}: an EAGLE-3 head has 1"
+    names = {t.name: t for t in h.tensors}
+    if arch == "dflash" and "markov_w1.weight" in names and \
+            (_int(kv, "dflash.block_size") or 0) < 1:
+        return "it is a DSpark head without a dflash.block_size"
+    if arch == "dflash" and (_int(kv, "dflash.hyper_connection.count", 0) or 0) > 0:
+        for k in ("attention.output_group_count", "attention.sliding_window"):
+            if (_int(kv, key + k, 0) or 0) < 1:
+                return f"{key}{k} is missing or 0 in a DeepSeek-V4 DSpark head"
+    d2t = names.get("d2t")
+    if d2t is not None:
+        if d2t.type != "I64":
+            return f"its d2t vocabulary map is {d2t.type}; llama.cpp reads I64"
+        n_tokens = len(kv.get(TOKENS) or ())
+        ids = tensor_ints(h, "d2t")
+        bad = ids[(ids < 0) | (ids >= n_tokens)] if n_tokens else ids[:0]
+        if bad.size:
+            return (f"its d2t vocabulary map holds token id {int(bad[0])}, outside its "
+                    f"{n_tokens}-token vocabulary")
     return None

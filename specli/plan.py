@@ -221,8 +221,10 @@ def draft_head(draft: ModelParams | str | None) -> HeadInfo | None:
     if draft is None:
         return None
     try:
-        return head_info(loadable.check_file(getattr(draft, "path", draft)))
-    except SpecliError:  # check_files says what is wrong with it
+        # read, not checked: a head llama.cpp would abort on is still a head, and
+        # check_files says what is wrong with it
+        return head_info(loadable.read(getattr(draft, "path", draft)))
+    except SpecliError:  # a damaged header: check_files says so too
         return None
 
 

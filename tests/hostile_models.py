@@ -17,11 +17,13 @@ T = gguf.GGUFValueType
 
 def copy_gguf(src: str, dst: Path, set_kv: dict[str, tuple[object, T, T | None]] | None = None,
               drop: tuple[str, ...] = (),
-              tensor: Callable[[str, np.ndarray], np.ndarray] | None = None,
-              tensors: bool = True) -> str:
+              tensor: Callable[[str, np.ndarray], np.ndarray | None] | None = None,
+              tensors: bool = True, add: dict[str, np.ndarray] | None = None) -> str:
     """dst: src with the keys in set_kv written as (value, type, array item type), the keys in
-    drop left out, and each tensor's data passed through tensor(name, data) if given; with
-    tensors=False, the metadata alone (a header-only file, for checks that read no weights)."""
+    drop left out, and each tensor's data passed through tensor(name, data) if given (None
+    leaves the tensor out; data of another dtype is written as that type); the tensors in
+    `add` appended; with tensors=False, the metadata alone (a header-only file, for checks
+    that read no weights)."""
     set_kv = dict(set_kv or {})
     h, fields = _read(src)
     arch = set_kv.pop("general.architecture", (None,))[0]
@@ -34,7 +36,13 @@ def copy_gguf(src: str, dst: Path, set_kv: dict[str, tuple[object, T, T | None]]
     datas = []
     for name, kind, raw in _tensors(src) if tensors else ():
         data = raw if tensor is None else tensor(name, np.array(raw))
-        w.add_tensor_info(name, data.shape, data.dtype, data.nbytes, kind)
+        if data is None:
+            continue
+        w.add_tensor_info(name, data.shape, data.dtype, data.nbytes,
+                          kind if data.dtype == raw.dtype else None)
+        datas.append(data)
+    for name, data in (add or {}).items():
+        w.add_tensor_info(name, data.shape, data.dtype, data.nbytes)
         datas.append(data)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -70,9 +78,12 @@ def _tensors(src: str):
         kind = gguf.GGMLQuantizationType[t.type]
         raw = mapped[h.data_offset + t.offset:h.data_offset + t.offset + t.n_bytes]
         shape = tuple(reversed(t.shape))
-        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            raw = raw.view(np.float32 if kind == gguf.GGMLQuantizationType.F32
-                           else np.float16).reshape(shape)
+        plain = {gguf.GGMLQuantizationType.F32: np.float32,
+                 gguf.GGMLQuantizationType.F16: np.float16,
+                 gguf.GGMLQuantizationType.I64: np.int64,
+                 gguf.GGMLQuantizationType.I32: np.int32}.get(kind)
+        if plain is not None:
+            raw = raw.view(plain).reshape(shape)
         else:
             raw = raw.reshape(gguf.quant_shape_to_byte_shape(shape, kind))
         yield t.name, kind, raw

@@ -134,7 +134,10 @@ class HeadContext:
         self.n_batch = target.n_batch
         self.n_ubatch = int(ll.llama_n_ubatch(self._ctx))
         self._batch = fn("llama_batch_ext_init")(self._ctx)
-        self._pos = ll.llama_pos(0)  # a batch item's position, copied by set_pos
+        # a batch item's position, copied by set_pos: an embedding item of an M-RoPE head
+        # (DFlash for a Qwen3.5 target) takes four, text positions as native writes them
+        # ({p, p, p, 0}); any other item reads the first
+        self._pos = (ll.llama_pos * 4)()
 
     @property
     def n_nextn(self) -> int:
@@ -147,7 +150,7 @@ class HeadContext:
         items, all in this head's sequence; encode: the head's encoder (no cache) instead."""
         add_token, add_embd, set_pos, set_embd, set_out, embd, clear, process = _batch_fns()
         b, seq, pos_cell = self._batch, self.seq, self._pos
-        pos_ref = ctypes.byref(pos_cell)
+        pos_ref = pos_cell
         clear(b)
         keep = []  # the rows' buffers, alive until llama.cpp has copied them
         for token, pos, row, out in items:
@@ -158,7 +161,7 @@ class HeadContext:
             idx = add_embd(b, seq, e) if token is None else add_token(b, seq, token)
             if idx < 0:
                 raise BackendError(f"internal: a head batch refused an item ({idx})")
-            pos_cell.value = pos
+            pos_cell[0] = pos_cell[1] = pos_cell[2] = pos
             set_pos(b, idx, pos_ref)
             if token is not None and row is not None and not set_embd(b, idx, e):
                 raise BackendError("internal: a head batch refused an embedding row")
