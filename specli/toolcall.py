@@ -23,7 +23,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 _ALNUM = string.ascii_letters + string.digits
-_DECODER = json.JSONDecoder()
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")  # as llama.cpp's reader (nlohmann) refuses it
+
+
+# strict JSON, as a client reads the arguments back: NaN and Infinity are not numbers there
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
@@ -107,8 +114,19 @@ def _json_at(text: str, at: int) -> tuple[object, int] | None:
     return value, end
 
 
-def _args_text(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+def _json_text(value) -> str | None:
+    """value as JSON text, or None where it has none: what a model may write that only
+    Python reads (a complex number, a set, an Ellipsis), an integer past Python's limit on
+    converting digits, NaN, or nesting past the encoder's depth."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return None
+
+
+def _args_text(value) -> str | None:
+    """A call's arguments as JSON text (None: a call that cannot be sent, left as text)."""
+    return value if isinstance(value, str) else _json_text(value)
 
 
 
@@ -130,10 +148,12 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
             value, at = got
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, dict) and isinstance(v.get(name_key), str):
-                    args = v.get(args_key, v.get("arguments", v.get("parameters", {})))
-                    out.append((v[name_key], _args_text(args),
-                                str(v[id_key]) if id_key and v.get(id_key) is not None
-                                else None))
+                    args = _args_text(v.get(args_key, v.get("arguments",
+                                                            v.get("parameters", {}))))
+                    ident = v.get(id_key) if id_key else None
+                    if args is not None:
+                        out.append((v[name_key], args, None if ident is None else
+                                    ident if isinstance(ident, str) else _json_text(ident)))
         return out
     return calls
 
@@ -153,8 +173,9 @@ def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> Call
             if got is None:
                 return out
             value, at = got
-            out.append((m.group(name).strip(), _args_text(value),
-                        m.group(ident) if ident else None))
+            args = _args_text(value)
+            if args is not None:
+                out.append((m.group(name).strip(), args, m.group(ident) if ident else None))
         return out
     return calls
 
@@ -190,7 +211,9 @@ def _tagged_calls(call_rx: str, close: str, param_rx: str, param_close: str) -> 
                 raw = raw[1:] if raw.startswith("\n") else raw
                 raw = raw[:-1] if raw.endswith("\n") else raw
                 args[key] = _typed(raw, props.get(key, {}))
-            out.append((name, json.dumps(args, ensure_ascii=False), None))
+            text = _json_text(args)
+            if text is not None:
+                out.append((name, text, None))
         return out
     return calls
 
@@ -199,21 +222,26 @@ def _properties(tools: Sequence[dict], name: str) -> dict:
     for t in tools:
         f = t.get("function", t)
         if f.get("name") == name:
-            return (f.get("parameters") or {}).get("properties") or {}
+            params = f.get("parameters")
+            props = params.get("properties") if isinstance(params, dict) else None
+            return props if isinstance(props, dict) else {}
     return {}
 
 
 def _typed(raw: str, schema: dict):
-    kind = schema.get("type")
+    """A tagged parameter's value: a string where the schema says so, else the JSON (or
+    Python literal) it spells, where that has a JSON form; else the text as written."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
     if kind == "string" or (isinstance(kind, list) and kind == ["string"]):
         return raw
     try:
-        return json.loads(raw)
-    except ValueError:
+        value = _DECODER.decode(raw)
+    except (ValueError, RecursionError):
         try:  # Python's spellings (True, None, 'x') as llama.cpp accepts them
-            return ast.literal_eval(raw)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            value = ast.literal_eval(raw)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return raw
+    return value if _json_text(value) is not None else raw
 
 
 _GEMMA4_CALL = re.compile(r"<\|tool_call>call:([\w.-]{1,256})")
@@ -226,10 +254,11 @@ def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
         if not (body.startswith("{") and body.endswith("}")):
             continue
         try:
-            out.append((m.group(1), json.dumps(_gemma4_json(body), ensure_ascii=False),
-                        None))
-        except ValueError:
+            args = _json_text(_gemma4_json(body))
+        except (ValueError, RecursionError):
             continue
+        if args is not None:
+            out.append((m.group(1), args, None))
     return out
 
 
@@ -243,7 +272,7 @@ def _gemma4_json(body: str):
     body = re.sub(r'<\|"\|>(.*?)<\|"\|>', keep, body, flags=re.S)
     body = re.sub(r"([{,]\s*)([A-Za-z_][\w-]*)\s*:", r'\1"\2":', body)
     body = re.sub(r"\x00(\d+)\x00", lambda s: json.dumps(strings[int(s.group(1))]), body)
-    return json.loads(body)
+    return _DECODER.decode(body)
 
 
 _LFM2_CALL = re.compile(re.escape("<|tool_call_start|>"))
@@ -262,20 +291,32 @@ def _python_calls(region: str, tools: Sequence[dict]) -> list:
         for c in tree.elts if isinstance(tree, ast.List) else [tree]:
             if not isinstance(c, ast.Call) or not isinstance(c.func, ast.Name):
                 continue
-            try:
-                args = {k.arg: ast.literal_eval(k.value) for k in c.keywords if k.arg}
-            except (ValueError, SyntaxError):
-                continue
-            out.append((c.func.id, json.dumps(args, ensure_ascii=False), None))
+            args = {k.arg: _literal(src, k.value) for k in c.keywords if k.arg}
+            text = _json_text(args)
+            if text is not None:
+                out.append((c.func.id, text, None))
     return out
+
+
+def _literal(src: str, node: ast.expr):
+    """A keyword argument's value, where it is a literal with a JSON form; else its text as
+    written (f(x=1j), f(x={1, 2}), f(x=y))."""
+    try:
+        value = ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    else:
+        if _json_text(value) is not None:
+            return value
+    return ast.get_source_segment(src, node) or ""
 
 
 def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
     got = _json_at(region, region.find("[") if "[" in region else 0)
     if got is None or not isinstance(got[0], list):
         return []
-    return [(k, _args_text(v), None) for d in got[0] if isinstance(d, dict)
-            for k, v in d.items()]
+    return [(k, args, None) for d in got[0] if isinstance(d, dict)
+            for k, v in d.items() if (args := _args_text(v)) is not None]
 
 
 # GPT-OSS's harmony format: messages with a channel (analysis: reasoning; commentary or
@@ -295,7 +336,8 @@ def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         body, done = text[start:pos], end is not None or final
         to = re.search(r"to=functions\.([\w.-]+)", header)
         if to is not None:
-            if done and _json_at(body, 0) is not None:
+            got = _json_at(body, 0) if done else None
+            if got is not None and _json_text(got[0]) is not None:
                 calls.append(ToolCall(to.group(1), body.strip(), ""))  # _named gives ids
         elif "analysis" in header:
             reasoning.append(body if done else _unmarked(body))
@@ -324,6 +366,8 @@ def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
             break  # `all` or a name still being written
         got = _json_at(text, nl + 1) if nl >= 0 and tools and head != "all" and \
             _RECIPIENT.fullmatch(head) else None
+        if got is not None and _args_text(got[0]) is None:
+            got = None  # arguments with no JSON form: no call
         tail = text[got[1]:].lstrip() if got is not None else ""
         if head == "all" and nl >= 0:  # the answer's text, up to the next message
             end = text.find(">>>", nl + 1) if tools else -1
@@ -541,12 +585,12 @@ def _generic(text: str, final: bool) -> Parsed:
         return Parsed(text if final or not lead.startswith("{") else "")
     value = got[0]
     if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
-        raw = value.get("tool_calls", [value.get("tool_call")])
-        calls = _object_calls(("name", "arguments"), "id")(json.dumps(raw), ())
+        raw = _json_text(value.get("tool_calls", [value.get("tool_call")]))
+        calls = _object_calls(("name", "arguments"), "id")(raw, ()) if raw else []
         return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
-        return Parsed(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False))
+        return Parsed(r if isinstance(r, str) else _json_text(r) or text)
     return Parsed(text)
 
 

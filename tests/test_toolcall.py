@@ -227,6 +227,52 @@ def test_a_hostile_answer_is_text_in_every_family(name, what):
     assert all(d.calls == () for d in got)
 
 
+# a call of special_function in each family, its argument's value to fill in
+VALUE_AT = {name: text for name, text, _, _, calls in reversed(CASES) if calls == [CALL]}
+VALUE_AT = {name: text.replace('"arg1": 1}', '"arg1": {V}}').replace(
+    "<parameter=arg1>\n1\n", "<parameter=arg1>\n{V}\n").replace(
+    "<arg_value>1</arg_value>", "<arg_value>{V}</arg_value>").replace(
+    '<parameter name="arg1">1</parameter>', '<parameter name="arg1">{V}</parameter>')
+    for name, text in VALUE_AT.items()}
+VALUE_AT["gemma4"] = "<|tool_call>call:special_function{arg1:{V}}<tool_call|>"
+VALUE_AT["lfm2"] = "<|tool_call_start|>[special_function(arg1={V})]<|tool_call_end|>"
+TAGGED = ("qwen3-coder", "glm", "minimax-m2", "lfm2")  # a value as written stays a string
+# what a model led by a prompt injection may write where a value goes: Python that only
+# Python reads, numbers JSON has no form for, nesting past the decoders' depth
+NO_JSON = {"complex": "1j", "set": "{1, 2}", "ellipsis": "...",
+           "3,700 hex digits": "0x" + "f" * 3700, "NaN": "NaN", "overflow": "1e999",
+           "minus infinity": "-Infinity", "5,000 digits": "9" * 5000,
+           "1,000 brackets": "[" * 1000 + "]" * 1000, "10,000 braces": "{" * 10_000}
+
+
+def _strict(text: str):
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in {text[:80]}"))
+
+
+@pytest.mark.parametrize("value", list(NO_JSON))
+@pytest.mark.parametrize("name", list(VALUE_AT))
+def test_a_value_without_a_json_form_is_never_an_error(name, value):
+    """A model's own answer never makes its reading fail (it was a 500, and a stream that
+    ended without [DONE]): a value with no JSON form stays the text it was where the
+    family writes values as text (the tag families, LFM2's Python), and is no call where
+    the family writes JSON; every call read is strict JSON."""
+    fam, text = _fam(name), VALUE_AT[name].replace("{V}", NO_JSON[value])
+    p = parse(fam, text, TOOLS, forced_open=_forced(name, text))
+    s = Splitter(fam, TOOLS, forced_open=_forced(name, text))
+    streamed = [c for i in range(0, len(text), 997) for c in s.feed(text[i:i + 997]).calls]
+    streamed += s.finish().calls
+    assert [c.arguments for c in streamed] == [c.arguments for c in p.calls]
+    for c in p.calls:
+        args = _strict(c.arguments)
+        assert isinstance(args, dict) and _strict(json.dumps(args)) == args
+    # (LFM2's call is Python: one Python cannot parse whole is no call)
+    unparsed = ("10,000 braces",) + (("5,000 digits", "1,000 brackets") if name == "lfm2"
+                                     else ())
+    if name in TAGGED and value not in unparsed:
+        assert [(c.name, _strict(c.arguments)) for c in p.calls] == \
+            [("special_function", {"arg1": NO_JSON[value]})]
+
+
 def test_a_family_without_tool_calls_in_its_template_is_generic():
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}", False) is GENERIC
 
