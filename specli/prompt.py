@@ -309,6 +309,9 @@ def _object_arguments(call: dict) -> dict:
         except ValueError:
             raise UsageError(f"the arguments of tool call {f.get('name')!r} are not JSON: "
                              f"{args[:80]!r}") from None
+        except RecursionError:
+            raise UsageError(f"the arguments of tool call {f.get('name')!r} nest too deeply "
+                             "to be read") from None
     return {**call, "function": {**f, "arguments": args}}
 
 

@@ -112,7 +112,7 @@ def test_a_constrained_call_is_the_same_with_speculation_on_and_off(exact):
 @pytest.mark.parametrize("body,param", [
     ({"tool_choice": "sometimes"}, "tool_choice"),
     ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [{"type": "function"}]}, "tools"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function"),
     ({"tools": None, "tool_choice": "required"}, "tool_choice"),
     ({"grammar": "root ::= \"x\""}, "tools"),
     ({"reasoning_format": "loud"}, "reasoning_format"),

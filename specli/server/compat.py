@@ -18,22 +18,29 @@ from pydantic import ValidationError
 from specli.server import formats as f
 from specli.server.errors import APIError
 from specli.server.routes import AppState, Pool, _auth, chat_job, chat_tokens, collect, start
-from specli.server.schemas import ChatRequest
+from specli.server.schemas import (
+    ChatRequest,
+    FunctionCallItem,
+    FunctionCallOutput,
+    ImageBlock,
+    InputMedia,
+    InputText,
+    MessageItem,
+    MessagesRequest,
+    ReasoningItem,
+    Refusal,
+    ResponsesRequest,
+    ResponsesToolChoice,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from specli.server.slots import Done, Generation, Piece, Progress
 from specli.server.tools import ChatPlan
 from specli.toolcall import Parsed, Splitter, ToolCall
 
 router = APIRouter(dependencies=[Depends(_auth)])
-
-
-async def _body(request: Request) -> dict:
-    try:
-        raw = await request.json()
-    except ValueError:
-        raise APIError(400, "the body is not JSON") from None
-    if not isinstance(raw, dict):
-        raise APIError(400, "the body must be a JSON object")
-    return raw
 
 
 def _chat(fields: dict) -> ChatRequest:
@@ -78,58 +85,47 @@ def _arguments(call: ToolCall) -> dict:
 # -- Anthropic's Messages ------------------------------------------------------------------
 
 def _text_of(content, sep: str = "") -> str:
+    """The text of a content string or of its text blocks (or parts)."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return sep.join(str(b.get("text", "")) for b in content
-                        if isinstance(b, dict) and b.get("type") == "text")
-    return ""
+    return sep.join(b.text for b in content or () if isinstance(b, TextBlock | InputText))
 
 
-def anthropic_chat(raw: dict) -> ChatRequest:
+def anthropic_chat(raw: MessagesRequest) -> ChatRequest:
     """A Messages request as a chat request: system first, content blocks as text parts,
     tool_use blocks as the assistant's tool_calls, tool_result blocks as tool messages
-    (after the turn's text), thinking blocks as its reasoning_content."""
-    if not isinstance(raw.get("messages"), list):
-        raise APIError(400, "messages: a list of messages is required", param="messages")
+    (after the turn's text), thinking blocks as its reasoning_content; a block of another
+    type is passed over, as Anthropic's own extensions are."""
     messages: list[dict] = []
-    system = raw.get("system")
-    if system:
+    if raw.system:
         # Claude Code's system prompt comes in several blocks: one paragraph each
-        messages.append({"role": "system", "content": _text_of(system, "\n\n")})
-    for i, m in enumerate(raw["messages"]):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise APIError(400, f"messages[{i}]: each message has a role, user or assistant",
-                           param=f"messages[{i}]")
-        content = m.get("content")
-        if not isinstance(content, list):
-            messages.append({"role": m["role"], "content": content if isinstance(
-                content, str) else ""})
+        messages.append({"role": "system", "content": _text_of(raw.system, "\n\n")})
+    for i, m in enumerate(raw.messages):
+        if isinstance(m.content, str):
+            messages.append({"role": m.role, "content": m.content})
             continue
         parts, calls, results, thinking = [], [], [], ""
-        for j, b in enumerate(content):
-            kind = b.get("type") if isinstance(b, dict) else None
-            if kind == "text":
-                parts.append({"type": "text", "text": str(b.get("text", ""))})
-            elif kind == "image":
+        for j, b in enumerate(m.content):
+            if isinstance(b, TextBlock):
+                parts.append({"type": "text", "text": b.text})
+            elif isinstance(b, ImageBlock):
                 parts.append({"type": "image_url", "image_url": {"url": ""}})
-            elif kind == "tool_use":
-                calls.append({"id": str(b.get("id", "")), "type": "function", "function": {
-                    "name": str(b.get("name", "")),
-                    "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False)}})
-            elif kind == "tool_result":
-                inner = b.get("content")
-                if isinstance(inner, list) and any(isinstance(x, dict) and x.get("type") ==
-                                                   "image" for x in inner):
+            elif isinstance(b, ToolUseBlock):
+                calls.append({"id": b.id, "type": "function", "function": {
+                    "name": b.name, "arguments": _json(b.input, f"messages[{i}].content[{j}]"
+                                                       ".input")}})
+            elif isinstance(b, ToolResultBlock):
+                if any(isinstance(x, ImageBlock) for x in b.content or ()
+                       if not isinstance(b.content, str)):
                     raise APIError(400, "image input is not supported: specli serves "
                                    "text-only models (an image in a tool_result)",
                                    param=f"messages[{i}].content[{j}]")
-                results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
-                                "content": _text_of(inner)})
-            elif kind == "thinking":
-                thinking += str(b.get("thinking", ""))
+                results.append({"role": "tool", "tool_call_id": b.tool_use_id,
+                                "content": _text_of(b.content)})
+            elif isinstance(b, ThinkingBlock):
+                thinking += b.thinking
         if parts or calls or thinking or not results:
-            msg: dict = {"role": m["role"], "content": parts}
+            msg: dict = {"role": m.role, "content": parts}
             if calls:
                 msg["tool_calls"] = calls
             if thinking:
@@ -137,25 +133,34 @@ def anthropic_chat(raw: dict) -> ChatRequest:
             messages.append(msg)
         messages += results
     tools = [{"type": "function", "function": {
-        "name": t.get("name"), "description": t.get("description", ""),
-        "parameters": t.get("input_schema") or {"type": "object"}}}
-        for t in raw.get("tools") or () if isinstance(t, dict)]
-    choice, parallel = raw.get("tool_choice"), None
-    if isinstance(choice, dict):
-        parallel = False if choice.get("disable_parallel_tool_use") else None
-        choice = {"auto": "auto", "any": "required", "none": "none"}.get(
-            choice.get("type"), {"type": "function", "function": {"name": choice.get("name")}}
-            if choice.get("type") == "tool" else choice.get("type"))
-    thinking = raw.get("thinking")
-    kwargs = {"enable_thinking": thinking.get("type") == "enabled"} \
-        if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled") \
-        else None
+        "name": t.name, "description": t.description or "",
+        "parameters": t.input_schema or {"type": "object"}}} for t in raw.tools or ()]
+    choice, parallel = None, None
+    if raw.tool_choice is not None:
+        c = raw.tool_choice
+        parallel = False if c.disable_parallel_tool_use else None
+        if c.type == "tool" and not c.name:
+            raise APIError(400, "tool_choice.name is required for a tool_choice of type tool",
+                           param="tool_choice.name")
+        choice = {"type": "function", "function": {"name": c.name}} if c.type == "tool" \
+            else {"auto": "auto", "any": "required", "none": "none"}[c.type]
+    thinking = raw.thinking
+    kwargs = {"enable_thinking": thinking.type == "enabled"} \
+        if thinking is not None and thinking.type in ("enabled", "disabled") else None
     return _chat({"messages": messages, "tools": tools or None, "tool_choice": choice,
                   "parallel_tool_calls": parallel,
-                  "max_tokens": raw.get("max_tokens", 4096), "stop": raw.get("stop_sequences"),
-                  "temperature": raw.get("temperature"), "top_p": raw.get("top_p"),
-                  "top_k": raw.get("top_k"), "stream": raw.get("stream"),
+                  "max_tokens": 4096 if raw.max_tokens is None else raw.max_tokens,
+                  "stop": raw.stop_sequences, "temperature": raw.temperature,
+                  "top_p": raw.top_p, "top_k": raw.top_k, "stream": raw.stream,
                   "chat_template_kwargs": kwargs})
+
+
+def _json(value, param: str) -> str:
+    """A tool_use block's input as the JSON text of a call's arguments."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (ValueError, RecursionError):
+        raise APIError(400, f"{param} nests too deeply to be read", param=param) from None
 
 
 def _usage(s) -> dict:
@@ -184,8 +189,9 @@ def _within(st, body: ChatRequest) -> ChatRequest:
 
 
 @router.post("/v1/messages")
-async def messages(request: Request, st: AppState, pool: Pool) -> Response:
-    body = _within(st, anthropic_chat(await _body(request)))
+async def messages(raw: MessagesRequest, request: Request, st: AppState, pool: Pool
+                   ) -> Response:
+    body = _within(st, anthropic_chat(raw))
     cp, ids, job = await chat_job(st, body)
     head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
             "model": st.config.model_id}
@@ -259,96 +265,97 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
 
 
 @router.post("/v1/messages/count_tokens")
-async def count_tokens(request: Request, st: AppState, pool: Pool) -> dict:
+async def count_tokens(raw: MessagesRequest, st: AppState, pool: Pool) -> dict:
     """The tokens of the prompt a Messages request would be given."""
-    return {"input_tokens": await chat_tokens(st, anthropic_chat(await _body(request)))}
+    return {"input_tokens": await chat_tokens(st, anthropic_chat(raw))}
 
 
 # -- OpenAI's Responses --------------------------------------------------------------------
 
-def responses_chat(raw: dict) -> ChatRequest:
+def responses_chat(raw: ResponsesRequest) -> ChatRequest:
     """A Responses request as a chat request: instructions first, input items as messages
     (function_call items as the assistant's tool_calls, function_call_output as tool
     messages, reasoning as reasoning_content), flat function tools as chat tools."""
-    if raw.get("previous_response_id"):
+    if raw.previous_response_id:
         raise APIError(400, "previous_response_id is not supported: specli stores no "
                        "responses; send the whole conversation in input",
                        param="previous_response_id")
-    if "input" not in raw:
-        raise APIError(400, "input is required", param="input")
     messages: list[dict] = []
-    if raw.get("instructions"):
-        messages.append({"role": "system", "content": str(raw["instructions"])})
-    items = raw["input"]
-    if isinstance(items, str):
-        items = [{"role": "user", "content": items}]
-    if not isinstance(items, list):
-        raise APIError(400, "input is text or a list of items", param="input")
+    if raw.instructions:
+        messages.append({"role": "system", "content": raw.instructions})
+    items = [MessageItem(role="user", content=raw.input)] if isinstance(raw.input, str) \
+        else raw.input
     for i, it in enumerate(items):
-        kind = it.get("type", "message") if isinstance(it, dict) else None
         last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
-        if kind == "message" and it.get("role") in ("user", "system", "developer", "assistant"):
-            content = it.get("content")
-            if isinstance(content, list):
-                parts = []
-                for j, p in enumerate(content):
-                    t = p.get("type") if isinstance(p, dict) else None
-                    if t in ("input_text", "output_text", "text"):
-                        parts.append({"type": "text", "text": str(p.get("text", ""))})
-                    elif t in ("input_image", "input_file", "input_audio"):
-                        raise APIError(400, f"{t[6:]} input is not supported: specli serves "
-                                       "text-only models", param=f"input[{i}].content[{j}]")
-                    elif t == "refusal":
-                        parts.append({"type": "text", "text": str(p.get("refusal", ""))})
-                content = parts
-            messages.append({"role": it["role"], "content": content or ""})
-        elif kind == "function_call":
-            call = {"id": str(it.get("call_id", "")), "type": "function", "function": {
-                "name": str(it.get("name", "")), "arguments": str(it.get("arguments", ""))}}
-            if last is not None and not any(m["role"] == "tool" for m in messages[-1:]):
+        if isinstance(it, MessageItem):
+            content = it.content if isinstance(it.content, str) else \
+                _parts(it.content, f"input[{i}].content")
+            messages.append({"role": it.role, "content": content or ""})
+        elif isinstance(it, FunctionCallItem):
+            call = {"id": it.call_id, "type": "function", "function": {
+                "name": it.name, "arguments": it.arguments}}
+            if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out = it.get("output")
-            messages.append({"role": "tool", "tool_call_id": str(it.get("call_id", "")),
-                             "content": out if isinstance(out, str) else _text_of(
-                                 [{"type": "text", "text": p.get("text", "")}
-                                  for p in out or () if isinstance(p, dict)])})
-        elif kind == "reasoning":
-            text = "".join(str(p.get("text", "")) for p in it.get("content") or ()
-                           if isinstance(p, dict))
+        elif isinstance(it, FunctionCallOutput):
+            out = it.output
+            messages.append({"role": "tool", "tool_call_id": it.call_id,
+                             "content": out if isinstance(out, str) else "".join(
+                                 p["text"] for p in _parts(out, f"input[{i}].output"))})
+        elif isinstance(it, ReasoningItem):
+            text = "".join(p.text for p in it.content or ())
             if text:
                 if last is None:
                     messages.append(last := {"role": "assistant", "content": ""})
                 last["reasoning_content"] = last.get("reasoning_content", "") + text
         else:
             raise APIError(400, f"input[{i}]: an item of a type specli does not read "
-                           f"({kind!r})", param=f"input[{i}]")
-    tools = [{"type": "function", "function": {
-        "name": t.get("name"), "description": t.get("description", ""),
-        "parameters": t.get("parameters") or {"type": "object"}}}
-        for t in raw.get("tools") or () if isinstance(t, dict) and t.get("type") == "function"]
-    choice = raw.get("tool_choice")
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        choice = {"type": "function", "function": {"name": choice.get("name")}}
-    fmt = ((raw.get("text") or {}).get("format") or {}) if isinstance(raw.get("text"),
-                                                                      dict) else {}
-    response_format = {"type": "json_schema", "json_schema": {
-        "name": fmt.get("name", "answer"), "schema": fmt.get("schema") or {}}} \
-        if fmt.get("type") == "json_schema" else {"type": "json_object"} \
-        if fmt.get("type") == "json_object" else None
-    effort = (raw.get("reasoning") or {}).get("effort") if isinstance(
-        raw.get("reasoning"), dict) else None
+                           f"({it.type!r})", param=f"input[{i}].type")
+    tools = []
+    for i, t in enumerate(raw.tools or ()):
+        if t.type != "function":
+            continue  # hosted tools (web search, files...): none here
+        if not t.name:
+            raise APIError(400, f"tools[{i}].name is required for a function tool",
+                           param=f"tools[{i}].name")
+        tools.append({"type": "function", "function": {
+            "name": t.name, "description": t.description or "",
+            "parameters": t.parameters or {"type": "object"}}})
+    choice = raw.tool_choice
+    if isinstance(choice, ResponsesToolChoice):
+        if choice.type != "function" or not choice.name:
+            raise APIError(400, "tool_choice: auto, none, required or "
+                           '{"type": "function", "name": ...}', param="tool_choice")
+        choice = {"type": "function", "function": {"name": choice.name}}
+    fmt = raw.text.format if raw.text is not None else None
+    response_format = None if fmt is None or fmt.type == "text" else \
+        {"type": "json_object"} if fmt.type == "json_object" else {
+            "type": "json_schema", "json_schema": {"name": fmt.name or "answer",
+                                                   "schema": fmt.schema_ or {}}}
     return _chat({"messages": messages, "tools": tools or None, "tool_choice": choice,
-                  "parallel_tool_calls": raw.get("parallel_tool_calls"),
-                  "max_tokens": raw.get("max_output_tokens"),
-                  "temperature": raw.get("temperature"), "top_p": raw.get("top_p"),
-                  "stream": raw.get("stream"), "response_format": response_format,
-                  "reasoning_effort": effort,
-                  # llama-server's telemetry in the stream
-                  "timings_per_token": raw.get("timings_per_token"),
-                  "return_progress": raw.get("return_progress")})
+                  "parallel_tool_calls": raw.parallel_tool_calls,
+                  "max_tokens": raw.max_output_tokens,
+                  "temperature": raw.temperature, "top_p": raw.top_p, "top_k": raw.top_k,
+                  "stream": raw.stream, "response_format": response_format,
+                  "reasoning_effort": raw.reasoning.effort if raw.reasoning else None,
+                  "timings_per_token": raw.timings_per_token,
+                  "return_progress": raw.return_progress})
+
+
+def _parts(parts: list, param: str) -> list[dict]:
+    """Responses content parts as chat text parts; media is a 400 that says so, a part of a
+    type specli does not read is passed over."""
+    out = []
+    for j, p in enumerate(parts):
+        if isinstance(p, InputText):
+            out.append({"type": "text", "text": p.text})
+        elif isinstance(p, Refusal):
+            out.append({"type": "text", "text": p.refusal})
+        elif isinstance(p, InputMedia):
+            raise APIError(400, f"{p.type[6:]} input is not supported: specli serves "
+                           "text-only models", param=f"{param}[{j}]")
+    return out
 
 
 def _resp_usage(s) -> dict:
@@ -391,17 +398,19 @@ def _response(head: dict, status: str, output: list[dict], d: Done | None) -> di
 
 @router.post("/v1/responses")
 @router.post("/responses", include_in_schema=False)
-async def responses(request: Request, st: AppState, pool: Pool) -> Response:
-    raw = await _body(request)
+async def responses(raw: ResponsesRequest, request: Request, st: AppState, pool: Pool
+                    ) -> Response:
     body = _within(st, responses_chat(raw))
     cp, _, job = await chat_job(st, body)
     head = {"id": f"resp_{uuid.uuid4().hex}", "object": "response",
             "created_at": int(time.time()), "model": st.config.model_id, "error": None,
-            "instructions": raw.get("instructions"), "max_output_tokens": body.max_tokens,
+            "instructions": raw.instructions, "max_output_tokens": body.max_tokens,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "temperature": body.temperature, "top_p": body.top_p,
-            "tool_choice": raw.get("tool_choice", "auto"), "tools": raw.get("tools") or [],
-            "metadata": raw.get("metadata") or {}, "text": {"format": {"type": "text"}}}
+            "tool_choice": "auto" if raw.tool_choice is None else raw.tool_choice
+            if isinstance(raw.tool_choice, str) else raw.tool_choice.model_dump(),
+            "tools": [t.model_dump(exclude_none=True) for t in raw.tools or ()],
+            "metadata": raw.metadata or {}, "text": {"format": {"type": "text"}}}
     ids = (f"msg_{uuid.uuid4().hex}", f"rs_{uuid.uuid4().hex}")
     gen = await start(pool, job)
     if body.stream:
@@ -507,7 +516,7 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
 
 @router.post("/v1/responses/input_tokens")
 @router.post("/responses/input_tokens", include_in_schema=False)
-async def responses_input_tokens(request: Request, st: AppState, pool: Pool) -> dict:
+async def responses_input_tokens(raw: ResponsesRequest, st: AppState, pool: Pool) -> dict:
     """The tokens of the prompt a Responses request would be given."""
     return {"object": "response.input_tokens",
-            "input_tokens": await chat_tokens(st, responses_chat(await _body(request)))}
+            "input_tokens": await chat_tokens(st, responses_chat(raw))}

@@ -149,7 +149,9 @@ def describe(errors: list[dict]) -> tuple[str, str | None, str]:
     if long is not None:  # a list of the right type, too long: say the limit, not the type
         most = (long.get("ctx") or {}).get("max_length")
         got = (long.get("ctx") or {}).get("actual_length")
-        return (f"{where} has too many items: at most {most}"
+        what = long.get("msg") or ""  # schemas' own count (parts in all), or pydantic's
+        what = what if what.startswith("too many ") else "too many items"
+        return (f"{where} has {what}: at most {most}"
                 + (f", got {got}" if got is not None else ""), where, "too_long")
     deeper = [e for e in errors if _where(e.get("loc", ())).startswith((f"{where}[", f"{where}."))]
     if deeper:  # a union matched by type deeper down: the part inside that failed says more

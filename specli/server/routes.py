@@ -538,6 +538,8 @@ async def _tokens(param: str, tokenize: Callable[..., list[int]], *args) -> list
         return await asyncio.to_thread(tokenize, *args)
     except ContextOverflowError as e:
         raise overflow(e.message, e.n_prompt_tokens, e.n_ctx, param) from None
+    except UsageError as e:  # what the template or the tokenizer would not take
+        raise APIError(400, e.message, param=param) from None
 
 
 def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,

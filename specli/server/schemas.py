@@ -7,14 +7,26 @@ silently ignored; any other field is refused as unknown.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    create_model,
+)
 from pydantic_core import PydanticCustomError
 
 from specli.config import DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
 
 MAX_MESSAGES = 65536
+# content parts (or blocks, or items' parts) over a request's messages: each costs the event
+# loop several microseconds to validate (250,000 held /health for 1.4 s)
+MAX_PARTS = 16384
+MAX_TOOLS = 1024
 
 
 def at_most(n: int) -> BeforeValidator:
@@ -27,6 +39,45 @@ def at_most(n: int) -> BeforeValidator:
                                       {"max_length": n, "actual_length": len(v)})
         return v
     return BeforeValidator(check)
+
+
+def parts_at_most(n: int) -> BeforeValidator:
+    """The parts of a list of messages (content parts, blocks, a tool result's parts, a
+    call's list), all together, counted before any is validated, and no further than the
+    limit: the count costs at most n steps."""
+
+    def check(v):
+        if not isinstance(v, list):
+            return v
+        total = 0
+        for m in v:
+            for field in m.values() if isinstance(m, dict) else ():
+                if not isinstance(field, list):
+                    continue
+                total += len(field)
+                for item in field if total <= n else ():  # a block's own list (a tool
+                    for inner in item.values() if isinstance(item, dict) else ():  # result's)
+                        if isinstance(inner, list):
+                            total += len(inner)
+            if total > n:
+                raise PydanticCustomError("too_long", "too many content parts in all",
+                                          {"max_length": n})
+        return v
+    return BeforeValidator(check)
+
+
+def tagged(known: dict[str, type], other: type, default: str | None = None):
+    """A union told apart by each item's `type` (default where it has none): a type not in
+    `known` is `other`, which the route reads or refuses in its own words."""
+
+    # (each tag has a "-": errors.py leaves such a part out of a field's name)
+    def tag(v) -> str:
+        kind = v.get("type", default) if isinstance(v, dict) else getattr(v, "type", default)
+        return f"type-{kind if isinstance(kind, str) and kind in known else '-other'}"
+
+    members = tuple(Annotated[m, Tag(f"type-{k}")]
+                    for k, m in {**known, "-other": other}.items())
+    return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - a built tuple
 
 
 
@@ -126,11 +177,58 @@ class MediaPart(BaseModel):
 Part = TextPart | MediaPart  # not discriminated: its tag would enter the error's location
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    arguments: str | dict = ""  # JSON text, as OpenAI sends it (an object is read too)
+
+
+class ToolCallIn(BaseModel):
+    """An assistant's earlier call, in the conversation sent back."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)  # name...: passed to the template
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Part] | None = None
+    tool_calls: Annotated[list[ToolCallIn], at_most(MAX_TOOLS)] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)  # strict...: for the template
+
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict | None = None  # a JSON schema
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedFunction(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    """tool_choice naming one function: {"type": "function", "function": {"name": ...}}."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class SchemaWrapper(BaseModel):
@@ -149,14 +247,14 @@ class ResponseFormat(Strict):
 
 class ChatRequest(Sampling):
     # a bound the event loop can validate in well under a second (the context is the real one)
-    messages: Annotated[list[Message], at_most(MAX_MESSAGES),
+    messages: Annotated[list[Message], at_most(MAX_MESSAGES), parts_at_most(MAX_PARTS),
                         Field(min_length=1, max_length=MAX_MESSAGES)]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=100)] | None = None
-    tools: Annotated[list[dict], Field(max_length=1024)] | None = None
-    tool_choice: str | dict | None = None
+    tools: Annotated[list[Tool], at_most(MAX_TOOLS), Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
     parallel_tool_calls: bool | None = None
     # llama-server's: the template's own variables (enable_thinking...), where the answer's
@@ -228,3 +326,193 @@ class TokenizeRequest(Strict):
 
 class DetokenizeRequest(Strict):
     tokens: list[int]
+
+
+# -- other vendors' APIs over the chat machinery (server/compat.py) ---------------------------
+
+class Lenient(BaseModel):
+    """A body of another vendor's API: the fields specli reads typed as that API types them;
+    any other field ignored (clients send metadata, cache_control and the like)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class Other(Lenient):
+    """A block, part or item of a type specli does not read (the route says what to do)."""
+
+    type: str
+
+
+class TextBlock(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ImageBlock(Lenient):
+    type: Literal["image"]
+
+
+class ToolUseBlock(Lenient):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict = Field(default_factory=dict)
+
+
+class ToolResultBlock(Lenient):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[tagged({"text": TextBlock, "image": ImageBlock}, Other)] | None = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(Lenient):
+    type: Literal["thinking"]
+    thinking: str
+
+
+Block = tagged({"text": TextBlock, "image": ImageBlock, "tool_use": ToolUseBlock,
+                "tool_result": ToolResultBlock, "thinking": ThinkingBlock}, Other)
+
+
+class AnthropicMessage(Lenient):
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class AnthropicTool(Lenient):
+    name: str
+    description: str | None = None
+    input_schema: dict | None = None
+
+
+class AnthropicToolChoice(Lenient):
+    type: Literal["auto", "any", "none", "tool"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnthropicThinking(Lenient):
+    type: str
+    budget_tokens: int | None = None
+
+
+class MessagesRequest(Lenient):
+    """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens)."""
+
+    model: str | None = None
+    messages: Annotated[list[AnthropicMessage], at_most(MAX_MESSAGES),
+                        parts_at_most(MAX_PARTS)]
+    system: str | Annotated[list[TextBlock], at_most(MAX_PARTS)] | None = None
+    max_tokens: int | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: Annotated[list[AnthropicTool], at_most(MAX_TOOLS)] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
+    metadata: dict | None = None
+
+
+class InputText(Lenient):
+    type: Literal["input_text", "output_text", "text"]
+    text: str
+
+
+class Refusal(Lenient):
+    type: Literal["refusal"]
+    refusal: str
+
+
+class InputMedia(Lenient):
+    type: Literal["input_image", "input_file", "input_audio"]
+
+
+ResponsePart = tagged({"input_text": InputText, "output_text": InputText, "text": InputText,
+                       "refusal": Refusal, "input_image": InputMedia,
+                       "input_file": InputMedia, "input_audio": InputMedia}, Other)
+
+
+class MessageItem(Lenient):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[ResponsePart]
+
+
+class FunctionCallItem(Lenient):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+
+
+class FunctionCallOutput(Lenient):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[ResponsePart]
+
+
+class ReasoningText(Lenient):
+    type: str
+    text: str
+
+
+class ReasoningItem(Lenient):
+    type: Literal["reasoning"]
+    content: list[ReasoningText] | None = None
+
+
+InputItem = tagged({"message": MessageItem, "function_call": FunctionCallItem,
+                    "function_call_output": FunctionCallOutput, "reasoning": ReasoningItem},
+                   Other, default="message")
+
+
+class ResponsesTool(Lenient):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class ResponsesToolChoice(Lenient):
+    type: str
+    name: str | None = None
+
+
+class TextFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+
+
+class ResponsesText(Lenient):
+    format: TextFormat | None = None
+
+
+class ResponsesReasoning(Lenient):
+    effort: str | None = None
+
+
+class ResponsesRequest(Lenient):
+    """OpenAI's Responses API (/v1/responses, /v1/responses/input_tokens)."""
+
+    model: str | None = None
+    input: str | Annotated[list[InputItem], at_most(MAX_MESSAGES), parts_at_most(MAX_PARTS)]
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: Annotated[list[ResponsesTool], at_most(MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: ResponsesText | None = None
+    reasoning: ResponsesReasoning | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool | None = None
+    metadata: dict | None = None
+    # llama-server's telemetry in the stream
+    timings_per_token: bool | None = None
+    return_progress: bool | None = None

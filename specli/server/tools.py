@@ -16,7 +16,6 @@ from specli.toolcall import (
     Family,
     Parsed,
     Splitter,
-    ToolCallError,
     family,
     function_of,
     grammar_parts,
@@ -104,25 +103,16 @@ def plan(body, template: str | None, renders_calls: bool, reasoning: str = "auto
     """A chat request's plan: its tools checked (400s that name the parameter), its template
     variables (the server's --chat-template-kwargs, the request's over them; --reasoning off
     or reasoning_effort none: enable_thinking false), and the family its template is."""
-    tools = tuple(body.tools or ())
-    try:
-        for t in tools:
-            function_of(t)
-    except ToolCallError as e:
-        raise APIError(400, str(e), param="tools") from None
+    # (their shapes were checked with the request: schemas.Tool, NamedToolChoice)
+    tools = tuple(t.model_dump(exclude_none=True) for t in body.tools or ())
     choice = body.tool_choice if body.tool_choice is not None else "auto"
     named = None
-    if isinstance(choice, dict):
-        named = (choice.get("function") or {}).get("name") if choice.get("type") == \
-            "function" else None
-        if not isinstance(named, str) or not any(function_of(t)["name"] == named
-                                                 for t in tools):
+    if not isinstance(choice, str):
+        named = choice.function.name
+        if not any(function_of(t)["name"] == named for t in tools):
             raise APIError(400, "tool_choice names a function that is not among the tools: "
                            'give {"type": "function", "function": {"name": ...}} with one of '
                            "them", param="tool_choice")
-    elif choice not in ("auto", "none", "required"):
-        raise APIError(400, f"tool_choice must be auto, none, required or a named function, "
-                       f"got {choice!r}", param="tool_choice")
     if choice == "required" and not tools:
         raise APIError(400, "tool_choice is required but there are no tools",
                        param="tool_choice")
