@@ -19,7 +19,9 @@ QUICK = sys.argv[1:] == ["--version"] or (len(sys.argv) <= 3 and sys.argv[-1] in
                                                                                   "-h"))
 # nor does `specli download`: the hub and the files' headers, a fifth of a second sooner
 FETCH = sys.argv[1:2] == ["download"]
-if sys.orig_argv[1:3] != ["-m", "specli.netguard"] and not (AUDITOR or QUICK or FETCH):
+# nor do the processes that never load one: netguard's and the chat templates' (-P -m ...)
+CHILD = any(m in sys.orig_argv[1:4] for m in ("specli.netguard", "specli.template_host"))
+if not (CHILD or AUDITOR or QUICK or FETCH):
     from specli import backend as _backend  # noqa: E402, F401
 
 from specli.config import DraftParams, DraftPolicy, ModelParams, SamplingParams  # noqa: E402

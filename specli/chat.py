@@ -14,16 +14,16 @@ from __future__ import annotations
 import contextvars
 import json
 import re
-import secrets
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from functools import lru_cache, wraps
 from itertools import islice
 
 import jinja2.runtime
 from jinja2 import TemplateError, nodes
+from jinja2.exceptions import SecurityError
 from jinja2.ext import Extension
 from jinja2.nodes import EvalContext
 from jinja2.sandbox import SandboxedEnvironment, modifies_known_mutable
@@ -174,6 +174,12 @@ class _Budgeted(SandboxedEnvironment):
             elif name == "join" and args and isinstance(args[0], list | tuple):
                 _check_size(sum(len(x) if isinstance(x, str) else 1 for x in args[0])
                             + len(bound) * max(len(args[0]) - 1, 0), limit, "a join")
+        elif getattr(method, "__objclass__", None) is not None and args and \
+                id(args[0]) in _INPUTS.get() and modifies_known_mutable(args[0], name):
+            # dict.update(messages[0], ...), list.append(messages, ...): the method form is
+            # refused by is_safe_attribute, this spelling reaches the same method unbound
+            raise SecurityError(f"{name} of an input is unsafe: a template never changes "
+                                "what it was handed")
         elif isinstance(bound, list | dict | set):  # a list of its own grown in place: a
             # generator argument is read here, bounded (x.extend(x|map(...)) never ends)
             args = tuple(_sized(list(islice(a, limit + 1)), limit) if isinstance(a, Iterator)
@@ -185,10 +191,11 @@ class _Budgeted(SandboxedEnvironment):
 
 
 @lru_cache(maxsize=8)
-def _compile(source: str):
+def _compile(source: str, bound: int = RENDER_BYTES):
     # {% break %} and {% continue %}, as llama.cpp's and transformers' templates use them
     env = _Budgeted(trim_blocks=True, lstrip_blocks=True,
                     extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do", _Generation])
+    env.limit = bound
 
     def raise_exception(message):
         raise TemplateError(message)
@@ -304,70 +311,23 @@ def template_context(kwargs: dict | None = None) -> dict:
     return {**ctx, **kwargs}
 
 
-def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
-                system: str | None = None) -> str:
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": user}]
-    return render_messages(template, messages, bos, eos)
-
-
-# a template rendered by llama.cpp itself: (messages, add_generation_prompt) -> text
-Builtin = Callable[[list[dict], bool], str]
-
-
-def render_messages(template: str | None, messages: list[dict], bos: str = "",
-                    eos: str = "", *, seconds: float | None = None,
-                    max_bytes: int | None = None, continue_final: bool = False,
-                    builtin: Builtin | None = None, context: dict | None = None,
-                    add_generation_prompt: bool = True) -> str:
-    """A conversation through the model's template (ChatML when it has none), ready for the
-    assistant's reply; with continue_final, ready to continue the final (assistant) message
-    where its text ends (a prefill), whatever the template puts after a turn. A template
-    that fails, runs past `seconds` or builds anything larger than RENDER_BYTES is a
-    UsageError; output past `max_bytes` (what the context can hold) is a
-    ContextOverflowError. builtin: render with llama.cpp's own renderer instead of Jinja.
-    context: the template's other variables (tools, template_context())."""
-    def render(msgs: list[dict], add_generation_prompt: bool = add_generation_prompt) -> str:
-        if builtin is None:
-            return _render(template, msgs, bos, eos, seconds, max_bytes,
-                           add_generation_prompt, context)
-        text = builtin(msgs, add_generation_prompt)
-        if max_bytes is not None and len(text) > max_bytes:
-            raise ContextOverflowError(
-                f"the conversation renders to more than {max_bytes} characters, more than "
-                "the context can hold", hint="shorten the conversation or raise -c/--ctx-size")
-        return text
-
-    if continue_final:
-        # render the last turn with a marker for its text, and cut where the marker is (no
-        # NUL in it: llama.cpp's renderers take C strings)
-        last = str(messages[-1].get("content") or "")
-        marker = f"\ue000specli-prefill-{secrets.token_hex(8)}\ue000"
-        text = render([*messages[:-1], {**messages[-1], "content": marker}],
-                      add_generation_prompt=False)
-        at = text.find(marker)
-        if at < 0:
-            raise UsageError("the chat template drops the final assistant message: it cannot "
-                             "be continued", hint="end the conversation with a user message")
-        return text[:at] + last
-    return render(messages)
-
-
-def _render(template: str | None, messages: list[dict], bos: str, eos: str,
-            seconds: float | None, max_bytes: int | None,
-            add_generation_prompt: bool = True, context: dict | None = None) -> str:
-    seconds = RENDER_SECONDS if seconds is None else seconds
-    limit = RENDER_BYTES if max_bytes is None else max_bytes
+def render_here(template: str | None, messages: list[dict], bos: str, eos: str,
+                seconds: float, max_bytes: int | None, bound: int = RENDER_BYTES,
+                add_generation_prompt: bool = True, context: dict | None = None) -> str:
+    """The render itself, in this process (template_host's child): the sandbox, a deadline
+    on every line the template runs, `bound` on every value it builds, and on the output
+    `max_bytes` (what the context holds; else the bound)."""
+    limit = bound if max_bytes is None else max_bytes
     hint = "run without --chat and format the prompt yourself"
     try:
-        compiled = _compile(template or FALLBACK_TEMPLATE)
+        compiled = _compile(template or FALLBACK_TEMPLATE, bound)
     except Exception as e:  # noqa: BLE001 - a template that does not compile
         raise UsageError(f"the model's chat template does not compile: {e}", hint=hint) from e
     deadline = time.monotonic() + seconds
 
     def on_line(frame, event, arg):
         if event == "return" and frame.f_code in _JOINS:
-            _sized(arg, RENDER_BYTES)  # the output's own bound (max_bytes) is checked below
+            _sized(arg, bound)  # the output's own bound (max_bytes) is checked below
         elif time.monotonic() > deadline:
             raise _OverBudget(f"it ran for more than {seconds:g} s")
         return on_line
@@ -402,6 +362,9 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
     except RecursionError:
         raise UsageError("the model's chat template was stopped: it recursed too deeply",
                          hint=hint) from None
+    except MemoryError:  # the templates' process is under a memory limit (template_host)
+        raise UsageError("the model's chat template was stopped: it needed more memory "
+                         "than a template may take", hint=hint) from None
     except Exception as e:  # noqa: BLE001 - the sandbox stops anything worse than a failure
         kind = "" if isinstance(e, TemplateError) else f"{type(e).__name__}: "
         raise UsageError(f"the model's chat template failed: {kind}{e}", hint=hint) from e
@@ -409,3 +372,41 @@ def _render(template: str | None, messages: list[dict], bos: str, eos: str,
         sys.settrace(previous)
         _INPUTS.reset(inputs)
 
+
+# -- what a template does (llama.cpp's caps probe) -------------------------------------------
+
+PROBE_CALL = {"id": "call00001", "type": "function",
+              "function": {"name": "FFF_FIRST_FUN_F", "arguments": '{"AA_ARG_FST_AA": "BB"}'}}
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "FFF_FIRST_FUN_F", "description": "A probe",
+    "parameters": {"type": "object", "required": ["AA_ARG_FST_AA"], "properties": {
+        "AA_ARG_FST_AA": {"type": "string", "description": "An argument"}}}}}
+
+
+def caps_here(template: str | None, seconds: float) -> list[bool]:
+    """What a template does, found by rendering it (as llama.cpp's caps probe): [renders a
+    system message, renders assistant tool calls, wants a call's arguments as an object
+    rather than JSON text]. In template_host's child: prompt.template_caps asks there."""
+
+    def probe(messages: list[dict]) -> str | None:
+        ctx = {**template_context(), "tools": [PROBE_TOOL], "functions": ""}
+        try:  # a real template renders these in milliseconds: a hostile one is no longer
+            return render_here(template, messages, "", "", seconds, None,
+                               add_generation_prompt=False, context=ctx)
+        except UsageError:
+            return None
+
+    system = probe([{"role": "system", "content": "SSS_SYSTEM_S"},
+                    {"role": "user", "content": "UUU"}]) or ""
+    user = {"role": "user", "content": "UUU"}
+    args = Watched({"AA_ARG_FST_AA": "BB"})
+    calls = WatchedList([{**PROBE_CALL, "function": {**PROBE_CALL["function"],
+                                                     "arguments": args}}])
+    as_object = probe([user, {"role": "assistant", "content": "", "tool_calls": calls}])
+    as_text = probe([user, {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}])
+    # a template renders calls if it reads them at all (llama.cpp's "used"), even where
+    # this probe's message does not show them (DeepSeek R1's want no content beside)
+    renders = calls.read or any(t is not None and "FFF_FIRST_FUN_F" in t
+                                for t in (as_text, as_object))
+    objects = renders and (args.read or as_text is None)
+    return ["SSS_SYSTEM_S" in system, renders, objects]

@@ -85,6 +85,10 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
     from specli.plan import load
 
     phase = phase or (lambda _name: nullcontext())
+    if req.chat:  # the templates' process starts while the models load (template_host)
+        from specli import template_host
+
+        template_host.pool().prestart()
     with phase("loading models"):
         engine = load(req.target, req.draft, req.policy, spec_types=req.spec_types,
                       ngram=req.ngram)

@@ -54,7 +54,7 @@ def render_messages(target: Backend, messages: list[dict], continue_final: bool 
                     opts: ChatOptions | None = None) -> str:
     """The conversation as the prompt text tokenize_messages tokenizes: with opts, the
     request's tools and template variables as llama.cpp gives them (prepare)."""
-    from specli.chat import render_messages as render
+    from specli.template_host import render_messages as render
 
     n_ctx = target.n_ctx
     if len(messages) > n_ctx:
@@ -90,7 +90,7 @@ def draft_prompt(target: Backend, draft: Backend, messages: list[dict],
     """A draft with another tokenizer reads a conversation through its own chat template
     and special tokens (drafts/translate.py); None where its template refuses what the
     target's takes (roles): it reads the prompt's text instead."""
-    from specli.chat import render_messages as render
+    from specli.template_host import render_messages as render
 
     template, builtin = chat_renderer(draft.chat_template(), target.params.jinja)
     bos = draft.special_text("bos")
@@ -144,47 +144,18 @@ def chat_renderer(template: str | None, jinja: bool = True
 
 # -- messages and tools for a template, as llama.cpp prepares them (common/chat.cpp) ---------
 
-PROBE_CALL = {"id": "call00001", "type": "function",
-              "function": {"name": "FFF_FIRST_FUN_F", "arguments": '{"AA_ARG_FST_AA": "BB"}'}}
-PROBE_TOOL = {"type": "function", "function": {
-    "name": "FFF_FIRST_FUN_F", "description": "A probe",
-    "parameters": {"type": "object", "required": ["AA_ARG_FST_AA"], "properties": {
-        "AA_ARG_FST_AA": {"type": "string", "description": "An argument"}}}}}
-
-
-PROBE_SECONDS = 0.25
+PROBE_SECONDS = 0.25  # a real template renders a probe in milliseconds: a hostile one is no
+# longer
 
 
 @lru_cache(maxsize=16)
 def template_caps(template: str | None) -> tuple[bool, bool, bool]:
-    """What a template does, found by rendering it (as llama.cpp's caps probe): (renders a
-    system message, renders assistant tool calls, wants a call's arguments as an object
-    rather than JSON text)."""
-    from specli.chat import _render, template_context
+    """What a template does, found by rendering it (as llama.cpp's caps probe), in the
+    templates' own process (chat.caps_here): (renders a system message, renders assistant
+    tool calls, wants a call's arguments as an object rather than JSON text)."""
+    from specli import template_host
 
-    def probe(messages: list[dict]) -> str | None:
-        ctx = {**template_context(), "tools": [PROBE_TOOL], "functions": ""}
-        try:  # a real template renders these in milliseconds: a hostile one is no longer
-            return _render(template, messages, "", "", PROBE_SECONDS, None, False, ctx)
-        except UsageError:
-            return None
-
-    system = probe([{"role": "system", "content": "SSS_SYSTEM_S"},
-                    {"role": "user", "content": "UUU"}]) or ""
-    from specli.chat import Watched, WatchedList
-
-    user = {"role": "user", "content": "UUU"}
-    args = Watched({"AA_ARG_FST_AA": "BB"})
-    calls = WatchedList([{**PROBE_CALL, "function": {**PROBE_CALL["function"],
-                                                     "arguments": args}}])
-    as_object = probe([user, {"role": "assistant", "content": "", "tool_calls": calls}])
-    as_text = probe([user, {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]}])
-    # a template renders calls if it reads them at all (llama.cpp's "used"), even where
-    # this probe's message does not show them (DeepSeek R1's want no content beside)
-    renders = calls.read or any(t is not None and "FFF_FIRST_FUN_F" in t
-                                for t in (as_text, as_object))
-    objects = renders and (args.read or as_text is None)
-    return "SSS_SYSTEM_S" in system, renders, objects
+    return template_host.caps(template, PROBE_SECONDS)
 
 
 GENERIC_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: "

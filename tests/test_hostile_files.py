@@ -11,11 +11,11 @@ import pytest
 from conftest import cli, specli
 from hostile_models import T, copy_gguf, with_nan, with_template
 
-from specli import prompt
-from specli.chat import render_messages
+from specli import chat
 from specli.errors import UsageError
 from specli.ggufmeta import read_header
 from specli.loadable import TOKENS
+from specli.template_host import render_messages
 
 LOOP = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
 DOUBLE = ("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
@@ -148,8 +148,8 @@ def test_what_llama_cpps_jinja_allows_renders():
     for change in ("{% do messages.pop() %}", "{% do messages[0].update(content='x') %}",
                    "{% do tools[0].function.clear() %}"):
         with pytest.raises(UsageError, match="unsafe"):
-            render_messages(change, messages, context={"tools": [prompt.PROBE_TOOL]})
-    assert messages[0]["content"] == "hi" and prompt.PROBE_TOOL["function"]["name"]
+            render_messages(change, messages, context={"tools": [chat.PROBE_TOOL]})
+    assert messages[0]["content"] == "hi" and chat.PROBE_TOOL["function"]["name"]
     out = render_messages(
         "{% set ns = namespace(seen=[]) %}{% for m in messages %}"
         "{% set _ = ns.seen.append(m.role) %}{% endfor %}{% do ns.seen.append('end') %}"
@@ -161,6 +161,68 @@ def test_what_llama_cpps_jinja_allows_renders():
     # it would never end, past the deadline's reach)
     assert render_messages("{% set x = [1] %}{% do x.extend(x | map('string')) %}{{ x }}",
                            messages) == "[1, '1']"
+
+
+# one call into a built-in filter over a large sequence (issue 55): in C or in Python no
+# trace reaches, each ran for a minute or more at gigabytes before the template's process
+SORT = '{{ ("ab" * 8000000) | list | sort | length }}'
+FILTER_BOMBS = [SORT, '{{ ("ab" * 8000000) | list | unique | list | length }}',
+                '{{ ("ab" * 8000000) | list | batch(2) | list | length }}']
+# a list of its own grown by many strings each under the size bound (1.5 GB, answered)
+APPENDS = ('{% set ns = namespace(l=[]) %}{% set s = "x" * 16000000 %}'
+           '{% for i in range(100) %}{% do ns.l.append(s ~ i) %}{% endfor %}{{ ns.l | length }}')
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return int(next(x for x in f if x.startswith("VmRSS")).split()[1]) / 1024
+
+
+@pytest.mark.parametrize("template", [*FILTER_BOMBS, APPENDS])
+def test_a_filter_call_past_the_budget_is_stopped_in_its_process(template):
+    """The deadline and a memory limit hold inside one filter call: the template renders in
+    a process of its own (template_host), stopped at its deadline or its memory, and this
+    process neither waits nor grows."""
+    from specli import template_host
+
+    render_messages("{{ messages[0].content }}", [{"role": "user", "content": "hi"}])
+    before, t0 = _rss_mb(), time.monotonic()
+    with pytest.raises(UsageError, match="chat template was stopped: it (ran for more than "
+                                         "1.5 s|needed more (than|memory))"):
+        render_messages(template, [{"role": "user", "content": "hi"}], seconds=1.5)
+    assert time.monotonic() - t0 < template_host.GRACE_S + 1.5 + 3
+    assert _rss_mb() - before < 100
+    # and the next render goes on, in a fresh process where the last one was killed
+    assert render_messages("{{ messages[0].content }}",
+                           [{"role": "user", "content": "hi"}]) == "hi"
+
+
+@pytest.mark.parametrize("change", [
+    '{% do dict.update(messages[0], {"content": "x"}) %}',
+    "{% do dict.update(messages[0], content='x') %}",
+    "{% do dict.clear(messages[0]) %}",
+    "{% do dict.pop(messages[0], 'role') %}",
+    "{% do dict.setdefault(messages[0], 'name', 'x') %}",
+    "{% do dict.popitem(messages[0]) %}",
+    "{% set d = dict %}{% do d.update(messages[0], role='x') %}",
+    "{% do dict.clear(tools[0].function) %}",
+    "{% do dict.update(messages[0].tool_calls[0], id='x') %}",
+])
+def test_a_template_never_changes_what_it_was_handed_in_any_spelling(change):
+    """The method form (messages[0].update(...)) was refused; the unbound one
+    (dict.update(messages[0], ...)) changed the caller's message. Both are refused, and
+    the caller's objects are not the template's anyway (they are copied to its process)."""
+    messages = [{"role": "user", "content": "hi", "tool_calls": [{"id": "1", "type":
+                                                                  "function"}]}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    with pytest.raises(UsageError, match="unsafe"):
+        render_messages(change, messages, context={"tools": tools})
+    assert messages == [{"role": "user", "content": "hi", "tool_calls": [{"id": "1", "type":
+                                                                          "function"}]}]
+    assert tools == [{"type": "function", "function": {"name": "f"}}]
+    # a template's own dicts are its to change, in either spelling
+    assert render_messages('{% set d = {"a": 1} %}{% do dict.update(d, b=2) %}'
+                           '{{ d | tojson }}', messages) == '{"a": 1, "b": 2}'
 
 
 def test_large_numbers_are_values_not_widths():
@@ -197,6 +259,8 @@ def test_real_templates_render_as_before(q4_1):
 @pytest.mark.parametrize("template,needle,limit", [
     (LOOP, "ran for more than 5 s", 12),
     (DOUBLE, "built a value of", 10),
+    # in one filter call: 85 s at 3 GB before this issue
+    (SORT, "chat template was stopped: it ", 15),
 ])
 def test_run_chat_with_a_hostile_template_is_one_line(tmp_path, q4_1, template, needle, limit):
     bad = with_template(q4_1, tmp_path / "t.gguf", template)

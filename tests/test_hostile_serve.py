@@ -116,6 +116,74 @@ def test_a_hostile_template_is_a_400_and_health_keeps_answering(tmp_path, q4_1, 
         s.stop()
 
 
+# a template that renders a plain conversation (it passes serve's check at start) and, for
+# the message "boom", sorts sixteen million strings in one filter call (78 s and 3.2 GB)
+BOOM = ('{% if messages[-1].content == "boom" %}{{ ("ab" * 8000000) | list | sort | length }}'
+        '{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}'
+        '<|im_end|>\n{% endfor %}<|im_start|>assistant\n')
+
+
+def test_templates_past_their_budget_leave_the_server_serving(tmp_path, q4_1):
+    """Six requests whose render runs past its budget inside one filter call, through the
+    GGUF's own template: each a 400 (stopped) or a 503 (every renderer busy) within
+    seconds; meanwhile /health answers in under a second and other routes at once, the
+    server does not grow, and afterwards the slot serves a plain chat."""
+    s = Server("-m", with_template(q4_1, tmp_path / "boom.gguf", BOOM), "-c", "512")
+    try:
+        rss, answers = s.rss_kb(), []
+        boom = {"messages": [{"role": "user", "content": "boom"}], "max_tokens": 2}
+
+        def six() -> list[httpx.Response]:
+            threads = [threading.Thread(target=lambda: answers.append(
+                post(s, "/v1/chat/completions", boom))) for _ in range(6)]
+            for t in threads:
+                t.start()
+            time.sleep(0.5)  # the renders are under way: other routes still answer now
+            t0 = time.monotonic()
+            others = [post(s, "/tokenize", {"content": "hi"}, timeout=10),
+                      post(s, "/v1/completions", {"prompt": "hi", "max_tokens": 2},
+                           timeout=10)]
+            assert all(r.status_code == 200 for r in others), [r.text for r in others]
+            assert time.monotonic() - t0 < 3
+            for t in threads:
+                t.join(60)
+            return answers
+
+        t0 = time.monotonic()
+        got, slowest = health_while(s, six)
+        assert slowest < 1.0 and time.monotonic() - t0 < 40
+        assert sorted({r.status_code for r in got}) in ([400], [400, 503]), \
+            [r.text for r in got]
+        assert all("chat template was stopped" in r.json()["error"]["message"]
+                   for r in got if r.status_code == 400)
+        assert s.rss_kb() - rss < 200_000, (rss, s.rss_kb())
+        r = post(s, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                             "max_tokens": 2})
+        assert r.status_code == 200, r.text
+    finally:
+        s.stop()
+
+
+def test_sigterm_ends_the_server_during_a_render_past_its_budget(tmp_path, q4_1):
+    """A template from --chat-template-file, rendering past its budget when the server is
+    told to stop: it stops within seconds (it waited minutes: "timeout graceful shutdown
+    exceeded")."""
+    (tmp_path / "boom.jinja").write_text(BOOM)
+    s = Server("-m", q4_1, "-c", "512", "--chat-template-file", str(tmp_path / "boom.jinja"))
+    try:
+        t = threading.Thread(target=lambda: post(s, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "boom"}], "max_tokens": 2}), daemon=True)
+        t.start()
+        time.sleep(1.0)  # inside the sort
+        t0 = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        s.proc.wait(10)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+
+
 # -- 3, 4. surrogates and types: 400 in the API's own terms -------------------------------------
 
 SURROGATE = '"\\ud800"'

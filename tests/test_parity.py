@@ -73,8 +73,8 @@ def native_steps(f16: str, q4_1: str, tmp_path: Path) -> dict[str, list]:
 
 def rendered_prompts() -> list[str]:
     from specli.backend import Model
-    from specli.chat import render_chat
     from specli.defaults import smollm2_q4_1
+    from specli.template_host import render_chat
 
     m = Model(ModelParams(smollm2_q4_1(), n_ctx=256))
     try:

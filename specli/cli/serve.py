@@ -262,8 +262,9 @@ def _template(value: str | None, path: Path | None, jinja: bool) -> str | None:
     if value is None:
         return None
     from specli.backend import knows_template
-    from specli.chat import render_messages, template_context
+    from specli.chat import template_context
     from specli.prompt import chat_renderer
+    from specli.template_host import render_messages
 
     source, builtin = chat_renderer(value, jinja)
     try:

@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from specli import __version__, grammar_host
+from specli import __version__, grammar_host, template_host
 from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, parse_spec_types
 from specli.errors import ContextOverflowError, UsageError
 from specli.plan import PlanError
@@ -258,7 +258,7 @@ async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], J
     cp = _chat_plan(st, body)
     # rendering and tokenizing run off the event loop, within their bounds (engine.py)
     text, ids = await _tokens("messages", st.engine.chat_prompt, _messages(body),
-                              _prefill(body), cp.opts)
+                              _prefill(body), cp.opts, st=st)
     cp.prompted(text)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -299,7 +299,7 @@ async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict
 
 async def chat_tokens(st: State, body: ChatRequest) -> int:
     ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
-                        _prefill(body), _chat_plan(st, body).opts)
+                        _prefill(body), _chat_plan(st, body).opts, st=st)
     return len(ids)
 
 
@@ -477,8 +477,8 @@ def _prefill(body: ChatRequest) -> bool:
 @llama.post("/apply-template")
 async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """The prompt a chat request would be given (llama-server's /apply-template)."""
-    text = await asyncio.to_thread(st.engine.render_messages, _messages(body),
-                                   _prefill(body), _chat_plan(st, body).opts)
+    text = await _tokens("messages", st.engine.render_messages, _messages(body),
+                         _prefill(body), _chat_plan(st, body).opts, st=st)
     return {"prompt": text}
 
 
@@ -531,13 +531,21 @@ async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
     return _in_vocab(st, await _tokens("prompt", mixed), "prompt")
 
 
-async def _tokens(param: str, tokenize: Callable[..., list[int]], *args) -> list[int]:
-    """tokenize(*args) off the event loop; a prompt longer than the context (found before
-    or after tokenizing) is an overflow naming the request's parameter that holds it."""
+async def _tokens(param: str, tokenize: Callable[..., list[int]], *args,
+                  st: State | None = None):
+    """tokenize(*args) off the event loop (a conversation's, with its render: on the request
+    threads of st, where a render waiting for a template process never holds the threads
+    that tokenize other requests); a prompt longer than the context (found before or after
+    tokenizing) is an overflow naming the request's parameter that holds it."""
     try:
+        if st is not None:
+            return await st.jobs(tokenize, *args)
         return await asyncio.to_thread(tokenize, *args)
     except ContextOverflowError as e:
         raise overflow(e.message, e.n_prompt_tokens, e.n_ctx, param) from None
+    except template_host.Busy as e:
+        raise APIError(503, e.message, "unavailable_error", code="unavailable",
+                       headers={"Retry-After": "5"}) from None
     except UsageError as e:  # what the template or the tokenizer would not take
         raise APIError(400, e.message, param=param) from None
 

@@ -12,12 +12,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from specli import rpc
+from specli import rpc, template_host
 from specli.backend import knows_template
 from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
 from specli.engine import Engine
+from specli.errors import UsageError
 from specli.grammar_host import Checkers, GrammarHost
 from specli.plan import SpecPlan, draft_head, load_slots
+from specli.prompt import jinja_source, template_caps
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
 from specli.stats import Stats
@@ -75,6 +77,10 @@ class State:
         # each before it takes a slot, one per slot holds those being generated with
         self.grammars = Checkers(config.target.path, n=min(4, max(2, config.parallel)))
         self.slot_grammars: list[GrammarHost] = []
+        # and chat templates render in processes of their own too, within a deadline and a
+        # memory limit (template_host): as many as grammar checkers
+        self.renderers = template_host.configure(len(self.grammars.hosts))
+        self.renderers.prestart()
         # a request's settings are resolved (a grammar checked, a logit bias tokenized) on
         # threads of their own: requests queued for a grammar checker never take the
         # threads that tokenizing and templates use (asyncio's default executor)
@@ -134,6 +140,12 @@ class State:
         if not c.target.jinja and template and not knows_template(template):
             sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
                              "chat template; without --jinja, chat requests use ChatML\n")
+        jinja, source = jinja_source(self.engine.target)
+        if jinja:  # probed once, here: a request's plan reads it on the event loop
+            try:
+                template_caps(source)
+            except UsageError:
+                pass  # (Busy: a request probes it again)
 
     async def jobs(self, fn, *args, **kw):
         """fn(*args, **kw) on the request threads (see __init__), awaited."""
@@ -146,11 +158,11 @@ class State:
         if self.pool is not None:
             for g in list(self.pool.active):
                 g.cancel()
-        for host in (self.grammars, *self.slot_grammars):
+        for host in (self.grammars, *self.slot_grammars, self.renderers):
             host.kill()
 
     def close_grammars(self) -> None:
-        for host in (self.grammars, *self.slot_grammars):
+        for host in (self.grammars, *self.slot_grammars, self.renderers):
             host.close()
         self._jobs.shutdown(wait=False, cancel_futures=True)
 

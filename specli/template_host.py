@@ -1,0 +1,328 @@
+"""Chat templates rendered in a process of their own, bounded in time and memory.
+
+chat.py's sandbox bounds what a template builds and checks a deadline on every line the
+template runs. Neither reaches inside one call into a built-in filter: `("ab" * 8000000) |
+list | sort` sorts sixteen million strings in C (78 s and 3.2 GB here), where no trace runs
+and no thread can be interrupted, and SIGTERM waited behind it. So a template renders in a
+child process that holds nothing but Jinja: each render answers within its deadline (and a
+second's grace) or the child is killed, and it lives under a memory limit (RLIMIT_AS). A
+killed child takes nothing with it; the next render starts a fresh one. What a template
+changes there, it changes in its own copy: the caller's messages cannot be touched.
+
+`render_messages` (a conversation through a template: llama.cpp's own renderer for a
+built-in one, else Jinja, there) and `caps` (what a template does with tools) are what
+prompt.py and the commands call; chat.py is what runs in the child. A server sizes the
+pool to its slots (`configure`), and `kill` ends a render at once when it stops. Requests
+and answers are JSON: nothing a template makes is unpickled here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+from specli import chat
+from specli.errors import BackendError, ContextOverflowError, UsageError
+
+GRACE_S = 1.0  # past a render's own deadline (its trace stops Python sooner, with a reason)
+MEMORY = 512 << 20  # bytes a child may take beyond what it holds once Jinja is in
+WAIT_S = 10.0  # for a free renderer, before Busy (a 503)
+HINT = "run without --chat and format the prompt yourself"
+
+
+class Busy(UsageError):
+    """Every renderer stayed busy (with templates that run to their deadline): a 503."""
+
+
+class TemplateHost:
+    """One child process rendering templates, one call at a time."""
+
+    def __init__(self, memory: int = MEMORY):
+        self.memory = memory
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._ready = False
+        self.killed = 0  # children killed over a deadline or their memory (tests, logs)
+
+    def start(self) -> None:
+        """Start the child without waiting for it (its imports overlap the caller's work)."""
+        if self._proc is not None:
+            return
+        mine, theirs = socket.socketpair()
+        # -P: nothing from the working directory is imported
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-P", "-m", "specli.template_host", str(theirs.fileno()),
+                 str(self.memory)], pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as e:
+            mine.close()
+            raise BackendError(f"the chat template process could not start: {e}") from None
+        finally:
+            theirs.close()
+        self._conn, self._ready = Connection(mine.detach()), False
+
+    def _wait_ready(self) -> None:
+        try:
+            ok = self._conn.poll(60) and self._conn.recv_bytes() == b"ready"
+        except (OSError, EOFError):
+            ok = False
+        if not ok:
+            how = self._stop(kill=True)
+            raise BackendError(f"the chat template process did not start: {how or 'no answer'}")
+        self._ready = True
+
+    def _stop(self, kill: bool = False) -> str:
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if conn is not None:
+            conn.close()  # a live child reads EOF and exits
+        if proc is None:
+            return ""
+        if kill:
+            proc.kill()
+        try:
+            code = proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        if code is not None and code < 0:
+            try:
+                return f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit {code}" if code else ""
+
+    def kill(self) -> None:
+        """Kill the child now (a server stopping): a render in flight fails at once."""
+        proc = self._proc
+        if proc is not None:
+            proc.kill()
+
+    def close(self) -> None:
+        self._stop()
+
+    def call(self, request: dict, seconds: float) -> dict:
+        """One request and its answer within seconds + GRACE_S; over it the child is
+        killed. UsageError where the child was stopped or died (its memory)."""
+        self.start()
+        if not self._ready:
+            self._wait_ready()
+        try:
+            self._conn.send_bytes(json.dumps(request).encode())
+            ready = self._conn.poll(seconds + GRACE_S)
+            reply = self._conn.recv_bytes() if ready else None
+        except (OSError, EOFError):
+            reply, ready = None, True
+        if reply is None:
+            how = self._stop(kill=not ready)
+            self.killed += 1
+            if not ready:
+                raise UsageError(f"the model's chat template was stopped: it ran for more "
+                                 f"than {seconds:g} s", hint=HINT)
+            raise UsageError(f"the model's chat template was stopped: it needed more than "
+                             f"{self.memory >> 20} MiB of memory ({how or 'it died'})",
+                             hint=HINT)
+        return json.loads(reply)
+
+
+class Renderers:
+    """A few TemplateHosts: a render that runs to its deadline holds one, not every
+    request's render behind it; a caller that finds none free within WAIT_S gets Busy."""
+
+    def __init__(self, n: int = 1):
+        self.hosts = [TemplateHost() for _ in range(n)]
+        self._free = list(self.hosts)
+        self._cond = threading.Condition()
+
+    def prestart(self) -> None:
+        """Start the children now, so that their imports overlap a model's load."""
+        for h in self.hosts:
+            h.start()
+
+    def call(self, request: dict, seconds: float) -> dict:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._free, WAIT_S):
+                raise Busy(f"every chat template renderer stayed busy for {WAIT_S:g} s",
+                           hint="try again")
+            host = self._free.pop()
+        try:
+            return host.call(request, seconds)
+        finally:
+            with self._cond:
+                self._free.append(host)
+                self._cond.notify()
+
+    def kill(self) -> None:
+        for h in self.hosts:
+            h.kill()
+
+    def close(self) -> None:
+        for h in self.hosts:
+            h.close()
+
+
+_pool: Renderers | None = None
+_lock = threading.Lock()
+
+
+def pool() -> Renderers:
+    """This process's renderers: one, unless configure() said otherwise."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = Renderers(1)
+        return _pool
+
+
+def configure(n: int) -> Renderers:
+    """n renderers from now on (a server's: as many as its grammar checkers)."""
+    global _pool
+    with _lock:
+        old, _pool = _pool, Renderers(n)
+    if old is not None:
+        old.close()
+    return _pool
+
+
+@atexit.register
+def _close() -> None:
+    if _pool is not None:
+        _pool.close()
+
+
+def render_chat(template: str | None, user: str, bos: str = "", eos: str = "",
+                system: str | None = None) -> str:
+    messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": user}]
+    return render_messages(template, messages, bos, eos)
+
+
+# a template rendered by llama.cpp itself: (messages, add_generation_prompt) -> text
+Builtin = Callable[[list[dict], bool], str]
+
+
+def render_messages(template: str | None, messages: list[dict], bos: str = "",
+                    eos: str = "", *, seconds: float | None = None,
+                    max_bytes: int | None = None, continue_final: bool = False,
+                    builtin: Builtin | None = None, context: dict | None = None,
+                    add_generation_prompt: bool = True) -> str:
+    """A conversation through the model's template (ChatML when it has none), ready for the
+    assistant's reply; with continue_final, ready to continue the final (assistant) message
+    where its text ends (a prefill), whatever the template puts after a turn. A template
+    that fails, runs past `seconds` or builds anything larger than RENDER_BYTES is a
+    UsageError; output past `max_bytes` (what the context can hold) is a
+    ContextOverflowError. builtin: render with llama.cpp's own renderer instead of Jinja.
+    context: the template's other variables (tools, template_context())."""
+    def render(msgs: list[dict], add_generation_prompt: bool = add_generation_prompt) -> str:
+        if builtin is None:
+            return _render(template, msgs, bos, eos, seconds, max_bytes,
+                           add_generation_prompt, context)
+        text = builtin(msgs, add_generation_prompt)
+        if max_bytes is not None and len(text) > max_bytes:
+            raise ContextOverflowError(
+                f"the conversation renders to more than {max_bytes} characters, more than "
+                "the context can hold", hint="shorten the conversation or raise -c/--ctx-size")
+        return text
+
+    if continue_final:
+        # render the last turn with a marker for its text, and cut where the marker is (no
+        # NUL in it: llama.cpp's renderers take C strings)
+        last = str(messages[-1].get("content") or "")
+        marker = f"\ue000specli-prefill-{secrets.token_hex(8)}\ue000"
+        text = render([*messages[:-1], {**messages[-1], "content": marker}],
+                      add_generation_prompt=False)
+        at = text.find(marker)
+        if at < 0:
+            raise UsageError("the chat template drops the final assistant message: it cannot "
+                             "be continued", hint="end the conversation with a user message")
+        return text[:at] + last
+    return render(messages)
+
+
+def _render(template: str | None, messages: list[dict], bos: str, eos: str,
+            seconds: float | None, max_bytes: int | None,
+            add_generation_prompt: bool = True, context: dict | None = None) -> str:
+    """A Jinja render in a child process: chat.render_here there."""
+    seconds = chat.RENDER_SECONDS if seconds is None else seconds
+    out = pool().call({"op": "render", "template": template, "messages": messages,
+                       "bos": bos, "eos": eos, "seconds": seconds, "max_bytes": max_bytes,
+                       "limit": chat.RENDER_BYTES,
+                       "add_generation_prompt": add_generation_prompt,
+                       "context": context}, seconds)
+    return _answer(out)
+
+
+def caps(template: str | None, seconds: float) -> tuple[bool, bool, bool]:
+    """chat.caps_here(template): what a template does with a system message and with tool
+    calls, probed in a child process."""
+    return tuple(_answer(pool().call({"op": "caps", "template": template,
+                                      "seconds": seconds}, 3 * seconds)))
+
+
+def _answer(out: dict):
+    if "error" not in out:
+        return out["value"]
+    if out["error"] == "overflow":
+        raise ContextOverflowError(out["message"], hint=out.get("hint"))
+    raise UsageError(out["message"], hint=out.get("hint"))
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+def _limit_memory(extra: int) -> None:
+    import resource
+
+    with open("/proc/self/status") as f:
+        size = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
+
+
+def _orphaned(parent: int) -> None:
+    """End this child once its parent is gone, even inside a filter's C loop."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def _serve(fd: int, memory: int) -> None:
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
+    conn = Connection(fd)
+    _limit_memory(memory)
+    conn.send_bytes(b"ready")
+    while True:
+        try:
+            req = json.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            return
+        try:
+            if req["op"] == "caps":
+                value = chat.caps_here(req["template"], req["seconds"])
+            else:
+                value = chat.render_here(
+                    req["template"], req["messages"], req["bos"], req["eos"], req["seconds"],
+                    req["max_bytes"], req["limit"], req["add_generation_prompt"],
+                    req["context"])
+            out = {"value": value}
+        except ContextOverflowError as e:
+            out = {"error": "overflow", "message": e.message, "hint": e.hint}
+        except UsageError as e:
+            out = {"error": "usage", "message": e.message, "hint": e.hint}
+        except MemoryError:
+            out = {"error": "usage", "message": "the model's chat template was stopped: it "
+                   f"needed more than {memory >> 20} MiB of memory", "hint": HINT}
+        conn.send_bytes(json.dumps(out).encode())
+
+
+if __name__ == "__main__":
+    _serve(int(sys.argv[1]), int(sys.argv[2]))
