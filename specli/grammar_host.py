@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -29,6 +26,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from specli.child import Child, Pool, limit_memory, watch_parent
 from specli.errors import BackendError, UsageError
 
 STEP_S = 2.0  # one test, accept or fork during a generation
@@ -55,62 +53,31 @@ class GrammarHost:
     def __init__(self, model_path: str, step_s: float = STEP_S, memory: int = MEMORY):
         self.path, self.step_s, self.memory = model_path, step_s, memory
         self._lock = threading.RLock()  # check() holds it across its calls
-        self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
+        # no device: a vocabulary needs none, and each child would otherwise open a GPU
+        # context (stderr goes nowhere: llama.cpp prints a refused grammar there whole)
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "",
+               "GGML_VK_VISIBLE_DEVICES": "", "ONEAPI_DEVICE_SELECTOR": "opencl:cpu"}
+        self._child = Child("specli.grammar_host", [model_path, str(memory)], "grammar", env)
         self.epoch = 0  # bumped when a child is killed: its grammars are gone with it
         self.killed = 0  # children killed over a deadline or their memory (tests, logs)
         self._dropped: list[tuple[int, int]] = []  # (epoch, handle) left to the collector
 
     # -- the child ---------------------------------------------------------------------------
+    @property
+    def _proc(self):
+        return self._child.proc
+
+    @property
+    def _conn(self):
+        return self._child.conn
+
     def _start(self) -> None:
-        mine, theirs = socket.socketpair()
-        # no device: a vocabulary needs none, and each child would otherwise open a GPU
-        # context; -P: nothing from the working directory is imported
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "",
-               "GGML_VK_VISIBLE_DEVICES": "", "ONEAPI_DEVICE_SELECTOR": "opencl:cpu"}
-        try:
-            # stderr to /dev/null: llama.cpp prints a refused grammar there whole, and a pipe
-            # nobody reads would fill and stop the child
-            self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "specli.grammar_host", str(theirs.fileno()),
-                 self.path, str(self.memory)], pass_fds=(theirs.fileno(),), env=env,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL)
-        except OSError as e:
-            mine.close()
-            raise BackendError(f"the grammar process could not start: {e}") from None
-        finally:
-            theirs.close()
-        self._conn = Connection(mine.detach())
-        try:
-            ok = self._conn.poll(120) and self._conn.recv_bytes() == b"ready"
-        except (OSError, EOFError):
-            ok = False
-        if not ok:
-            err = self._stop(kill=True)
-            raise BackendError(f"the grammar process did not start: {err or 'no answer'}")
+        self._child.wait_ready()
 
     def _stop(self, kill: bool = False) -> str:
         """End the child (killed: over its deadline); how it ended, if it died."""
-        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()  # a live child reads EOF and exits
-        if proc is None:
-            return ""
-        if kill:
-            proc.kill()
-        try:
-            code = proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        if code is not None and code < 0:
-            try:
-                return f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"signal {-code}"
-        return f"exit {code}" if code else ""
+        return self._child.stop(kill)
 
     def close(self) -> None:
         with self._lock:
@@ -119,9 +86,7 @@ class GrammarHost:
     def kill(self) -> None:
         """Kill the child now, without waiting for a call in flight (which then fails): for a
         server that is stopping."""
-        proc = self._proc
-        if proc is not None:
-            proc.kill()
+        self._child.kill()
 
     def _call(self, op: bytes, handle: int, payload: bytes, timeout: float,
               epoch: int | None = None, what: str = "", limit: float | None = None) -> bytes:
@@ -251,39 +216,21 @@ class Busy(GrammarError):
     """Every checker is busy (with grammars that run to their deadline): a 503."""
 
 
-class Checkers:
+class Checkers(Pool["GrammarHost"]):
     """A few GrammarHosts for the checks requests pass before they take a slot: a check that
     runs to its deadline holds one, not every request's grammar behind it; a request that
     finds none free within WAIT_S is answered 503."""
 
     def __init__(self, model_path: str, n: int = 2):
-        self.hosts = [GrammarHost(model_path) for _ in range(n)]
-        self._free: list[GrammarHost] = list(self.hosts)
-        self._cond = threading.Condition()
+        super().__init__([GrammarHost(model_path) for _ in range(n)], lambda: Busy(
+            f"every grammar checker stayed busy for {WAIT_S:g} s", hint="try again"), WAIT_S)
 
     def check(self, grammar: str | None = None, schema: dict | None = None,
               tools: tuple[dict, str] | None = None) -> str:
         if not grammar and schema is None and tools is None:
             return grammar or ""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._free, WAIT_S):
-                raise Busy(f"every grammar checker stayed busy for {WAIT_S:g} s",
-                           hint="try again")
-            host = self._free.pop()
-        try:
+        with self.one() as host:
             return host.check(grammar, schema, tools=tools)
-        finally:
-            with self._cond:
-                self._free.append(host)
-                self._cond.notify()
-
-    def kill(self) -> None:
-        for h in self.hosts:
-            h.kill()
-
-    def close(self) -> None:
-        for h in self.hosts:
-            h.close()
 
 
 class RemoteGrammar:
@@ -325,31 +272,13 @@ class RemoteGrammar:
 
 # -- the child ---------------------------------------------------------------------------------
 
-def _limit_memory(extra: int) -> None:
-    import resource
-
-    with open("/proc/self/status") as f:
-        size = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
-    resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
-
-
-def _orphaned(parent: int) -> None:
-    """End this child once its server is gone, even in the middle of a test in C (the GIL is
-    released there). Not PR_SET_PDEATHSIG: it fires when the parent's *thread* that started
-    this child ends, and a server starts children from threads that come and go."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def _serve(fd: int, path: str, memory: int) -> None:
-    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
+    watch_parent()
     from specli import backend
 
     conn = Connection(fd)
     tok = backend.Tokenizer(path)
-    _limit_memory(memory)
+    limit_memory(memory)
     probe = np.linspace(0, tok.n_vocab - 1, min(PROBE_IDS, tok.n_vocab)).astype(np.int32)
     grammars: dict[int, backend.Grammar] = {}
     ids = iter(range(1, 1 << 31))

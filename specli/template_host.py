@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
 from specli import chat
-from specli.errors import BackendError, ContextOverflowError, UsageError
+from specli.child import Child, Pool, limit_memory, watch_parent
+from specli.errors import ContextOverflowError, UsageError
 
 GRACE_S = 1.0  # past a render's own deadline (its trace stops Python sooner, with a reason)
 MEMORY = 512 << 20  # bytes a child may take beyond what it holds once Jinja is in
@@ -49,82 +45,31 @@ class TemplateHost:
 
     def __init__(self, memory: int = MEMORY):
         self.memory = memory
-        self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-        self._ready = False
+        self._child = Child("specli.template_host", [str(memory)], "chat template")
         self.killed = 0  # children killed over a deadline or their memory (tests, logs)
 
     def start(self) -> None:
-        """Start the child without waiting for it (its imports overlap the caller's work)."""
-        if self._proc is not None:
-            return
-        mine, theirs = socket.socketpair()
-        # -P: nothing from the working directory is imported
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "specli.template_host", str(theirs.fileno()),
-                 str(self.memory)], pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        except OSError as e:
-            mine.close()
-            raise BackendError(f"the chat template process could not start: {e}") from None
-        finally:
-            theirs.close()
-        self._conn, self._ready = Connection(mine.detach()), False
-
-    def _wait_ready(self) -> None:
-        try:
-            ok = self._conn.poll(60) and self._conn.recv_bytes() == b"ready"
-        except (OSError, EOFError):
-            ok = False
-        if not ok:
-            how = self._stop(kill=True)
-            raise BackendError(f"the chat template process did not start: {how or 'no answer'}")
-        self._ready = True
-
-    def _stop(self, kill: bool = False) -> str:
-        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
-        if conn is not None:
-            conn.close()  # a live child reads EOF and exits
-        if proc is None:
-            return ""
-        if kill:
-            proc.kill()
-        try:
-            code = proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait()
-        if code is not None and code < 0:
-            try:
-                return f"signal {signal.Signals(-code).name}"
-            except ValueError:
-                return f"signal {-code}"
-        return f"exit {code}" if code else ""
+        self._child.start()
 
     def kill(self) -> None:
-        """Kill the child now (a server stopping): a render in flight fails at once."""
-        proc = self._proc
-        if proc is not None:
-            proc.kill()
+        self._child.kill()
 
     def close(self) -> None:
-        self._stop()
+        self._child.stop()
 
     def call(self, request: dict, seconds: float) -> dict:
         """One request and its answer within seconds + GRACE_S; over it the child is
         killed. UsageError where the child was stopped or died (its memory)."""
-        self.start()
-        if not self._ready:
-            self._wait_ready()
+        child = self._child
+        child.wait_ready()
         try:
-            self._conn.send_bytes(json.dumps(request).encode())
-            ready = self._conn.poll(seconds + GRACE_S)
-            reply = self._conn.recv_bytes() if ready else None
+            child.conn.send_bytes(json.dumps(request).encode())
+            ready = child.conn.poll(seconds + GRACE_S)
+            reply = child.conn.recv_bytes() if ready else None
         except (OSError, EOFError):
             reply, ready = None, True
         if reply is None:
-            how = self._stop(kill=not ready)
+            how = child.stop(kill=not ready)
             self.killed += 1
             if not ready:
                 raise UsageError(f"the model's chat template was stopped: it ran for more "
@@ -135,14 +80,14 @@ class TemplateHost:
         return json.loads(reply)
 
 
-class Renderers:
+class Renderers(Pool[TemplateHost]):
     """A few TemplateHosts: a render that runs to its deadline holds one, not every
     request's render behind it; a caller that finds none free within WAIT_S gets Busy."""
 
     def __init__(self, n: int = 1):
-        self.hosts = [TemplateHost() for _ in range(n)]
-        self._free = list(self.hosts)
-        self._cond = threading.Condition()
+        super().__init__([TemplateHost() for _ in range(n)], lambda: Busy(
+            f"every chat template renderer stayed busy for {WAIT_S:g} s", hint="try again"),
+            WAIT_S)
 
     def prestart(self) -> None:
         """Start the children now, so that their imports overlap a model's load."""
@@ -150,25 +95,8 @@ class Renderers:
             h.start()
 
     def call(self, request: dict, seconds: float) -> dict:
-        with self._cond:
-            if not self._cond.wait_for(lambda: self._free, WAIT_S):
-                raise Busy(f"every chat template renderer stayed busy for {WAIT_S:g} s",
-                           hint="try again")
-            host = self._free.pop()
-        try:
+        with self.one() as host:
             return host.call(request, seconds)
-        finally:
-            with self._cond:
-                self._free.append(host)
-                self._cond.notify()
-
-    def kill(self) -> None:
-        for h in self.hosts:
-            h.kill()
-
-    def close(self) -> None:
-        for h in self.hosts:
-            h.close()
 
 
 _pool: Renderers | None = None
@@ -279,26 +207,10 @@ def _answer(out: dict):
 
 # -- the child ---------------------------------------------------------------------------------
 
-def _limit_memory(extra: int) -> None:
-    import resource
-
-    with open("/proc/self/status") as f:
-        size = next(int(line.split()[1]) << 10 for line in f if line.startswith("VmSize"))
-    resource.setrlimit(resource.RLIMIT_AS, (size + extra, size + extra))
-
-
-def _orphaned(parent: int) -> None:
-    """End this child once its parent is gone, even inside a filter's C loop."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
 def _serve(fd: int, memory: int) -> None:
-    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True).start()
+    watch_parent()
     conn = Connection(fd)
-    _limit_memory(memory)
+    limit_memory(memory)
     conn.send_bytes(b"ready")
     while True:
         try:
