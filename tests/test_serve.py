@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -76,6 +77,13 @@ class Server:
             self.proc.wait(20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+    def ends_on(self, sig: int = signal.SIGTERM, limit: float = 10) -> float:
+        """Seconds from the signal to the process's end (an assertion past `limit`)."""
+        t0 = time.monotonic()
+        self.proc.send_signal(sig)
+        self.proc.wait(limit)
+        return time.monotonic() - t0
 
 
 class InProcess(Server):
