@@ -30,6 +30,9 @@ LAYER_INPUT_ARCHS = frozenset({
     "nemotron_h", "nemotron_h_moe", "qwen3", "qwen35", "qwen35moe", "qwen3moe", "qwen3next",
     "qwen4exp"})
 NEXTN = ("eh_proj", "enorm", "hnorm")  # every prediction layer's own tensors
+# DSpark's Markov chain adds a few graph nodes per block position: 512 positions overflowed
+# a small head's graph (GGML_ASSERT(obj_new)); published DSpark heads use blocks of 7 to 16
+DSPARK_BLOCK_MAX = 128
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,11 @@ def _ints(v) -> tuple[int, ...]:
     return tuple(int(x) for x in items if isinstance(x, int) and not isinstance(x, bool))
 
 
+def _uint(v) -> int | None:
+    """An integer value, or None for a value of another type (loadable refuses those)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def _flag(v, default: bool) -> bool:
     return v if isinstance(v, bool) else str(v).lower() == "true" if v is not None else default
 
@@ -88,17 +96,17 @@ def head_info(h: Header) -> HeadInfo | None:
     names = {t.name for t in h.tensors}
     if arch == "eagle3":
         return HeadInfo("draft-eagle3", h.path, _ints(kv.get("eagle3.target_layers")),
-                        kv.get("eagle3.target_hidden_size"))
+                        _uint(kv.get("eagle3.target_hidden_size")))
     if arch == "dflash":
         return HeadInfo("draft-dspark" if "markov_w1.weight" in names else "draft-dflash",
                         h.path, _ints(kv.get("dflash.target_layers")),
-                        kv.get("dflash.embedding_length"),
-                        int(kv.get("dflash.block_size", 16)),
-                        kv.get("tokenizer.ggml.mask_token_id"),
+                        _uint(kv.get("dflash.embedding_length")),
+                        _uint(kv.get("dflash.block_size", 16)) or 0,
+                        _uint(kv.get("tokenizer.ggml.mask_token_id")),
                         _flag(kv.get("dflash.sample_from_anchor"), True))
     if arch == ASSISTANT:  # llama.cpp infers no type from it: it drafts as draft-mtp
-        return HeadInfo("draft-mtp", h.path, hidden=kv.get(f"{arch}.embedding_length_out"),
-                        n_nextn=int(kv.get(f"{arch}.nextn_predict_layers") or 0))
+        return HeadInfo("draft-mtp", h.path, hidden=_uint(kv.get(f"{arch}.embedding_length_out")),
+                        n_nextn=_uint(kv.get(f"{arch}.nextn_predict_layers")) or 0)
     n = n_nextn(h)
     return HeadInfo("draft-mtp", h.path, n_nextn=n) if n else None
 
@@ -110,7 +118,7 @@ def n_nextn(h: Header) -> int:
     if not isinstance(blocks, int) or f"blk.{blocks - 1}.nextn.eh_proj.weight" not in {
             t.name for t in h.tensors}:
         return 0
-    return int(kv.get(f"{arch}.nextn_predict_layers") or 1)
+    return _uint(kv.get(f"{arch}.nextn_predict_layers")) or 1
 
 
 def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> None:
@@ -200,9 +208,13 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
             raise IncompatiblePairError(
                 f"{kind} head {head.path} has no usable mask token "
                 "(tokenizer.ggml.mask_token_id)", "head")
-        if head.block_size < 2:
-            raise IncompatiblePairError(f"{kind} head {head.path} has a block size of "
-                                        f"{head.block_size} (dflash.block_size)", "head")
+        if head.block_size < 2 or (kind == "dspark" and head.block_size > DSPARK_BLOCK_MAX):
+            raise IncompatiblePairError(
+                f"{kind} head {head.path} has a block size of {head.block_size} "
+                f"(dflash.block_size): " + ("a block drafts at least one token" if
+                                            head.block_size < 2 else
+                                            f"DSpark's graph holds {DSPARK_BLOCK_MAX} at most"),
+                "head")
     why = _vocabulary(target, draft, head) if draft is not None else None
     if why:
         raise IncompatiblePairError(f"{kind} head {head.path} cannot run with {name}: {why}",

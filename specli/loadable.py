@@ -89,6 +89,9 @@ def _problem(h: Header) -> str | None:  # noqa: C901 - one flat list of llama.cp
     if not isinstance(arch, str):
         return None  # llama.cpp refuses it with an error of its own
     key = f"{arch}."
+    problem = _key_types(h, key)
+    if problem:
+        return problem
     n_layer = _int(kv, key + "block_count")
     if n_layer is not None and not 1 <= n_layer <= MAX_LAYERS:
         return f"{key}block_count is {n_layer}: llama.cpp takes 1 to {MAX_LAYERS} layers"
@@ -202,6 +205,23 @@ def _heads(kv: dict, key: str, arch: str) -> str | None:
     return None
 
 
+# the types llama.cpp reads a draft head's keys (and a model's prediction layers) as: another
+# is refused by its loader, after check-pair said yes, or read by specli as something else
+_U32, _IDS = {"UINT32"}, {"ARRAY[INT32]", "ARRAY[UINT32]"}
+_HEAD_KEY_TYPES = {"target_layers": _IDS, "target_hidden_size": _U32, "block_size": _U32,
+                   "embedding_length_out": _U32, "nextn_predict_layers": _U32,
+                   "sample_from_anchor": {"BOOL"}}
+
+
+def _key_types(h: Header, key: str) -> str | None:
+    for name, allowed in (*((key + k, t) for k, t in _HEAD_KEY_TYPES.items()),
+                          ("tokenizer.ggml.mask_token_id", {"UINT32", "INT32"})):
+        kind = h.types.get(name)
+        if kind is not None and kind not in allowed:
+            return f"{name} is {kind}, expected {' or '.join(sorted(allowed))}"
+    return None
+
+
 def _head_file(h: Header, key: str, arch: str) -> str | None:
     """A draft head's own facts that its graph asserts on (src/models/eagle3.cpp, dflash.cpp,
     gemma4-assistant.cpp); what it must share with its target is headmeta.check_head's."""
@@ -227,10 +247,14 @@ def _head_file(h: Header, key: str, arch: str) -> str | None:
         for k in ("attention.output_group_count", "attention.sliding_window"):
             if (_int(kv, key + k, 0) or 0) < 1:
                 return f"{key}{k} is missing or 0 in a DeepSeek-V4 DSpark head"
-    d2t = names.get("d2t")
+    d2t, out = names.get("d2t"), names.get("output.weight")
     if d2t is not None:
-        if d2t.type != "I64":
-            return f"its d2t vocabulary map is {d2t.type}; llama.cpp reads I64"
+        if d2t.type != "I64" or len(d2t.shape) != 1:
+            return (f"its d2t vocabulary map is {d2t.type} of shape {list(d2t.shape)}; "
+                    "llama.cpp reads a list of I64 ids")
+        if out is not None and len(out.shape) > 1 and out.shape[1] != d2t.shape[0]:
+            return (f"its d2t vocabulary map has {d2t.shape[0]} entries for its "
+                    f"{out.shape[1]} output rows")
         n_tokens = len(kv.get(TOKENS) or ())
         ids = tensor_ints(h, "d2t")
         bad = ids[(ids < 0) | (ids >= n_tokens)] if n_tokens else ids[:0]

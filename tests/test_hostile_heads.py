@@ -51,7 +51,8 @@ CASES = {
                         "draft-eagle3", 2, "d2t vocabulary map holds token id -1"),
     # eagle3.cpp:312: GGML_ASSERT(model.d2t->type == GGML_TYPE_I64)
     "d2t of I32": ("llama", ("eagle3", dict(tensor=_d2t(lambda a: a.astype(np.int32)))),
-                   "draft-eagle3", 2, "d2t vocabulary map is I32; llama.cpp reads I64"),
+                   "draft-eagle3", 2, "d2t vocabulary map is I32 of shape [45]; llama.cpp reads a "
+                   "list of I64 ids"),
     "DFlash d2t past the vocabulary": ("llama", ("dflash", dict(add={"d2t": _at(
         np.arange(N_VOCAB, dtype=np.int64), 5, 60000)})), "draft-dflash", 2,
         "holds token id 60000"),
@@ -96,6 +97,26 @@ CASES = {
         "gemma4-assistant.attention.sliding_window_pattern": ([False, False], T.ARRAY,
                                                               T.BOOL)})), "draft-mtp", 2,
         "sliding_window_pattern marks no sliding-window layer"),
+    # ggml.c:1814: GGML_ASSERT(obj_new), DSpark's chain past the graph's room
+    "a DSpark block of 1,024": ("llama", ("dspark", _u32("dflash.block_size", 1024)),
+                                "draft-dspark", 1, "has a block size of 1024"),
+    # metadata of another type: a Python traceback in the checks, or llama.cpp's refusal
+    # after check-pair said yes
+    "a block size of text": ("llama", ("dspark", dict(set_kv={
+        "dflash.block_size": ("x", T.STRING, None)})), "draft-dspark", 2,
+        "dflash.block_size is STRING, expected UINT32"),
+    "a mask token of text": ("llama", ("dflash", dict(set_kv={
+        "tokenizer.ggml.mask_token_id": ("x", T.STRING, None)})), "draft-dflash", 2,
+        "mask_token_id is STRING"),
+    "target layers of bytes": ("llama", ("eagle3", dict(set_kv={
+        "eagle3.target_layers": ([0, 2, 3], T.ARRAY, T.UINT8)})), "draft-eagle3", 2,
+        "eagle3.target_layers is ARRAY[UINT8]"),
+    "prediction layers of text": (("mtp", dict(set_kv={
+        "hy_v3.nextn_predict_layers": ("2", T.STRING, None)})), None, "draft-mtp", 2,
+        "hy_v3.nextn_predict_layers is STRING, expected UINT32"),
+    "a d2t map of one number": ("llama", ("eagle3", dict(
+        tensor=lambda n, d: np.array(7, np.int64) if n == "d2t" else d)), "draft-eagle3", 2,
+        "d2t vocabulary map is I64 of shape []"),
     # ggml.c:1797: a view past its source, the target's keys read wider than they are
     "an assistant reading wider keys": ("gemma4", ("assistant", _u32(
         "gemma4-assistant.attention.head_count_kv", 4)), "draft-mtp", 1,
