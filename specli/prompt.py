@@ -155,7 +155,12 @@ def template_caps(template: str | None) -> tuple[bool, bool, bool]:
     tool calls, wants a call's arguments as an object rather than JSON text)."""
     from specli import template_host
 
-    return template_host.caps(template, PROBE_SECONDS)
+    try:
+        return template_host.caps(template, PROBE_SECONDS)
+    except template_host.Busy:
+        raise  # not the template's answer: asked again next time
+    except UsageError:  # its probes ran past their time: a template probed to have no
+        return False, False, False  # system role and to render no calls, once for all
 
 
 GENERIC_SYSTEM = ("You can call any of the following tools to satisfy the user's requests: "
@@ -251,8 +256,8 @@ def _gemma4_turns(messages: list[dict]) -> list[dict]:
             content = r.get("content")
             try:
                 content = json.loads(content) if isinstance(content, str) else content
-            except ValueError:
-                pass
+            except (ValueError, RecursionError):
+                pass  # text, as it was sent
             calls = turn["tool_calls"]
             name = (calls[len(responses)].get("function") or {}).get("name", "") \
                 if len(responses) < len(calls) else ""

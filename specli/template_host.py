@@ -60,10 +60,14 @@ class TemplateHost:
     def call(self, request: dict, seconds: float) -> dict:
         """One request and its answer within seconds + GRACE_S; over it the child is
         killed. UsageError where the child was stopped or died (its memory)."""
+        try:
+            payload = json.dumps(request).encode()
+        except (ValueError, RecursionError):  # (a call's arguments nested ~1,000 deep)
+            raise UsageError("the conversation nests too deeply to be rendered") from None
         child = self._child
         child.wait_ready()
         try:
-            child.conn.send_bytes(json.dumps(request).encode())
+            child.conn.send_bytes(payload)
             ready = child.conn.poll(seconds + GRACE_S)
             reply = child.conn.recv_bytes() if ready else None
         except (OSError, EOFError):
@@ -165,9 +169,9 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
     if continue_final:
         # render the last turn with a marker for its text, and cut where the marker is (no
         # NUL in it: llama.cpp's renderers take C strings)
-        last = str(messages[-1].get("content") or "")
         marker = f"\ue000specli-prefill-{secrets.token_hex(8)}\ue000"
-        text = render([*messages[:-1], {**messages[-1], "content": marker}],
+        last, marked = _marked(messages[-1].get("content"), marker)
+        text = render([*messages[:-1], {**messages[-1], "content": marked}],
                       add_generation_prompt=False)
         at = text.find(marker)
         if at < 0:
@@ -175,6 +179,20 @@ def render_messages(template: str | None, messages: list[dict], bos: str = "",
                              "be continued", hint="end the conversation with a user message")
         return text[:at] + last
     return render(messages)
+
+
+def _marked(content, marker: str) -> tuple[str, str | list]:
+    """A final message's text to continue, and its content with the marker where that text
+    stands: the content itself, or its last text block (a template that reads blocks, with
+    the turn's reasoning before them)."""
+    if not isinstance(content, list):
+        return str(content or ""), marker
+    at = max((i for i, b in enumerate(content) if isinstance(b, dict) and
+              b.get("type") == "text"), default=None)
+    if at is None:
+        return "", [*content, {"type": "text", "text": marker}]
+    return str(content[at].get("text") or ""), [
+        *content[:at], {**content[at], "text": marker}, *content[at + 1:]]
 
 
 def _render(template: str | None, messages: list[dict], bos: str, eos: str,

@@ -119,14 +119,31 @@ def _json_text(value) -> str | None:
     Python reads (a complex number, a set, an Ellipsis), an integer past Python's limit on
     converting digits, NaN, or nesting past the encoder's depth."""
     try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return _unicode(json.dumps(value, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError, RecursionError):
         return None
 
 
+def _unicode(text: str) -> str:
+    """text with any lone UTF-16 surrogate (a model's JSON may spell one, "\\ud800") as
+    U+FFFD: no UTF-8 encoder takes it, and a client's reply is UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
 def _args_text(value) -> str | None:
-    """A call's arguments as JSON text (None: a call that cannot be sent, left as text)."""
-    return value if isinstance(value, str) else _json_text(value)
+    """A call's arguments as the JSON text of an object, from an object or from text that
+    holds one (OpenAI's own form); None for anything else (a string that is no object, an
+    array, a number, a value with no JSON form): no call, the answer stays text."""
+    if isinstance(value, str):
+        try:
+            value = _DECODER.decode(value) if value.strip() else {}
+        except (ValueError, RecursionError):
+            return None
+    return _json_text(value) if isinstance(value, dict) else None
 
 
 
@@ -337,8 +354,9 @@ def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         to = re.search(r"to=functions\.([\w.-]+)", header)
         if to is not None:
             got = _json_at(body, 0) if done else None
-            if got is not None and _json_text(got[0]) is not None:
-                calls.append(ToolCall(to.group(1), body.strip(), ""))  # _named gives ids
+            args = _args_text(got[0]) if got and not body[got[1]:].strip() else None
+            if args is not None:
+                calls.append(ToolCall(to.group(1), args, ""))  # _named gives ids
         elif "analysis" in header:
             reasoning.append(body if done else _unmarked(body))
         else:
@@ -590,7 +608,7 @@ def _generic(text: str, final: bool) -> Parsed:
         return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
-        return Parsed(r if isinstance(r, str) else _json_text(r) or text)
+        return Parsed(_unicode(r) if isinstance(r, str) else _json_text(r) or text)
     return Parsed(text)
 
 
@@ -602,9 +620,12 @@ def _partial_string(s: str) -> str:
     not into an escape cut short)."""
     i = _STRING_BODY.match(s).end()
     try:
-        return json.loads('"' + s[:i] + '"')
+        out = json.loads('"' + s[:i] + '"')
     except ValueError:
         return ""
+    if out and "\ud800" <= out[-1] <= "\udbff":  # a pair's first half: its second may come
+        out = out[:-1]
+    return _unicode(out)
 
 
 def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bool = False,

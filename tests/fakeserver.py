@@ -26,11 +26,15 @@ class ServerFake(FakeModel):
     sent) and what a server's slot reads of its target besides the loop: the
     end-of-generation tokens, its ModelParams, a chat template (none: ChatML)."""
 
-    def __init__(self, n_ctx: int = 512, **kw):
+    def __init__(self, n_ctx: int = 512, template: str | None = None, **kw):
         super().__init__(n_vocab=256, n_ctx=n_ctx, **kw)
         self.params = ModelParams(path="fake.gguf", n_ctx=n_ctx)
         self.eog = (EOG,)
         self.grammar_source = None
+        self.template = template
+
+    def chat_template(self) -> str | None:
+        return self.template
 
     def tokenize(self, text: str, add_special: bool = True,
                  parse_special: bool = True) -> list[int]:
@@ -54,7 +58,8 @@ class FakeState(State):
         n_ctx = max(c.target.n_ctx // c.parallel, 16)
         for _ in range(c.parallel):
             target = ServerFake(n_ctx=n_ctx, **self.model)
-            draft = ServerFake(n_ctx=n_ctx, noise=0.5, **self.model) if c.draft else None
+            draft = ServerFake(n_ctx=n_ctx, noise=0.5, **{
+                k: v for k, v in self.model.items() if k != "template"}) if c.draft else None
             engines.append(engine(self.plan, target, draft))
         self.pool = SlotPool([Slot(i, e) for i, e in enumerate(engines)], c.max_queue,
                              c.timeout, on_done=self.metrics.observe,

@@ -225,6 +225,34 @@ def test_a_template_never_changes_what_it_was_handed_in_any_spelling(change):
                            '{{ d | tojson }}', messages) == '{"a": 1, "b": 2}'
 
 
+def test_a_conversation_nested_too_deep_to_send_is_a_usage_error():
+    """A call's arguments nested ~1,000 deep parse, then would not encode on their way to
+    the templates' process (a RecursionError: a 500)."""
+    deep: list = []
+    for _ in range(990):
+        deep = [deep]
+    with pytest.raises(UsageError, match="nests too deeply"):
+        render_messages("{{ messages | length }}", [{"role": "user", "content": "x",
+                                                     "a": deep}])
+    from specli.prompt import _gemma4_turns  # a tool result's text too deep to be JSON
+
+    out = _gemma4_turns([{"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]},
+                         {"role": "tool", "content": "[" * 5000 + "]" * 5000}])
+    assert out[0]["tool_responses"][0]["response"] == "[" * 5000 + "]" * 5000
+
+
+def test_a_final_message_of_blocks_is_continued_where_its_text_ends():
+    """A template that reads content blocks (Ministral 3's, with the turn's reasoning as a
+    block before the text): the prefill continues the text block, not the blocks' repr."""
+    template = ("{% for m in messages %}{% if m.content is string %}{{ m.content }}"
+                "{% else %}{% for b in m.content %}[{{ b.type }}:{{ b.text or b.thinking }}]"
+                "{% endfor %}{% endif %}{% endfor %}")
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "t"}, {"type": "text", "text": "Hello"}]}]
+    assert render_messages(template, messages, continue_final=True) == \
+        "hi[thinking:t][text:Hello"
+
+
 def test_large_numbers_are_values_not_widths():
     """Only widths and counts are bounded: ids and timestamps in tool calls render."""
     out = render_messages('{{ 123456789012|tojson }} {{ "%d"|format(123456789012) }} '

@@ -313,6 +313,72 @@ def test_a_malformed_shape_on_an_agents_route_is_a_400_naming_it(fake, path, bod
     assert err["param"] == param and "Error:" not in err["message"], err
 
 
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"9" * 5000: 1}}, "logit_bias"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", **{
+        f"k{i}": 1 for i in range(100)}}]}, "messages[0]"),
+    ("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {f"k{i}": 1
+                                                               for i in range(5000)}},
+     "chat_template_kwargs"),
+    ("/v1/responses", {"input": "hi", "metadata": {f"k{i}": "v" for i in range(17)}},
+     "metadata"),
+    ("/detokenize", {"tokens": [1] * 1_100_000}, "tokens"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "a"}] * 20_000},
+     "messages"),
+])
+def test_counts_past_their_bounds_are_400s(fake, path, body, param):
+    """Counts held before validation (each item costs the event loop microseconds: one
+    message of 700,000 fields held it 1.1 s), and a number no vocabulary reaches."""
+    r = post(fake, path, body)
+    assert r.status_code == 400, r.text[:300]
+    assert r.json()["error"]["param"] == param, r.text[:300]
+
+
+def test_a_renderer_that_stays_busy_is_a_503_not_a_400():
+    """Every template process busy: the request's plan (a tools request probes the
+    template) and its render wait off the event loop, then a 503."""
+    with serve(key=KEY, template="{{ messages[0].content }}") as client:
+        pool = client.state.renderers
+        pool.wait_s = 0.2
+        held = [pool.one() for _ in pool.hosts]
+        for h in held:
+            h.__enter__()
+        try:
+            for body in (CHAT, {**CHAT, "tools": WEATHER}):
+                r = post(client, "/v1/chat/completions", body)
+                assert r.status_code == 503 and r.headers["retry-after"], r.text
+        finally:
+            for h in held:
+                h.__exit__(None, None, None)
+        r = post(client, "/v1/chat/completions", CHAT)
+        assert r.status_code == 200, r.text
+
+
+def test_a_template_whose_probe_runs_over_is_probed_once():
+    """Its probes overrun: cached as a template that renders no calls (it was probed again,
+    on the event loop, for every tools request: 1.9 s each)."""
+    from specli import prompt
+
+    slow = ('{% if tools and tools[0].function.name == "FFF_FIRST_FUN_F" %}'  # the probe's
+            '{% set x = ("ab" * 8000000) | list | sort %}{% endif %}'
+            "{{ messages[0].content }}")
+    with serve(key=KEY, template=slow) as client:  # (apply-template: no grammar to check)
+        t0 = time.monotonic()
+        r = post(client, "/apply-template", {**CHAT, "tools": WEATHER})
+        first = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert prompt.template_caps(slow) == (False, False, False)
+        t0 = time.monotonic()
+        r = post(client, "/apply-template", {**CHAT, "tools": WEATHER})
+        assert r.status_code == 200 and time.monotonic() - t0 < min(1.0, first), r.text
+
+
+def test_a_template_that_spells_a_lone_surrogate_is_a_400():
+    with serve(key=KEY, template='{{ "\\ud800" }}{{ messages[0].content }}') as client:
+        r = post(client, "/apply-template", CHAT)
+        assert r.status_code == 400 and "not valid Unicode" in r.text, r.text
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses",
                                   "/v1/messages/count_tokens", "/v1/responses/input_tokens"])
 def test_a_body_nested_past_the_decoder_is_a_400(fake, path):

@@ -273,6 +273,35 @@ def test_a_value_without_a_json_form_is_never_an_error(name, value):
             [("special_function", {"arg1": NO_JSON[value]})]
 
 
+@pytest.mark.parametrize("name,text", [
+    ("generic", '{"tool_calls": [{"name": "special_function", "arguments": "not json"}]}'),
+    ("generic", '{"tool_calls": [{"name": "special_function", "arguments": [1]}]}'),
+    ("hermes", '<tool_call>\n{"name": "special_function", "arguments": 7}</tool_call>'),
+    ("mistral-small", '[TOOL_CALLS]special_function[CALL_ID]000000001[ARGS]"text"'),
+    ("gpt-oss", "<|channel|>commentary to=functions.special_function <|constrain|>json"
+     '<|message|>{"arg1": 1} and more<|call|>'),
+])
+def test_arguments_that_are_no_object_make_no_call(name, text):
+    """A call's arguments are a JSON object (or OpenAI's text of one): text, an array, a
+    number, or an object with more after it is no call, and stays text."""
+    assert parse(_fam(name), text, TOOLS).calls == ()
+
+
+def test_a_lone_surrogate_a_model_spells_never_reaches_the_client():
+    """JSON lets a model spell "\\ud800"; no UTF-8 encoder takes it (it was a 500 when the
+    reply was written): a replacement character, whole and streamed, and a pair split
+    across pieces is held until its second half comes."""
+    fam = _fam("generic")
+    for text, want in (('{"response": "a\\ud800b"}', "a\ufffdb"),
+                       ('{"response": "\\ud83d\\ude00!"}', "\U0001f600!")):
+        assert parse(fam, text).content == want
+        s = Splitter(fam)
+        assert "".join(s.feed(c).content for c in text) + s.finish().content == want
+    call = '{"tool_calls": [{"name": "get_time", "arguments": {"city": "\\udc00"}}]}'
+    args = parse(fam, call, TOOLS).calls[0].arguments
+    assert args.encode("utf-8") and _strict(args) == {"city": "\ufffd"}
+
+
 def test_a_family_without_tool_calls_in_its_template_is_generic():
     assert family("{% for m in messages %}{{ m.content }}{% endfor %}", False) is GENERIC
 

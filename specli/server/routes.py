@@ -22,7 +22,7 @@ from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, pars
 from specli.errors import ContextOverflowError, UsageError
 from specli.plan import PlanError
 from specli.server import formats as f
-from specli.server.errors import APIError, envelope, overflow, refuse
+from specli.server.errors import APIError, clip, envelope, overflow, refuse
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
     ABSENT,
@@ -255,10 +255,12 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
 async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], Job]:
     """A chat request's plan, prompt and job (shared with the Messages and Responses
     routes, server/compat.py)."""
-    cp = _chat_plan(st, body)
-    # rendering and tokenizing run off the event loop, within their bounds (engine.py)
-    text, ids = await _tokens("messages", st.engine.chat_prompt, _messages(body),
-                              _prefill(body), cp.opts, st=st)
+    def prompt() -> tuple[ChatPlan, str, list[int]]:
+        cp = _chat_plan(st, body)
+        return cp, *st.engine.chat_prompt(_messages(body), _prefill(body), cp.opts)
+
+    # planning, rendering and tokenizing run off the event loop, within their bounds
+    cp, text, ids = await _off_loop("messages", prompt, st=st)
     cp.prompted(text)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -298,8 +300,8 @@ async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict
 
 
 async def chat_tokens(st: State, body: ChatRequest) -> int:
-    ids = await _tokens("messages", st.engine.tokenize_messages, _messages(body),
-                        _prefill(body), _chat_plan(st, body).opts, st=st)
+    ids = await _off_loop("messages", lambda: st.engine.tokenize_messages(
+        _messages(body), _prefill(body), _chat_plan(st, body).opts), st=st)
     return len(ids)
 
 
@@ -419,9 +421,13 @@ async def tokenize(body: TokenizeRequest, st: AppState, pool: Pool) -> dict:
 @llama.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, st: AppState, pool: Pool) -> dict:
     target = st.engine.target
-    ids = _in_vocab(st, body.tokens, "tokens")
-    text = b"".join(target.token_bytes(t, special=True) for t in ids)
-    return {"content": text.decode("utf-8", errors="replace")}
+
+    def run() -> str:  # a million ids: a second, off the event loop
+        ids = _in_vocab(st, body.tokens, "tokens")
+        return b"".join(target.token_bytes(t, special=True) for t in ids).decode(
+            "utf-8", errors="replace")
+
+    return {"content": await asyncio.to_thread(run)}
 
 
 def _piece(raw: bytes) -> str | list[int]:
@@ -477,8 +483,13 @@ def _prefill(body: ChatRequest) -> bool:
 @llama.post("/apply-template")
 async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """The prompt a chat request would be given (llama-server's /apply-template)."""
-    text = await _tokens("messages", st.engine.render_messages, _messages(body),
-                         _prefill(body), _chat_plan(st, body).opts, st=st)
+    text = await _off_loop("messages", lambda: st.engine.render_messages(
+        _messages(body), _prefill(body), _chat_plan(st, body).opts), st=st)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a template may spell a lone surrogate ("\ud800")
+        raise APIError(400, "the chat template wrote text that is not valid Unicode (a lone "
+                       "surrogate)", param="messages") from None
     return {"prompt": text}
 
 
@@ -517,7 +528,7 @@ async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise APIError(400, "the prompt is empty", param="prompt")
-        return await _tokens("prompt", st.engine.tokenize, prompt)
+        return await _off_loop("prompt", st.engine.tokenize, prompt)
     if all(isinstance(p, int) for p in prompt):
         return list(_in_vocab(st, prompt, "prompt"))
     target = st.engine.target
@@ -528,19 +539,19 @@ async def _prompt_ids(st: State, prompt: str | list[int | str]) -> list[int]:
             ids += [p] if isinstance(p, int) else target.tokenize(p, add_special=False)
         return ids
 
-    return _in_vocab(st, await _tokens("prompt", mixed), "prompt")
+    return _in_vocab(st, await _off_loop("prompt", mixed), "prompt")
 
 
-async def _tokens(param: str, tokenize: Callable[..., list[int]], *args,
-                  st: State | None = None):
-    """tokenize(*args) off the event loop (a conversation's, with its render: on the request
-    threads of st, where a render waiting for a template process never holds the threads
-    that tokenize other requests); a prompt longer than the context (found before or after
-    tokenizing) is an overflow naming the request's parameter that holds it."""
+async def _off_loop(param: str, work: Callable, *args, st: State | None = None):
+    """work(*args) off the event loop: a prompt tokenized, or a conversation planned,
+    rendered and tokenized (on the request threads of st, where a render waiting for a
+    template process never holds the threads that tokenize other requests). A prompt longer
+    than the context (found before or after tokenizing) is an overflow naming the request's
+    parameter that holds it; every template process busy, a 503."""
     try:
         if st is not None:
-            return await st.jobs(tokenize, *args)
-        return await asyncio.to_thread(tokenize, *args)
+            return await st.jobs(work, *args)
+        return await asyncio.to_thread(work, *args)
     except ContextOverflowError as e:
         raise overflow(e.message, e.n_prompt_tokens, e.n_ctx, param) from None
     except template_host.Busy as e:
@@ -641,10 +652,12 @@ def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
                            param="logit_bias")
         bias = float("-inf") if value is False else float(value)
         if isinstance(key, int) or re.fullmatch(r"\s*[+-]?[0-9]+\s*", key):
-            token = int(key)
+            # (a key of 5,000 digits is past int()'s limit: no vocabulary is that large)
+            token = int(key) if isinstance(key, int) or len(key) < 32 else -1
             if not 0 <= token < target.n_vocab:
-                raise APIError(400, f"logit_bias: token id {token} is outside the vocabulary "
-                               f"(0..{target.n_vocab - 1})", param="logit_bias")
+                raise APIError(400, f"logit_bias: token id {clip(str(key).strip(), 40)} is "
+                               f"outside the vocabulary (0..{target.n_vocab - 1})",
+                               param="logit_bias")
             add(token, bias)
         else:
             for t in target.tokenize(key, add_special=False, parse_special=False):

@@ -17,16 +17,20 @@ from pydantic import (
     Field,
     Tag,
     create_model,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from specli.config import DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
 
-MAX_MESSAGES = 65536
-# content parts (or blocks, or items' parts) over a request's messages: each costs the event
-# loop several microseconds to validate (250,000 held /health for 1.4 s)
-MAX_PARTS = 16384
+# Counts checked before validation, which runs on the event loop: each message, part or
+# field costs it microseconds (250,000 parts held /health for 1.4 s, 65,536 messages 0.5 s)
+MAX_MESSAGES = 16384
+MAX_PARTS = 16384  # content parts (or blocks, or items' parts) over a request's messages
 MAX_TOOLS = 1024
+MAX_FIELDS = 64  # of a message, a call, a tool: the extra ones pass on to the template
+MAX_KEYS = 4096  # of one JSON object a client sends (a schema, the template's variables)
+MAX_METADATA = 16  # OpenAI's limit on a request's metadata
 
 
 def at_most(n: int) -> BeforeValidator:
@@ -39,6 +43,21 @@ def at_most(n: int) -> BeforeValidator:
                                       {"max_length": n, "actual_length": len(v)})
         return v
     return BeforeValidator(check)
+
+
+def keys_at_most(n: int) -> BeforeValidator:
+    """An object's keys counted before its values are validated."""
+
+    def check(v):
+        if isinstance(v, dict) and len(v) > n:
+            raise PydanticCustomError("too_long", "too many keys",
+                                      {"max_length": n, "actual_length": len(v)})
+        return v
+    return BeforeValidator(check)
+
+
+Obj = Annotated[dict, keys_at_most(MAX_KEYS)]  # any JSON object
+Metadata = Annotated[dict, keys_at_most(MAX_METADATA)]
 
 
 def parts_at_most(n: int) -> BeforeValidator:
@@ -85,6 +104,22 @@ class Strict(BaseModel):
     """Types as the OpenAI API checks them: "10" is not an integer, nor true a number."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class Open(BaseModel):
+    """A shape whose fields beyond the declared ones pass on (to the template: a message's
+    name, a tool's strict...): strict types, and at most MAX_FIELDS fields, counted before
+    any is validated."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_fields(cls, data):
+        if isinstance(data, dict) and len(data) > MAX_FIELDS:
+            raise PydanticCustomError("too_long", "too many fields",
+                                      {"max_length": MAX_FIELDS, "actual_length": len(data)})
+        return data
 
 
 class Speculative(Strict):
@@ -138,7 +173,7 @@ class Transforms(Knobs):
     dry_sequence_breakers: Annotated[list[str], Field(max_length=DRY_BREAKERS_MAX)] | None = None
     # constrained output (llama-server's): a GBNF grammar, or a JSON schema turned into one
     grammar: Annotated[str, Field(max_length=1 << 20)] | None = None
-    json_schema: dict | None = None
+    json_schema: Obj | None = None
 
 
 class Sampling(Transforms):
@@ -168,35 +203,27 @@ MEDIA = {"image_url": "image", "input_audio": "audio", "input_video": "video",
          "video_url": "video"}
 
 
-class MediaPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class MediaPart(Open):
     type: Literal["image_url", "input_audio", "input_video", "video_url"]
 
 
 Part = TextPart | MediaPart  # not discriminated: its tag would enter the error's location
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class FunctionCall(Open):
     name: str
-    arguments: str | dict = ""  # JSON text, as OpenAI sends it (an object is read too)
+    arguments: str | Obj = ""  # JSON text, as OpenAI sends it (an object is read too)
 
 
-class ToolCallIn(BaseModel):
+class ToolCallIn(Open):
     """An assistant's earlier call, in the conversation sent back."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)  # name...: passed to the template
-
+class Message(Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Part] | None = None
     tool_calls: Annotated[list[ToolCallIn], at_most(MAX_TOOLS)] | None = None
@@ -205,17 +232,13 @@ class Message(BaseModel):
     reasoning_content: str | None = None
 
 
-class FunctionDef(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)  # strict...: for the template
-
+class FunctionDef(Open):
     name: Annotated[str, Field(min_length=1)]
     description: str | None = None
-    parameters: dict | None = None  # a JSON schema
+    parameters: Obj | None = None  # a JSON schema
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class Tool(Open):
     type: Literal["function"] = "function"
     function: FunctionDef
 
@@ -231,10 +254,8 @@ class NamedToolChoice(Strict):
     function: NamedFunction
 
 
-class SchemaWrapper(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)  # name, strict, description...
-
-    schema_: dict = Field(default_factory=dict, alias="schema")
+class SchemaWrapper(Open):  # name, strict, description...
+    schema_: Obj = Field(default_factory=dict, alias="schema")
 
 
 class ResponseFormat(Strict):
@@ -242,7 +263,7 @@ class ResponseFormat(Strict):
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: SchemaWrapper | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
+    schema_: Obj | None = Field(default=None, alias="schema")
 
 
 class ChatRequest(Sampling):
@@ -259,7 +280,7 @@ class ChatRequest(Sampling):
     parallel_tool_calls: bool | None = None
     # llama-server's: the template's own variables (enable_thinking...), where the answer's
     # reasoning goes (none: left in the content), OpenAI's reasoning effort (none: off)
-    chat_template_kwargs: dict | None = None
+    chat_template_kwargs: Obj | None = None
     reasoning_format: str | None = None
     reasoning_effort: str | None = None
     # a final assistant message is continued (llama-server's prefill; vLLM's flag for it)
@@ -270,7 +291,7 @@ class ChatRequest(Sampling):
 
 class CompletionRequest(Sampling):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | \
-        Annotated[list[int], Field(min_length=1)]
+        Annotated[list[int], at_most(MAX_IDS), Field(min_length=1)]
     max_tokens: int | None = None
     n_predict: int | None = None  # llama-server's spelling of max_tokens
     cache_prompt: bool | None = None
@@ -315,17 +336,20 @@ class LlamaCompletionRequest(Transforms):
     response_fields: Annotated[list[str], Field(max_length=256)] | None = None
 
 
+MAX_IDS = 1 << 20  # token ids in one list: more than any context holds
+
+
 class TokenizeRequest(Strict):
     """llama-server's /tokenize: text, or text and token ids mixed."""
 
-    content: str | list[int | str]
+    content: str | Annotated[list[int | str], at_most(MAX_IDS)]
     add_special: bool = False
     parse_special: bool = True
     with_pieces: bool = False
 
 
 class DetokenizeRequest(Strict):
-    tokens: list[int]
+    tokens: Annotated[list[int], at_most(MAX_IDS)]
 
 
 # -- other vendors' APIs over the chat machinery (server/compat.py) ---------------------------
@@ -356,7 +380,7 @@ class ToolUseBlock(Lenient):
     type: Literal["tool_use"]
     id: str
     name: str
-    input: dict = Field(default_factory=dict)
+    input: Obj = Field(default_factory=dict)
 
 
 class ToolResultBlock(Lenient):
@@ -383,7 +407,7 @@ class AnthropicMessage(Lenient):
 class AnthropicTool(Lenient):
     name: str
     description: str | None = None
-    input_schema: dict | None = None
+    input_schema: Obj | None = None
 
 
 class AnthropicToolChoice(Lenient):
@@ -413,7 +437,7 @@ class MessagesRequest(Lenient):
     tools: Annotated[list[AnthropicTool], at_most(MAX_TOOLS)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinking | None = None
-    metadata: dict | None = None
+    metadata: Metadata | None = None
 
 
 class InputText(Lenient):
@@ -473,7 +497,7 @@ class ResponsesTool(Lenient):
     type: str
     name: str | None = None
     description: str | None = None
-    parameters: dict | None = None
+    parameters: Obj | None = None
 
 
 class ResponsesToolChoice(Lenient):
@@ -484,7 +508,7 @@ class ResponsesToolChoice(Lenient):
 class TextFormat(Lenient):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
+    schema_: Obj | None = Field(default=None, alias="schema")
 
 
 class ResponsesText(Lenient):
@@ -512,7 +536,7 @@ class ResponsesRequest(Lenient):
     top_p: float | None = None
     top_k: int | None = None
     stream: bool | None = None
-    metadata: dict | None = None
+    metadata: Metadata | None = None
     # llama-server's telemetry in the stream
     timings_per_token: bool | None = None
     return_progress: bool | None = None
