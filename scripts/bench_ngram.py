@@ -28,10 +28,10 @@ from bench_run import fair_tps, machine, publish  # noqa: E402
 
 from specli import config, defaults  # noqa: E402
 from specli.backend import Model  # noqa: E402
-from specli.chat import render_chat  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
 from specli.plan import combine, ngram_drafts  # noqa: E402
+from specli.template_host import render_chat  # noqa: E402
 
 CODE = '''def load_scores(path):
     tmp = {}

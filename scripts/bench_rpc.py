@@ -29,11 +29,11 @@ from bench_tree import PROMPTS  # noqa: E402 - the same three prompts
 
 from specli import defaults, rpc  # noqa: E402
 from specli.backend import Model  # noqa: E402
-from specli.chat import render_chat  # noqa: E402
 from specli.config import DraftPolicy, ModelParams, SamplingParams  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
 from specli.stats import Stats  # noqa: E402
+from specli.template_host import render_chat  # noqa: E402
 
 BEGIN, END = "<!-- bench_rpc:begin -->", "<!-- bench_rpc:end -->"
 

@@ -28,10 +28,10 @@ import native  # noqa: E402
 
 from specli import defaults  # noqa: E402
 from specli.backend import Model  # noqa: E402
-from specli.chat import render_chat  # noqa: E402
 from specli.config import DraftParams, ModelParams, SamplingParams  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
+from specli.template_host import render_chat  # noqa: E402
 
 PROMPTS = {
     "code": "Write a binary search in Python",

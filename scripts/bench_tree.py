@@ -26,10 +26,10 @@ from bench_run import fair_tps, machine, publish  # noqa: E402
 
 from specli import defaults  # noqa: E402
 from specli.backend import Model, quantize  # noqa: E402
-from specli.chat import render_chat  # noqa: E402
 from specli.config import DraftPolicy, ModelParams, SamplingParams  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
+from specli.template_host import render_chat  # noqa: E402
 
 PROMPTS = {
     "code": "Write a binary search in Python",

@@ -21,10 +21,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from specli import backend, defaults  # noqa: E402  (llama.cpp's libraries first)
-from specli.chat import render_chat  # noqa: E402
 from specli.config import DraftPolicy, ModelParams, SamplingParams  # noqa: E402
 from specli.drafts import ModelDraft  # noqa: E402
 from specli.engine import Engine  # noqa: E402
+from specli.template_host import render_chat  # noqa: E402
 
 
 def raw_floor(model: backend.Model, prompt: list[int], n: int) -> float:

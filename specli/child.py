@@ -21,7 +21,11 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Generic, TypeVar
 
-from specli.errors import BackendError
+from specli.errors import BackendError, UsageError
+
+
+class Busy(UsageError):
+    """Every host of a pool stayed busy (with work that runs to its deadline): a 503."""
 
 
 class Child:
@@ -103,9 +107,9 @@ H = TypeVar("H")
 class Pool(Generic[H]):
     """A few hosts for callers that each need one for a while: one that runs to its deadline
     holds one host, not every caller behind it; a caller that finds none free within
-    `wait_s` gets busy() raised."""
+    `wait_s` gets busy(wait_s) raised."""
 
-    def __init__(self, hosts: Sequence[H], busy: Callable[[], Exception], wait_s: float):
+    def __init__(self, hosts: Sequence[H], busy: Callable[[float], Busy], wait_s: float):
         self.hosts, self._busy, self.wait_s = list(hosts), busy, wait_s
         self._free: list[H] = list(self.hosts)
         self._cond = threading.Condition()
@@ -114,7 +118,7 @@ class Pool(Generic[H]):
     def one(self) -> Iterator[H]:
         with self._cond:
             if not self._cond.wait_for(lambda: self._free, self.wait_s):
-                raise self._busy()
+                raise self._busy(self.wait_s)
             host = self._free.pop()
         try:
             yield host

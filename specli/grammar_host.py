@@ -26,6 +26,7 @@ from multiprocessing.connection import Connection
 
 import numpy as np
 
+from specli import child
 from specli.child import Child, Pool, limit_memory, watch_parent
 from specli.errors import BackendError, UsageError
 
@@ -212,7 +213,7 @@ class Budget:
                 self.tokens += 1
 
 
-class Busy(GrammarError):
+class Busy(GrammarError, child.Busy):
     """Every checker is busy (with grammars that run to their deadline): a 503."""
 
 
@@ -222,8 +223,8 @@ class Checkers(Pool["GrammarHost"]):
     finds none free within WAIT_S is answered 503."""
 
     def __init__(self, model_path: str, n: int = 2):
-        super().__init__([GrammarHost(model_path) for _ in range(n)], lambda: Busy(
-            f"every grammar checker stayed busy for {WAIT_S:g} s", hint="try again"), WAIT_S)
+        super().__init__([GrammarHost(model_path) for _ in range(n)], lambda s: Busy(
+            f"every grammar checker stayed busy for {s:g} s", hint="try again"), WAIT_S)
 
     def check(self, grammar: str | None = None, schema: dict | None = None,
               tools: tuple[dict, str] | None = None) -> str:

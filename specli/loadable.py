@@ -257,7 +257,7 @@ def _head_file(h: Header, key: str, arch: str) -> str | None:
                     f"{out.shape[1]} output rows")
         n_tokens = len(kv.get(TOKENS) or ())
         ids = tensor_ints(h, "d2t")
-        bad = ids[(ids < 0) | (ids >= n_tokens)] if n_tokens else ids[:0]
+        bad = ids[(ids < 0) | (ids >= n_tokens)] if n_tokens else ids[ids < 0]
         if bad.size:
             return (f"its d2t vocabulary map holds token id {int(bad[0])}, outside its "
                     f"{n_tokens}-token vocabulary")

@@ -26,9 +26,9 @@ import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
-from specli import chat
+from specli import chat, child
 from specli.child import Child, Pool, limit_memory, watch_parent
-from specli.errors import ContextOverflowError, UsageError
+from specli.errors import BackendError, ContextOverflowError, UsageError
 
 GRACE_S = 1.0  # past a render's own deadline (its trace stops Python sooner, with a reason)
 MEMORY = 512 << 20  # bytes a child may take beyond what it holds once Jinja is in
@@ -36,26 +36,33 @@ WAIT_S = 10.0  # for a free renderer, before Busy (a 503)
 HINT = "run without --chat and format the prompt yourself"
 
 
-class Busy(UsageError):
+class Busy(child.Busy):
     """Every renderer stayed busy (with templates that run to their deadline): a 503."""
 
 
 class TemplateHost:
-    """One child process rendering templates, one call at a time."""
+    """One child process rendering templates, one call at a time (a lock holds a close or
+    a restart off a render in flight)."""
 
     def __init__(self, memory: int = MEMORY):
         self.memory = memory
         self._child = Child("specli.template_host", [str(memory)], "chat template")
+        self._lock = threading.Lock()
+        self._killed = False  # kill(): a render in flight ends, and says why
         self.killed = 0  # children killed over a deadline or their memory (tests, logs)
 
     def start(self) -> None:
-        self._child.start()
+        with self._lock:
+            self._child.start()
 
     def kill(self) -> None:
+        """Kill the child now, a render in flight included (a server stopping)."""
+        self._killed = True
         self._child.kill()
 
     def close(self) -> None:
-        self._child.stop()
+        with self._lock:
+            self._child.stop()
 
     def call(self, request: dict, seconds: float) -> dict:
         """One request and its answer within seconds + GRACE_S; over it the child is
@@ -64,23 +71,36 @@ class TemplateHost:
             payload = json.dumps(request).encode()
         except (ValueError, RecursionError):  # (a call's arguments nested ~1,000 deep)
             raise UsageError("the conversation nests too deeply to be rendered") from None
-        child = self._child
-        child.wait_ready()
-        try:
-            child.conn.send_bytes(payload)
-            ready = child.conn.poll(seconds + GRACE_S)
-            reply = child.conn.recv_bytes() if ready else None
-        except (OSError, EOFError):
-            reply, ready = None, True
-        if reply is None:
-            how = child.stop(kill=not ready)
-            self.killed += 1
-            if not ready:
-                raise UsageError(f"the model's chat template was stopped: it ran for more "
-                                 f"than {seconds:g} s", hint=HINT)
-            raise UsageError(f"the model's chat template was stopped: it needed more than "
-                             f"{self.memory >> 20} MiB of memory ({how or 'it died'})",
-                             hint=HINT)
+        with self._lock:
+            self._killed = False
+            c = self._child
+            for attempt in range(2):  # a child that died while idle is started again
+                c.wait_ready()
+                try:
+                    c.conn.send_bytes(payload)
+                    break
+                except OSError:
+                    c.stop(kill=True)
+                    if attempt:
+                        raise BackendError("the chat template process takes no requests"
+                                           ) from None
+            try:
+                ready = c.conn.poll(seconds + GRACE_S)
+                reply = c.conn.recv_bytes() if ready else None
+            except (OSError, EOFError):
+                reply, ready = None, True
+            if reply is None:
+                how = c.stop(kill=not ready)
+                self.killed += 1
+                if self._killed:
+                    raise UsageError("the chat template's render was stopped: the server is "
+                                     "stopping")
+                if not ready:
+                    raise UsageError(f"the model's chat template was stopped: it ran for more "
+                                     f"than {seconds:g} s", hint=HINT)
+                raise UsageError(f"the model's chat template was stopped: it needed more than "
+                                 f"{self.memory >> 20} MiB of memory ({how or 'it died'})",
+                                 hint=HINT)
         return json.loads(reply)
 
 
@@ -89,8 +109,8 @@ class Renderers(Pool[TemplateHost]):
     request's render behind it; a caller that finds none free within WAIT_S gets Busy."""
 
     def __init__(self, n: int = 1):
-        super().__init__([TemplateHost() for _ in range(n)], lambda: Busy(
-            f"every chat template renderer stayed busy for {WAIT_S:g} s", hint="try again"),
+        super().__init__([TemplateHost() for _ in range(n)], lambda s: Busy(
+            f"every chat template renderer stayed busy for {s:g} s", hint="try again"),
             WAIT_S)
 
     def prestart(self) -> None:
@@ -103,12 +123,31 @@ class Renderers(Pool[TemplateHost]):
             return host.call(request, seconds)
 
 
-_pool: Renderers | None = None
+class Here:
+    """Renders in this process, within the sandbox's own budget alone: for `specli audit`,
+    whose audited run must start no process (--strict counts them)."""
+
+    hosts: list = []
+
+    def prestart(self) -> None:
+        pass
+
+    def call(self, request: dict, seconds: float) -> dict:
+        return _dispatch(request, MEMORY)
+
+    def kill(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_pool: Renderers | Here | None = None
 _lock = threading.Lock()
 
 
-def pool() -> Renderers:
-    """This process's renderers: one, unless configure() said otherwise."""
+def pool() -> Renderers | Here:
+    """This process's renderers: one child, unless configure() said otherwise."""
     global _pool
     with _lock:
         if _pool is None:
@@ -116,13 +155,14 @@ def pool() -> Renderers:
         return _pool
 
 
-def configure(n: int) -> Renderers:
-    """n renderers from now on (a server's: as many as its grammar checkers)."""
+def configure(n: int) -> Renderers | Here:
+    """n renderers from now on (a server's: as many as its grammar checkers); 0: render in
+    this process (an audited run)."""
     global _pool
     with _lock:
-        old, _pool = _pool, Renderers(n)
+        old, _pool = _pool, Renderers(n) if n else Here()
     if old is not None:
-        old.close()
+        old.close()  # (after a render in flight on it)
     return _pool
 
 
@@ -225,6 +265,25 @@ def _answer(out: dict):
 
 # -- the child ---------------------------------------------------------------------------------
 
+def _dispatch(req: dict, memory: int) -> dict:
+    """One request, answered: {"value": ...} or {"error": usage|overflow, "message", "hint"}."""
+    try:
+        if req["op"] == "caps":
+            value = chat.caps_here(req["template"], req["seconds"])
+        else:
+            value = chat.render_here(
+                req["template"], req["messages"], req["bos"], req["eos"], req["seconds"],
+                req["max_bytes"], req["limit"], req["add_generation_prompt"], req["context"])
+        return {"value": value}
+    except ContextOverflowError as e:
+        return {"error": "overflow", "message": e.message, "hint": e.hint}
+    except UsageError as e:
+        return {"error": "usage", "message": e.message, "hint": e.hint}
+    except MemoryError:
+        return {"error": "usage", "message": "the model's chat template was stopped: it "
+                f"needed more than {memory >> 20} MiB of memory", "hint": HINT}
+
+
 def _serve(fd: int, memory: int) -> None:
     watch_parent()
     conn = Connection(fd)
@@ -235,23 +294,7 @@ def _serve(fd: int, memory: int) -> None:
             req = json.loads(conn.recv_bytes())
         except (EOFError, OSError):
             return
-        try:
-            if req["op"] == "caps":
-                value = chat.caps_here(req["template"], req["seconds"])
-            else:
-                value = chat.render_here(
-                    req["template"], req["messages"], req["bos"], req["eos"], req["seconds"],
-                    req["max_bytes"], req["limit"], req["add_generation_prompt"],
-                    req["context"])
-            out = {"value": value}
-        except ContextOverflowError as e:
-            out = {"error": "overflow", "message": e.message, "hint": e.hint}
-        except UsageError as e:
-            out = {"error": "usage", "message": e.message, "hint": e.hint}
-        except MemoryError:
-            out = {"error": "usage", "message": "the model's chat template was stopped: it "
-                   f"needed more than {memory >> 20} MiB of memory", "hint": HINT}
-        conn.send_bytes(json.dumps(out).encode())
+        conn.send_bytes(json.dumps(_dispatch(req, memory)).encode())
 
 
 if __name__ == "__main__":

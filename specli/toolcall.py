@@ -73,8 +73,8 @@ def new_id(length: int = 32) -> str:
 
 # -- the families --------------------------------------------------------------------------
 
-# (name, arguments text, id or None) for each complete call found in a region; `final`: the
-# answer is over (a call cut short is dropped, as the text it was)
+# (name, arguments text, id or None) for each complete call found in a region; arguments None:
+# a call whose arguments are no JSON object (the region is then text, as it was written)
 CallsFn = Callable[[str, Sequence[dict]], list[tuple[str, str, str | None]]]
 
 
@@ -138,6 +138,8 @@ def _args_text(value) -> str | None:
     """A call's arguments as the JSON text of an object, from an object or from text that
     holds one (OpenAI's own form); None for anything else (a string that is no object, an
     array, a number, a value with no JSON form): no call, the answer stays text."""
+    if value is None:
+        value = {}  # null: a call without arguments
     if isinstance(value, str):
         try:
             value = _DECODER.decode(value) if value.strip() else {}
@@ -168,9 +170,8 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
                     args = _args_text(v.get(args_key, v.get("arguments",
                                                             v.get("parameters", {}))))
                     ident = v.get(id_key) if id_key else None
-                    if args is not None:
-                        out.append((v[name_key], args, None if ident is None else
-                                    ident if isinstance(ident, str) else _json_text(ident)))
+                    out.append((v[name_key], args, None if ident is None else
+                                ident if isinstance(ident, str) else _json_text(ident)))
         return out
     return calls
 
@@ -190,9 +191,8 @@ def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> Call
             if got is None:
                 return out
             value, at = got
-            args = _args_text(value)
-            if args is not None:
-                out.append((m.group(name).strip(), args, m.group(ident) if ident else None))
+            out.append((m.group(name).strip(), _args_text(value),
+                        m.group(ident) if ident else None))
         return out
     return calls
 
@@ -228,9 +228,7 @@ def _tagged_calls(call_rx: str, close: str, param_rx: str, param_close: str) -> 
                 raw = raw[1:] if raw.startswith("\n") else raw
                 raw = raw[:-1] if raw.endswith("\n") else raw
                 args[key] = _typed(raw, props.get(key, {}))
-            text = _json_text(args)
-            if text is not None:
-                out.append((name, text, None))
+            out.append((name, _json_text(args), None))
         return out
     return calls
 
@@ -273,9 +271,8 @@ def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
         try:
             args = _json_text(_gemma4_json(body))
         except (ValueError, RecursionError):
-            continue
-        if args is not None:
-            out.append((m.group(1), args, None))
+            args = None
+        out.append((m.group(1), args, None))
     return out
 
 
@@ -332,8 +329,8 @@ def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
     got = _json_at(region, region.find("[") if "[" in region else 0)
     if got is None or not isinstance(got[0], list):
         return []
-    return [(k, args, None) for d in got[0] if isinstance(d, dict)
-            for k, v in d.items() if (args := _args_text(v)) is not None]
+    return [(k, _args_text(v), None) for d in got[0] if isinstance(d, dict)
+            for k, v in d.items()]
 
 
 # GPT-OSS's harmony format: messages with a channel (analysis: reasoning; commentary or
@@ -357,6 +354,8 @@ def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
             args = _args_text(got[0]) if got and not body[got[1]:].strip() else None
             if args is not None:
                 calls.append(ToolCall(to.group(1), args, ""))  # _named gives ids
+            elif done:  # no call: its text, as written
+                content.append(body)
         elif "analysis" in header:
             reasoning.append(body if done else _unmarked(body))
         else:
@@ -384,8 +383,9 @@ def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
             break  # `all` or a name still being written
         got = _json_at(text, nl + 1) if nl >= 0 and tools and head != "all" and \
             _RECIPIENT.fullmatch(head) else None
-        if got is not None and _args_text(got[0]) is None:
-            got = None  # arguments with no JSON form: no call
+        args = _args_text(got[0]) if got is not None else None
+        if args is None:
+            got = None  # arguments that are no JSON object: no call
         tail = text[got[1]:].lstrip() if got is not None else ""
         if head == "all" and nl >= 0:  # the answer's text, up to the next message
             end = text.find(">>>", nl + 1) if tools else -1
@@ -394,7 +394,7 @@ def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         elif got is not None and (not tail or tail.startswith(">>>") or
                                   not final and ">>>".startswith(tail)):
             # a call: its JSON is read whole first, so a `>>>` inside it is its own
-            calls.append(ToolCall(head, _args_text(got[0]), ""))
+            calls.append(ToolCall(head, args, ""))
             end = len(text) - len(tail) if tail.startswith(">>>") else -1
         elif nl >= 0 and tools and _RECIPIENT.fullmatch(head) and got is None and not final:
             break  # a call under way
@@ -605,6 +605,8 @@ def _generic(text: str, final: bool) -> Parsed:
     if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
         raw = _json_text(value.get("tool_calls", [value.get("tool_call")]))
         calls = _object_calls(("name", "arguments"), "id")(raw, ()) if raw else []
+        if any(a is None for _, a, _ in calls):
+            return Parsed(text)  # a call that is no call: the answer is text
         return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
@@ -652,6 +654,8 @@ def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bo
         if parse_calls and fam.openers else -1
     before, region = (rest, "") if at < 0 else (rest[:at], rest[at:])
     calls = fam.calls(region, tools) if region else []
+    if any(args is None for _, args, _ in calls):
+        calls = []  # a call that is no call: the region is text, as it was written
     if final and region and not calls:  # an opener that began no call: it was text
         before, region = rest, ""
     if not final and not region:

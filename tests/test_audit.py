@@ -273,6 +273,17 @@ def test_loopback_is_reported_and_fails_only_with_strict(small):
     assert json.loads(r.stdout)["counted"]
 
 
+def test_a_chat_run_starts_no_helper_and_passes_strict(small):
+    """Elsewhere a chat template renders in a helper process of specli's own (issue 55):
+    the audited run renders it in its own process, so --strict sees no process start and no
+    socket pair."""
+    r, _ = audit(*small, "--chat", "--json", "--strict", mode="no-isolate", standin=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["counted"] == [] and not any("template_host" in json.dumps(e)
+                                            for e in doc["events"])
+
+
 def test_a_child_the_hook_cannot_see_is_still_reported(small):
     """python -I ignores PYTHONPATH, so the child runs without the audit hook: its loopback
     connection is reported by seccomp and by the /proc poll, with its pid."""

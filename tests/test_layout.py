@@ -134,3 +134,20 @@ def test_no_import_circle():
         if m not in state:
             visit(m, [m])
     assert graph["specli.engine"], "the graph must hold the imports for this to test anything"
+
+
+def test_the_scripts_import_what_exists():
+    """scripts/ (benchmarks, recipes) import specli's names: a name moved is caught here,
+    not by the next person who runs a benchmark."""
+    import importlib
+
+    missing = []
+    for path in sorted((PKG.parent / "scripts").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specli"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(
+                            f"{node.module}.{alias.name}") is None:
+                        missing.append(f"{path.name}: {node.module}.{alias.name}")
+    assert not missing, missing

@@ -202,6 +202,11 @@ def _audit(**kw) -> None:
 def _audited(kw: dict) -> None:
     """The audited process (started by the auditor through boot.py): the generation, and what
     the auditor reports about it, into the file it named."""
+    from specli import template_host
+
+    # a chat template renders in this process: an audited run starts no helper process or
+    # socket pair of specli's own (--strict counts both)
+    template_host.configure(0)
     try:
         req = run_cmd.request(**kw, quiet=True)  # resolving -hf models is watched too
         gen = generate(req)

@@ -285,7 +285,7 @@ def _keys(given: list[str], path: Path | None) -> list[str]:
     # as is an empty LLAMA_API_KEY, which click reads as no value at all
     env = os.environ.get("LLAMA_API_KEY")
     if any(not v.replace(",", "").strip() for v in given) or (
-            not given and env is not None and not env.replace(",", "").strip()):
+            not given and path is None and env is not None and not env.replace(",", "").strip()):
         where = "--api-key" if given else "LLAMA_API_KEY"
         raise UsageError(f"{where} is empty: the server would start without authentication",
                          hint="give the key, or leave the flag (and LLAMA_API_KEY) out to "

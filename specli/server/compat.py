@@ -303,7 +303,8 @@ def responses_chat(raw: ResponsesRequest) -> ChatRequest:
             out = it.output
             messages.append({"role": "tool", "tool_call_id": it.call_id,
                              "content": out if isinstance(out, str) else "".join(
-                                 p["text"] for p in _parts(out, f"input[{i}].output"))})
+                                 p["text"] for p in _parts(out, f"input[{i}].output",
+                                                           media=True))})
         elif isinstance(it, ReasoningItem):
             text = "".join(p.text for p in it.content or ())
             if text:
@@ -346,16 +347,17 @@ def responses_chat(raw: ResponsesRequest) -> ChatRequest:
                   "return_progress": raw.return_progress})
 
 
-def _parts(parts: list, param: str) -> list[dict]:
-    """Responses content parts as chat text parts; media is a 400 that says so, a part of a
-    type specli does not read is passed over."""
+def _parts(parts: list, param: str, media: bool = False) -> list[dict]:
+    """Responses content parts as chat text parts; media is a 400 that says so (in a tool's
+    output, passed over: Codex sends the images its tools viewed), a part of a type specli
+    does not read is passed over."""
     out = []
     for j, p in enumerate(parts):
         if isinstance(p, InputText):
             out.append({"type": "text", "text": p.text})
         elif isinstance(p, Refusal):
             out.append({"type": "text", "text": p.refusal})
-        elif isinstance(p, InputMedia):
+        elif isinstance(p, InputMedia) and not media:
             raise APIError(400, f"{p.type[6:]} input is not supported: specli serves "
                            "text-only models", param=f"{param}[{j}]")
     return out

@@ -60,6 +60,12 @@ def envelope(status: int, message: str, type: str = "invalid_request_error",
                   headers=headers)
 
 
+def unavailable(e: SpecliError) -> APIError:
+    """Every helper process of a pool (grammar checkers, template renderers) stayed busy."""
+    return APIError(503, e.message, "unavailable_error", code="unavailable",
+                    headers={"Retry-After": "5"})
+
+
 def refuse(param: str, why: str = "is not supported by specli") -> APIError:
     return APIError(400, f"{param} {why}", param=param, code="unsupported_parameter")
 

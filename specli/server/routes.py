@@ -17,12 +17,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from specli import __version__, grammar_host, template_host
+from specli import __version__, child
 from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, parse_spec_types
 from specli.errors import ContextOverflowError, UsageError
 from specli.plan import PlanError
 from specli.server import formats as f
-from specli.server.errors import APIError, clip, envelope, overflow, refuse
+from specli.server.errors import APIError, clip, envelope, overflow, refuse, unavailable
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
     ABSENT,
@@ -550,13 +550,12 @@ async def _off_loop(param: str, work: Callable, *args, st: State | None = None):
     parameter that holds it; every template process busy, a 503."""
     try:
         if st is not None:
-            return await st.jobs(work, *args)
+            return await st.prompts(work, *args)
         return await asyncio.to_thread(work, *args)
     except ContextOverflowError as e:
         raise overflow(e.message, e.n_prompt_tokens, e.n_ctx, param) from None
-    except template_host.Busy as e:
-        raise APIError(503, e.message, "unavailable_error", code="unavailable",
-                       headers={"Retry-After": "5"}) from None
+    except child.Busy as e:
+        raise unavailable(e) from None
     except UsageError as e:  # what the template or the tokenizer would not take
         raise APIError(400, e.message, param=param) from None
 
@@ -626,9 +625,8 @@ def _grammar(st: State, body: Sampling, tools: tuple[dict, str] | None = None) -
     try:  # in a process of its own, within a deadline and a memory limit (grammar_host)
         gbnf = st.grammars.check(body.grammar if schema is None else None, schema,
                                  tools) if tools is None else st.grammars.check(tools=tools)
-    except grammar_host.Busy as e:
-        raise APIError(503, e.message, "unavailable_error", code="unavailable",
-                       headers={"Retry-After": "5"}) from None
+    except child.Busy as e:
+        raise unavailable(e) from None
     except UsageError as e:
         param = "tools" if tools is not None else "grammar" if body.grammar is not None \
             else "response_format" \

@@ -212,7 +212,8 @@ Part = TextPart | MediaPart  # not discriminated: its tag would enter the error'
 
 class FunctionCall(Open):
     name: str
-    arguments: str | Obj = ""  # JSON text, as OpenAI sends it (an object is read too)
+    # JSON text, as OpenAI sends it (an object is read too; null as none)
+    arguments: Annotated[str | Obj, BeforeValidator(lambda v: "" if v is None else v)] = ""
 
 
 class ToolCallIn(Open):
@@ -243,11 +244,11 @@ class Tool(Open):
     function: FunctionDef
 
 
-class NamedFunction(Strict):
+class NamedFunction(Open):
     name: str
 
 
-class NamedToolChoice(Strict):
+class NamedToolChoice(Open):
     """tool_choice naming one function: {"type": "function", "function": {"name": ...}}."""
 
     type: Literal["function"]

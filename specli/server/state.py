@@ -77,14 +77,12 @@ class State:
         # each before it takes a slot, one per slot holds those being generated with
         self.grammars = Checkers(config.target.path, n=min(4, max(2, config.parallel)))
         self.slot_grammars: list[GrammarHost] = []
-        # and chat templates render in processes of their own too, within a deadline and a
-        # memory limit (template_host): as many as grammar checkers
-        self.renderers = template_host.configure(len(self.grammars.hosts))
-        self.renderers.prestart()
         # a request's settings are resolved (a grammar checked, a logit bias tokenized) on
-        # threads of their own: requests queued for a grammar checker never take the
-        # threads that tokenizing and templates use (asyncio's default executor)
+        # threads of their own, and a conversation's prompt (planned, rendered, tokenized)
+        # on others: requests queued for a grammar checker or a template process never take
+        # the threads that tokenize other prompts (asyncio's default executor)
         self._jobs = ThreadPoolExecutor(max_workers=32, thread_name_prefix="specli-job")
+        self._prompts = ThreadPoolExecutor(max_workers=16, thread_name_prefix="specli-prompt")
 
     def done(self, stats: Stats) -> None:
         """A generation ended (on its slot's thread): counted for /metrics, and one line on
@@ -140,17 +138,30 @@ class State:
         if not c.target.jinja and template and not knows_template(template):
             sys.stderr.write("specli serve: warning: llama.cpp does not recognise the model's "
                              "chat template; without --jinja, chat requests use ChatML\n")
+        # chat templates render in processes of their own, within a deadline and a memory
+        # limit (template_host): as many as grammar checkers, probed here once
+        template_host.configure(len(self.grammars.hosts)).prestart()
         jinja, source = jinja_source(self.engine.target)
-        if jinja:  # probed once, here: a request's plan reads it on the event loop
+        if jinja:
             try:
                 template_caps(source)
             except UsageError:
                 pass  # (Busy: a request probes it again)
 
+    @property
+    def renderers(self) -> template_host.Renderers | template_host.Here:
+        """The process's template renderers (sized at load)."""
+        return template_host.pool()
+
     async def jobs(self, fn, *args, **kw):
         """fn(*args, **kw) on the request threads (see __init__), awaited."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._jobs, functools.partial(fn, *args, **kw))
+
+    async def prompts(self, fn, *args):
+        """fn(*args) on the prompt threads (see __init__), awaited."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prompts, functools.partial(fn, *args))
 
     def stopping(self) -> None:
         """The server was told to stop (SIGTERM, Ctrl-C): generations end at their next token,
@@ -165,6 +176,7 @@ class State:
         for host in (self.grammars, *self.slot_grammars, self.renderers):
             host.close()
         self._jobs.shutdown(wait=False, cancel_futures=True)
+        self._prompts.shutdown(wait=False, cancel_futures=True)
 
     def worker_lost(self, error: rpc.WorkerLost, gone: tuple[str, ...]) -> None:
         """An RPC server went away mid-decode (on llama.cpp's thread, which never returns):
