@@ -56,13 +56,26 @@ def test_cost_fit_falls_back_on_the_prior_slope_without_variety():
     assert 0.1 < slope < 0.5 and a * (1 + slope * 4) == pytest.approx(0.02, rel=0.05)
 
 
+class Slow(Echo):
+    """Echo whose drafting costs `c` seconds a token on a fake clock."""
+
+    def __init__(self, now: list[float], c: float):
+        super().__init__()
+        self.now, self.c = now, c
+
+    def propose(self, context, k, sp, rng, policy=None):
+        self.now[0] += self.c * k
+        return super().propose(context, k, sp, rng, policy)
+
+
 def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,
-             all_or_nothing: bool = False) -> list[int]:
+             all_or_nothing: bool = False, c: float = 0.0) -> list[int]:
     """Drive Adaptive with a geometric acceptance and a known verification cost (a fake
-    clock that advances by the cost of each verification batch)."""
+    clock that advances by the cost of each verification batch, and by c a drafted
+    token)."""
     rng = np.random.default_rng(1)
     now = [0.0]
-    ad = Adaptive(Echo(), VerifyCost(), seed=0, clock=lambda: now[0])
+    ad = Adaptive(Slow(now, c), VerifyCost(), seed=0, clock=lambda: now[0])
     ks = []
     for _ in range(steps):
         p = ad.propose([1, 2, 3], 64, SP, rng)
@@ -110,9 +123,23 @@ def test_observe_is_forwarded_and_measures_the_verification():
 
 
 def test_k_respects_draft_min_so_learning_never_stops():
-    """A draft shorter than --draft-min is discarded before observe: choosing one would
-    freeze the estimates and switch speculation off for good."""
+    """A draft shorter than --draft-min is discarded before observe: a length under it is
+    never chosen (it would teach nothing); a draft that does not pay is not drafted, but
+    now and then one of --draft-min tokens is, so that the estimates stay alive."""
     src = Echo()
     ad = Adaptive(src, VerifyCost(), n_min=5, prior=0.05)
-    ad.propose([1], 64, SP, np.random.default_rng(0))
-    assert src.asked[-1] >= 5
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        ad.propose([1], 64, SP, rng)
+        ad.accept(accepted(0))
+    assert src.asked and min(src.asked) >= 5 and len(src.asked) < 100
+
+
+def test_a_draft_that_does_not_pay_is_not_drafted():
+    """0 is a length: a draft as slow as its target (a batch of two costs 1.3 of one), even
+    one always right, decodes the target alone but for the exploring steps; a cheap draft
+    that is right half the time drafts."""
+    costly = simulate(1.0, c=0.01)
+    assert sum(k == 0 for k in costly[-100:]) >= 85, costly[-100:]
+    cheap = simulate(0.5, c=0.001)
+    assert sum(k == 0 for k in cheap[-100:]) <= 10 and np.mean(cheap[-100:]) >= 1

@@ -143,7 +143,8 @@ def test_adaptive_k_keeps_the_output_and_stays_within_its_cap():
     ids = e.tokenize(PROMPTS[0])
     out = e.complete(ids, 150, GREEDY)
     assert out.tokens == e.target.greedy(ids, 150)
-    assert 4 < len(out.stats.drafted_per_pos) <= 64, "mostly accepted: k grows, within 64"
+    # (how long it drafts depends on real timings here: test_adaptive.py runs a fake clock)
+    assert len(out.stats.drafted_per_pos) <= 64
 
 
 def test_a_requests_policy_overlays_the_engines():

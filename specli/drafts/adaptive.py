@@ -5,7 +5,10 @@ chance that its first j tokens are all accepted, at the cost of drafting k token
 verifying k + 1. Everything is measured online: S(j) per source as a product of per-position
 acceptance rates (no independence assumed: an n-gram match tends to be right all the way or
 wrong at once), drafting time per token per source, and the target's verification time as a
-linear function of the batch size (shared by all sources). k is the argmax of E(k) / cost(k).
+linear function of the batch size (shared by all sources). k is the argmax of E(k) / cost(k),
+and 0 where no length beats the target alone (a draft as slow as its target, or one it
+rarely agrees with): the step decodes plainly, and now and then a short draft keeps the
+estimates alive.
 """
 
 from __future__ import annotations
@@ -29,6 +32,12 @@ DECAY = 0.95  # weight of the past per observation: about the last 20 steps coun
 PRIOR_SLOPE = 0.15
 PRIOR_WEIGHT = 4.0
 EXPLORE = 0.1  # share of steps that try k +- 1, so the cost of other lengths stays known
+# where no draft pays (k = 0), the share of steps that still draft, so that acceptance and
+# cost stay known (each first decodes what the draft missed: a batch as long as the rest);
+# where even a draft always right would not pay (one as slow as its target), only the first
+# step of a generation does, its cache fresh from the prompt
+EXPLORE_REST = 0.04
+COLD_K = 2  # the longest draft before the draft's time a token is measured
 PRIOR_STEPS = 2.0  # the weight, in steps, of the acceptance assumed before any is measured
 
 
@@ -81,10 +90,20 @@ class Adaptive:
         # accepted, and steps that also had j accepted
         self._tried = np.zeros(DRAFT_AUTO_MAX + 1)
         self._hit = np.zeros(DRAFT_AUTO_MAX + 1)
-        self._t_token = 0.0  # decayed drafting seconds per drafted token
+        # drafting seconds and drafted tokens, decayed per proposal: their ratio is the time
+        # a token (a mean from 0 would say a draft is free until it has drafted for a while:
+        # four proposals of 30 tokens read a fifth of the real cost)
+        self._t_draft = self._n_draft = 0.0
         self._pending: tuple[int, float] | None = None  # (drafted, when the proposal returned)
         self._rng = np.random.default_rng(seed)  # exploration only: never touches the output
         self.k = 0  # the last length chosen
+        self._rested = False  # the last step drafted nothing (0 chosen)
+        self._first = True  # no step of this generation yet
+
+    @property
+    def t_token(self) -> float:
+        """Seconds a drafted token (0 until measured)."""
+        return self._t_draft / self._n_draft if self._n_draft else 0.0
 
     @property
     def acceptance(self) -> float:
@@ -106,30 +125,49 @@ class Adaptive:
         return np.cumprod(rates)
 
     def best_k(self, k_max: int) -> int:
+        """The length with the most tokens per second, 0 where none beats the target alone;
+        a share of steps (EXPLORE) one longer or shorter, so that the lengths around it stay
+        measured (at 0, EXPLORE_REST of them the shortest draft --draft-min allows)."""
         k_max = min(k_max, DRAFT_AUTO_MAX)
-        if k_max <= 1:
-            return k_max
+        if k_max < 1:
+            return 0
+        if not self._n_draft:  # a draft of unknown cost: a short one first (one as slow as
+            k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
+            # then its cost is known)
         t1, slope = self.cost.fit()
-        model = CostModel.line(self._t_token, t1 or 1.0, slope, k_max)
-        k = 1 + int(np.argmax(model.speedups(self.survival(k_max))))
-        if self._rng.random() < EXPLORE:
-            k += int(self._rng.choice((-1, 1)))
-        return min(max(k, self.n_min, 1), k_max)
+        model = CostModel.line(self.t_token, t1 or 1.0, slope, k_max)
+        gains = model.speedups(self.survival(k_max))
+        if gains.max() < 1.0:  # no length beats the target alone
+            could = model.speedups(np.ones(k_max)).max() >= 1.0  # if it were always right
+            k = int(self._rng.random() < EXPLORE_REST if could else self._first)
+        else:
+            k = 1 + int(np.argmax(gains))
+            if self._rng.random() < EXPLORE:
+                k += int(self._rng.choice((-1, 1)))
+        return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
     def begin(self, prompt: Sequence[int]) -> Reads | None:
-        self._pending = None
+        self._pending, self._first = None, True
         return self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
                 rules: Rules | None = None) -> Proposal:
         self.k = self.best_k(k)
+        self._first = False
+        if self.k == 0:  # the target alone this step: the draft catches up when it drafts
+            self._rested = True
+            return Proposal()
         t0 = self._clock()
         p = self.source.propose(context, self.k, sp, rng, policy, **rules_kw(rules))
         t1 = self._clock()
         if p.tokens:
-            self._t_token = DECAY * self._t_token + (1 - DECAY) * (t1 - t0) / len(p.tokens)
+            if not (self._rested and self._n_draft):  # (after a rest the draft decoded what
+                # it missed first: a known cost is not overwritten by that)
+                self._t_draft = DECAY * self._t_draft + (t1 - t0)
+                self._n_draft = DECAY * self._n_draft + len(p.tokens)
             self._pending = (len(p.tokens), t1)
+        self._rested = False
         return p
 
     def process(self, batch: Decoded) -> None:
