@@ -116,6 +116,8 @@ def main() -> None:
     ap.add_argument("--per-client", type=int, default=4,
                     help="requests each client makes in turn per round")
     ap.add_argument("--native", default=str(Path(defaults.cache_dir()) / "native"))
+    ap.add_argument("--no-draft", action="store_true",
+                    help="both servers without a draft: plain batched decoding")
     args = ap.parse_args()
     target, draft = (args.model, args.model_draft) if args.model else defaults.default_pair()
     clients = [int(c) for c in args.clients.split(",")]
@@ -125,25 +127,27 @@ def main() -> None:
     native = Path(args.native) / f"llama.cpp-{llama_cpp.__version__}" / "bin" / "llama-server"
     if not native.exists():
         sys.exit(f"no {native}: run SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh")
-    common = ["-m", target, "-md", draft, "-np", str(n_parallel), "-c", str(args.c),
-              "-t", str(args.t), "--temp", "0"]
+    common = ["-m", target, *([] if args.no_draft else ["-md", draft]), "-np",
+              str(n_parallel), "-c", str(args.c), "-t", str(args.t), "--temp", "0"]
+    spec = [] if args.no_draft else ["--draft", str(args.draft)]
     servers = {}
     port = free_port()
     servers["specli"] = (subprocess.Popen(
-        [sys.executable, "-m", "specli", "serve", *common, "--draft", str(args.draft),
-         "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
-        f"http://127.0.0.1:{port}")
+        [sys.executable, "-m", "specli", "serve", *common, *spec, "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     port = free_port()
+    # without --spec-type draft-simple, this llama-server loads -md and never drafts
+    native_spec = [] if args.no_draft else ["--spec-type", "draft-simple",
+                                            "--spec-draft-n-max", str(args.draft), "-td",
+                                            str(args.t)]
     servers["llama-server"] = (subprocess.Popen(
-        # without --spec-type draft-simple, this llama-server loads -md and never drafts
-        [str(native), *common, "--spec-type", "draft-simple", "--spec-draft-n-max",
-         str(args.draft), "-td", str(args.t), "--port", str(port), "--no-webui"],
+        [str(native), *common, *native_spec, "--port", str(port), "--no-webui"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     try:
         for name, (proc, url) in servers.items():
             wait_healthy(url, proc)
             round_tps(url, 1, 8, 0)  # warm up: weights paged in
-            if not drafted(url):
+            if not args.no_draft and not drafted(url):
                 sys.exit(f"{name} does not speculate: no draft tokens in its timings")
         results: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):

@@ -83,13 +83,18 @@ class SharedContext:
         self.n_seq = n_seq
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
         self.gate = gate or Gate()
+        # built on the decode thread, whose load-time warm-up decode is then its first: a
+        # decode from a second thread starts a second team of ggml's OpenMP threads, and
+        # with two teams on 2 cores every decode took twice as long (47 ms a token, not 22)
         if width == 1:  # the context as Model builds it, with n_seq sequences over n_ctx each
-            self.base = Model(replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq)
+            self.base = self.gate.decoder.submit(
+                Model, replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq).result()
             self.n_ctx_seq = self.base.n_ctx_seq
         else:  # one unified cache (a tree's branches share cells): n_ctx a slot, and the
             # cells a tree may add beyond its slot's committed tokens
-            self.base = Model(replace(params, n_ctx=(params.n_ctx + tree_cells) * n_seq),
-                              n_seq_max=n_seq * width, tree=True)
+            self.base = self.gate.decoder.submit(
+                Model, replace(params, n_ctx=(params.n_ctx + tree_cells) * n_seq),
+                n_seq_max=n_seq * width, tree=True).result()
             self.n_ctx_seq = params.n_ctx
         self._pending: list[_Request] = []
         self._hidden: set[Model] = set()  # slots whose draft reads hidden states (set_hidden)
