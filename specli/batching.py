@@ -258,6 +258,10 @@ class SharedContext:
                 except BackendError as e:
                     r.error = e
             return
+        # in the order of their sequences: with a cache of one stream a sequence, llama.cpp
+        # puts in one ubatch only sequences that follow each other (split_equal, sequential),
+        # so 8 slots in arrival order made up to 8 graph runs of one token (119 ms, not 47)
+        batch = sorted(batch, key=lambda r: r.seq)
         try:
             dt = m.decode_items([item for r in batch for item in r.items()])
         except BackendError as e:
