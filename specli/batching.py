@@ -235,12 +235,20 @@ class SharedContext:
                         if r.rows is None and r.error is None:
                             r.error = BackendError("a decode did not complete")
                         r.done = True
+                        self._unpark(r)  # now, not when its thread wakes: the next leader
+                        # waits for it to queue again rather than decode without it
                     self._leading = self.decoding = False
                     g.cond.notify_all()
             finally:
-                g.parked -= 1
-                self.inside -= 1
+                self._unpark(req)
                 g.cond.notify_all()
+
+    def _unpark(self, r: _Request) -> None:
+        """r no longer waits here (once: by its batch's end, or by its thread)."""
+        if r.parked:
+            r.parked = False
+            self.gate.parked -= 1
+            self.inside -= 1
 
     def _run(self, batch: list[_Request]) -> None:
         m = self.base
@@ -304,6 +312,7 @@ class _Request:
     nextn: np.ndarray | None = None  # its tokens' next-token-head states
     hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
+    parked: bool = True  # counted in its gate's parked slots and its context's inside
 
     def items(self) -> list[tuple[int, int, Sequence[int], bool]]:
         """Its tokens as backend.Model.decode_items takes them."""
