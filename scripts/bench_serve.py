@@ -1,14 +1,16 @@
-"""Aggregate throughput of `specli serve` against native llama-server (issue 5's benchmark).
+"""Aggregate throughput of `specli serve` against native llama-server (issues 5 and 56).
 
-Both serve the same draft/target pair with the same flags (-np, -c, --draft, -t, greedy);
-1, 2 and 4 clients stream chat completions at once, each several requests in turn; the
-figure is generated tokens (from each stream's usage chunk) over the wall time of the
-round. Rounds alternate between the servers.
-Prints a Markdown table for docs/performance.md.
+The servers serve the same target with the same flags (-np, -c, -t, greedy): specli serve
+with the draft (--draft K, or auto: its per-step policy), llama-server with the same draft
+(--spec-type draft-simple, --spec-draft-n-max K; 8 for auto), and llama-server without a
+draft (plain batched decoding: what speculation has to beat under load). 1, 2, 4 ... clients
+stream chat completions at once, each several requests in turn; the figure is generated
+tokens (from each stream's usage chunk) over the wall time of the round. Rounds rotate the
+servers' order. Prints a Markdown table for docs/performance.md.
 
     SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh    # builds llama-server once
-    python scripts/bench_serve.py [-m T -md D] [--clients 1,2,4] [-n 128] [--rounds 2]
-                                   [--per-client 4]
+    python scripts/bench_serve.py [-m T -md D] [--clients 1,2,4,8] [-n 128] [--rounds 3]
+                                   [--per-client 2] [--draft auto]
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def main() -> None:
     ap.add_argument("-md", "--model-draft")
     ap.add_argument("--clients", default="1,2,4")
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--draft", type=int, default=8)
+    ap.add_argument("--draft", default="8", help="specli's --draft: K or auto")
     ap.add_argument("-c", type=int, default=4096)
     ap.add_argument("-t", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--rounds", type=int, default=2)
@@ -118,6 +120,8 @@ def main() -> None:
     ap.add_argument("--native", default=str(Path(defaults.cache_dir()) / "native"))
     ap.add_argument("--no-draft", action="store_true",
                     help="both servers without a draft: plain batched decoding")
+    ap.add_argument("--no-plain", action="store_true",
+                    help="leave out llama-server without a draft")
     args = ap.parse_args()
     target, draft = (args.model, args.model_draft) if args.model else defaults.default_pair()
     clients = [int(c) for c in args.clients.split(",")]
@@ -127,9 +131,11 @@ def main() -> None:
     native = Path(args.native) / f"llama.cpp-{llama_cpp.__version__}" / "bin" / "llama-server"
     if not native.exists():
         sys.exit(f"no {native}: run SPECLI_NATIVE_SERVER=1 bash scripts/build_native.sh")
-    common = ["-m", target, *([] if args.no_draft else ["-md", draft]), "-np",
-              str(n_parallel), "-c", str(args.c), "-t", str(args.t), "--temp", "0"]
-    spec = [] if args.no_draft else ["--draft", str(args.draft)]
+    common = ["-m", target, "-np", str(n_parallel), "-c", str(args.c), "-t", str(args.t),
+              "--temp", "0"]
+    with_draft = [] if args.no_draft else ["-md", draft]
+    spec = [] if args.no_draft else [*with_draft, "--draft", args.draft]
+    native_k = "8" if args.draft == "auto" else args.draft
     servers = {}
     port = free_port()
     servers["specli"] = (subprocess.Popen(
@@ -137,38 +143,49 @@ def main() -> None:
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     port = free_port()
     # without --spec-type draft-simple, this llama-server loads -md and never drafts
-    native_spec = [] if args.no_draft else ["--spec-type", "draft-simple",
-                                            "--spec-draft-n-max", str(args.draft), "-td",
+    native_spec = [] if args.no_draft else [*with_draft, "--spec-type", "draft-simple",
+                                            "--spec-draft-n-max", native_k, "-td",
                                             str(args.t)]
     servers["llama-server"] = (subprocess.Popen(
         [str(native), *common, *native_spec, "--port", str(port), "--no-webui"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
+    if not args.no_draft and not args.no_plain:
+        port = free_port()
+        servers["llama-server plain"] = (subprocess.Popen(
+            [str(native), *common, "--port", str(port), "--no-webui"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     try:
         for name, (proc, url) in servers.items():
             wait_healthy(url, proc)
             round_tps(url, 1, 8, 0)  # warm up: weights paged in
-            if not args.no_draft and not drafted(url):
+            if not args.no_draft and "plain" not in name and not drafted(url):
                 sys.exit(f"{name} does not speculate: no draft tokens in its timings")
         results: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):
             order = list(servers.items())
-            order = order[r % 2:] + order[:r % 2]  # who goes first alternates by round
+            order = order[r % len(order):] + order[:r % len(order)]  # who goes first rotates
             for c in clients:
                 for name, (_, url) in order:
                     tps = round_tps(url, c, args.n, r, args.per_client)
                     results.setdefault((name, c), []).append(tps)
-                    print(f"round {r + 1}: {name:12s} {c} clients: {tps:7.1f} t/s",
-                          file=sys.stderr)
+                    print(f"round {r + 1}: {name:18s} {c} clients: {tps:7.1f} t/s",
+                          file=sys.stderr, flush=True)
     finally:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(30)
-    print("| clients | specli serve (t/s) | llama-server (t/s) | ratio |\n"
-          "|---:|---:|---:|---:|")
+    plain = "llama-server plain" in servers
+    print("| clients | specli serve (t/s) | llama-server (t/s) | ratio |"
+          + (" llama-server, no draft (t/s) | ratio to the better |" if plain else "")
+          + "\n|---:|---:|---:|---:|" + ("---:|---:|" if plain else ""))
     for c in clients:
         s = statistics.median(results[("specli", c)])
         n = statistics.median(results[("llama-server", c)])
-        print(f"| {c} | {s:.1f} | {n:.1f} | {s / n:.2f}x |")
+        row = f"| {c} | {s:.1f} | {n:.1f} | {s / n:.2f}x |"
+        if plain:
+            p = statistics.median(results[("llama-server plain", c)])
+            row += f" {p:.1f} | {s / max(n, p):.2f}x |"
+        print(row)
 
 
 if __name__ == "__main__":

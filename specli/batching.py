@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -78,8 +78,11 @@ class SharedContext:
     tokens queued here at once, and hands each caller a copy of its own logits rows."""
 
     def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
-                 first: bool = False, width: int = 1, tree_cells: int = 0):
+                 first: bool = False, width: int = 1, tree_cells: int = 0,
+                 timed: Callable[[int, float], None] | None = None):
         self.params = params
+        # told each decode's tokens in all and its seconds (--draft auto's batch cost)
+        self.timed = timed
         self.n_seq = n_seq
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
         self.gate = gate or Gate()
@@ -259,6 +262,8 @@ class SharedContext:
                         r.seconds = m.decode_items(r.items())
                     else:
                         r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
+                    if self.timed and len(r.tokens) <= m.n_batch:
+                        self.timed(len(r.tokens), r.seconds)
                     r.rows = np.array(m.rows(r.n_out))  # a copy: see below
                     if r.hidden_of in self._hidden:
                         r.hidden = np.array(m.hidden_rows(r.n_out))
@@ -276,6 +281,8 @@ class SharedContext:
             for r in batch:
                 r.error = e
             return
+        if self.timed:
+            self.timed(sum(len(r.tokens) for r in batch), dt)
         rows = m.rows(sum(r.n_out for r in batch))
         hidden = m.hidden_rows(rows.shape[0]) if self._hidden else None
         try:

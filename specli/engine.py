@@ -208,6 +208,8 @@ class Engine:
         if len(tree):
             stats.record_step(len(tree), len(path), tree.source, depth=tree.max_depth,
                               branches=tree.n_branches)
+        else:
+            stats.n_plain += 1
         eog = self.target.is_eog(token)
         drafted = [tree.tokens[i] for i in path]
         return drafted + ([] if eog else [token]), len(drafted), eog

@@ -22,6 +22,7 @@ from specli.batching import Gate, SharedContext
 from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
 from specli.drafts import (
     Adaptive,
+    Batch,
     Chain,
     DraftSource,
     ModelDraft,
@@ -177,8 +178,9 @@ class Drafts:
     n-gram type's memory lasts across requests, as in llama.cpp) around one draft-model or
     head source, whose model (or head context) the slot's draft is."""
 
-    def __init__(self, plan: SpecPlan, target: Model, draft: Backend | HeadContext | None):
-        self.plan, self.target = plan, target
+    def __init__(self, plan: SpecPlan, target: Model, draft: Backend | HeadContext | None,
+                 batch: Batch | None = None):
+        self.plan, self.target, self.batch = plan, target, batch
         self.model_draft = (None if draft is None else
                             head_source(plan, draft, target) if plan.head_type else
                             TranslateDraft(draft, target) if plan.policy.translate else
@@ -193,7 +195,7 @@ class Drafts:
             if "draft-simple" in key or self.plan.head_type in key:
                 sources.append(self.model_draft)
             self._sources[key] = combine(sources, self.plan.policy.adaptive,
-                                         self.plan.policy.n_min)
+                                         self.plan.policy.n_min, self.batch)
         return self._sources[key]
 
     def expect(self, draft_prompt: Sequence[int] | None) -> None:
@@ -252,14 +254,16 @@ def ngram_drafts(spec_types: Sequence[str], ngram: NgramParams,
 
 
 def combine(sources: Sequence[DraftSource], adaptive: bool = False,
-            n_min: int = 0) -> DraftSource | None:
+            n_min: int = 0, batch: Batch | None = None) -> DraftSource | None:
     """One source, a Chain of several (first proposal wins), or None; with `adaptive`
-    (--draft auto) each gets its own k, over one shared verification-cost model."""
+    (--draft auto) each gets its own k, over one shared verification-cost model (a server
+    slot's: its batch's, for which its k is chosen)."""
     if adaptive:
-        cost = VerifyCost()
+        cost, who = VerifyCost(), object()  # who: the slot, in its batch's plans
         # an n-gram proposal exists only when a long context matched: usually right
         sources = [Adaptive(s, cost, seed=i, prior=0.7 if isinstance(s, ModelDraft) else 0.9,
-                            n_min=max(n_min, 1)) for i, s in enumerate(sources)]
+                            n_min=max(n_min, 1), batch=batch, who=who)
+                   for i, s in enumerate(sources)]
     return None if not sources else sources[0] if len(sources) == 1 else Chain(sources)
 
 
@@ -331,22 +335,24 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
     cells = width * (plan.policy.n_max + 1) if width > 1 else 0
     gate = Gate()
+    batch = Batch() if plan.policy.adaptive else None  # timed by the target's decodes
     mtp = plan.head_type == "draft-mtp"
     shared = [SharedContext(replace(target, mtp=True) if mtp and draft is None else target, n,
-                            gate, width=width, tree_cells=cells)]
+                            gate, width=width, tree_cells=cells,
+                            timed=batch.cost.add if batch else None)]
     try:
         if plan.head_type:  # a head context a slot, on one head model (freed after them)
             head = (HeadModel(replace(draft, mtp=mtp)) if draft is not None else None)
             if head is not None:
                 shared.append(head)
             views = [shared[0].view(i) for i in range(n)]
-            engines = [engine(plan, v, HeadContext(v, head, decoder=gate.decoder))
+            engines = [engine(plan, v, HeadContext(v, head, decoder=gate.decoder), batch)
                        for v in views]
             return engines, shared
         if draft is not None:
             shared.append(SharedContext(draft, n, gate, first=True, width=width,
                                         tree_cells=cells))
-        engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None)
+        engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None, batch)
                    for i in range(n)]
     except BaseException:
         for c in shared:
@@ -355,8 +361,10 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
     return engines, shared
 
 
-def engine(plan: SpecPlan, target: Backend, draft: Backend | None) -> Engine:
+def engine(plan: SpecPlan, target: Backend, draft: Backend | None,
+           batch: Batch | None = None) -> Engine:
     """An engine over target (and draft) that drafts as the plan says, its sources per slot
-    (a real model, a slot's view, or a test's fake)."""
-    drafts = Drafts(plan, target, draft)
+    (a real model, a slot's view, or a test's fake); batch: the slots it shares decodes with
+    (--draft auto chooses its k for them)."""
+    drafts = Drafts(plan, target, draft, batch)
     return Engine(target, drafts(), plan.policy, drafts=drafts)

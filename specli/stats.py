@@ -47,6 +47,7 @@ class Stats:
     n_predict: int = 0
     t_decode_s: float = 0.0
     n_steps: int = 0  # verification steps that checked a draft
+    n_plain: int = 0  # steps that decoded the target alone (no draft; or --draft auto chose 0)
     n_drafted: int = 0
     n_accept: int = 0
     drafted_per_pos: list[int] = field(default_factory=list)
@@ -191,6 +192,8 @@ def format_llama(s: Stats) -> str:
         f"finish    = {s.finish_reason or '-'}",
         f"max draft = {s.max_drafted} (the longest draft verified)",
         f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",
+        f"steps     = {s.n_steps} drafted, {s.n_plain} plain"
+        + (f" (mean k {_div(s.n_drafted, s.n_steps):.2f})" if s.n_steps else ""),
         f"acceptance per position = {per_pos}",
         f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "
         f"({100.0 * _div(s.overhead_s, s.t_decode_s):.1f}% of decode time outside llama_decode)",

@@ -7,7 +7,8 @@ import pytest
 from fakes import accepted
 
 from specli.config import SamplingParams
-from specli.drafts.adaptive import Adaptive, VerifyCost
+from specli.cost import CostModel
+from specli.drafts.adaptive import Adaptive, Batch, VerifyCost, plan_batch
 from specli.drafts.base import Proposal
 
 SP = SamplingParams(temp=0.0)
@@ -143,3 +144,71 @@ def test_a_draft_that_does_not_pay_is_not_drafted():
     assert sum(k == 0 for k in costly[-100:]) >= 85, costly[-100:]
     cheap = simulate(0.5, c=0.001)
     assert sum(k == 0 for k in cheap[-100:]) <= 10 and np.mean(cheap[-100:]) >= 1
+
+
+def test_a_batch_of_one_plans_the_cost_models_best_length():
+    """Alone, the plan is the k of cost.CostModel's best speedup (0 where none is above 1)."""
+    for acc, c in [(0.8, 0.003), (0.95, 0.001), (0.5, 0.01), (0.3, 0.02)]:
+        s = acc ** np.arange(1, 17)
+        gains = CostModel.line(c, 0.02, 0.15, 16).speedups(s)
+        want = 1 + int(np.argmax(gains)) if gains.max() > 1 else 0
+        assert plan_batch(s[None, :], 0.02, 0.15, c)[0] == want, (acc, c)
+
+
+def test_a_batch_drafts_longer_where_its_drafts_are_right_more_often():
+    S = np.stack([0.9 ** np.arange(1, 17), 0.5 ** np.arange(1, 17)])
+    k = plan_batch(S, 0.02, 0.1, 0.001)
+    assert k[0] > k[1] >= 0
+
+
+def simulate_batch(others: int, steps: int = 300, slope: float = 0.15,
+                   acceptance: float = 0.8, c: float = 0.001) -> list[int]:
+    """One slot of a server's batch of 1 + `others` slots with the same draft (the others'
+    curves as measured: geometric); a fake clock on which the decode of n tokens costs
+    0.01 * (1 + slope (n - 1)), timed where it is made, as batching.SharedContext does."""
+    rng = np.random.default_rng(1)
+    now, batch = [0.0], Batch()
+    for i in range(others):
+        batch.choose(("other", i), acceptance ** np.arange(1, 65), c)
+    ad = Adaptive(Slow(now, c), seed=0, clock=lambda: now[0], batch=batch, who="me")
+    ks = []
+    for _ in range(steps):
+        p = ad.propose([1, 2, 3], 64, SP, rng)
+        n_acc = 0
+        while n_acc < len(p.tokens) and rng.random() < acceptance:
+            n_acc += 1
+        n = others + len(p.tokens) + 1  # (the others' own drafts left out of the clock)
+        batch.cost.add(n, 0.01 * (1 + slope * (n - 1)))
+        ad.accept(accepted(n_acc))
+        ks.append(ad.k)
+    return ks
+
+
+def test_a_slot_drafts_alone_and_decodes_plainly_in_a_full_batch():
+    """The same draft, right 80% of the time at a tenth of the target's cost: alone it pays
+    (k of 3 or more); in a batch of 16 a drafted token costs nearly what a plain one does,
+    and the batch's goodput is highest at k = 0 (plain batched decoding), with no threshold
+    on the batch size anywhere."""
+    alone = simulate_batch(0)
+    assert np.mean(alone[-100:]) >= 3, alone[-100:]
+    full = simulate_batch(15)
+    assert sum(k == 0 for k in full[-100:]) >= 85, full[-100:]
+
+
+def test_the_plan_is_for_the_batch_not_for_one_slot_beside_the_others():
+    """Four slots each drafting 8: to any one of them its own draft looks free (the others
+    pay the drafting time), yet all four decoding plainly is worth more where verification
+    is compute-bound: the batch plans k = 0 for every slot."""
+    S = np.tile(0.7 ** np.arange(1, 9), (4, 1))
+    assert list(plan_batch(S, 0.02, 0.6, 0.004)) == [0, 0, 0, 0]
+    assert min(plan_batch(S, 0.02, 0.05, 0.004)) >= 2  # memory-bound: all draft
+
+
+def test_a_batch_forgets_a_slot_at_its_generations_end():
+    batch = Batch()
+    ad = Adaptive(Echo(), batch=batch, who="me")
+    ad.begin([1])
+    ad.propose([1], 4, SP, np.random.default_rng(0))
+    assert batch.members() == 1
+    ad.end()
+    assert batch.members() == 0

@@ -123,6 +123,7 @@ def test_serve_logs_each_request_and_exits_0_after_a_clean_shutdown(q4_1, sig, q
     else:
         assert len(lines) == 1 and "specli serve: prompt " in lines[0]
         assert "finish length" in lines[0] and " 0.0 t/s" not in lines[0], lines[0]
+        assert "steps 0 drafted, 3 plain" in lines[0], lines[0]  # no draft: all plain
 
 
 def test_what_llama_cpp_changed_is_said(f16, q4_1):

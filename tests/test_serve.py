@@ -265,6 +265,8 @@ def test_metrics_move_by_exactly_one_requests_figures(server):
     for name, value in (("specli_draft_tokens_total", t["draft_n"]),
                         ("specli_draft_tokens_accepted_total", t["draft_n_accepted"]),
                         ("specli_tokens_predicted_total", t["predicted_n"]),
+                        ("specli_drafts_total", t["draft_steps"]),
+                        ("specli_plain_steps_total", t["plain_steps"]),
                         # llama-server's names, for its dashboards
                         ("llamacpp:spec_decode_num_draft_tokens_total", t["draft_n"]),
                         ("llamacpp:spec_decode_num_accepted_tokens_total",
@@ -274,6 +276,9 @@ def test_metrics_move_by_exactly_one_requests_figures(server):
                         ("llamacpp:prompt_tokens_cached_total", t["cache_n"])):
         assert _metric(after, name) - _metric(before, name) == value, name
     assert 'specli_requests_total{code="200",route="/completion"}' in after
+    # every step drafted or plain: each emitted its accepted tokens and one of the target's
+    assert t["predicted_n"] <= t["draft_n_accepted"] + t["draft_steps"] + t["plain_steps"] \
+        <= t["predicted_n"] + 1
     # the throughput gauges average over the window since the previous scrape
     assert _metric(after, "llamacpp:predicted_tokens_seconds") > 0
     assert _metric(after, "llamacpp:requests_processing") == 0
@@ -290,6 +295,8 @@ def test_metrics_move_by_exactly_one_requests_figures(server):
     spec = u["usage"]["speculative"]
     assert _metric(after, "specli_drafts_total") - _metric(before, "specli_drafts_total") \
         == spec["drafts"]
+    assert _metric(after, "specli_plain_steps_total") \
+        - _metric(before, "specli_plain_steps_total") == spec["plain_steps"]
     assert _metric(after, "specli_prompt_tokens_total") \
         - _metric(before, "specli_prompt_tokens_total") == u["usage"]["prompt_tokens"]
 
@@ -303,7 +310,9 @@ def test_props_state_slots_and_template(server):
     assert p["default_generation_settings"]["n_ctx"] == 512  # -c 1024 over 2 slots
     params = p["default_generation_settings"]["params"]  # the server's defaults, llama's keys
     assert params["temperature"] == 0 and params["seed"] == -1 and params["n_predict"] == -1
-    assert params["speculative.n_max"] == 8 and params["speculative.n_min"] == 0  # --draft 8
+    # no --draft: serve's default, --draft auto, k planned for the batch up to 64
+    assert p["speculative"]["auto"] is True and p["speculative"]["n_max"] == 64
+    assert params["speculative.n_max"] == 64 and params["speculative.n_min"] == 0
     assert params["speculative.p_min"] == 0 and params["speculative.types"] == "draft-simple"
     assert params["samplers"][-1] == "temperature"
 
@@ -431,22 +440,30 @@ def test_a_client_that_leaves_frees_its_slot_at_once(server, stream):
     assert _idle_within(server, 2.0)
 
 
-def test_concurrent_greedy_requests_match_their_lone_answers(server):
-    """Slots decode together in one batch; on an F16 target each still gets its own text."""
-    prompts = [f"Name {n} animals that live in the sea." for n in range(2, 6)]
-    client = server.client()
-    alone = [chat(client, p, max_tokens=32).choices[0].message.content for p in prompts]
-    together: dict[int, str] = {}
+def test_concurrent_greedy_requests_match_their_lone_answers(f32, q4_1):
+    """Slots decode together in one batch, drafting or not as the batch's plan says (alone a
+    slot drafts; four at once mostly decode plainly): each still gets the target's own text.
+    An F32 target: on F16, "Name 5 animals" is a near tie that a batch's shape decides
+    (`run --no-spec`, `--draft 8` and `--draft auto` give three texts there; on F32 one)."""
+    s = Server("-m", f32, "-md", q4_1, "-np", "4", "-c", "2048", "--api-key", KEY,
+               "-a", "smollm2-f16", "--temp", "0")
+    try:
+        prompts = [f"Name {n} animals that live in the sea." for n in range(2, 6)]
+        alone = [chat(s.client(), p, max_tokens=32).choices[0].message.content
+                 for p in prompts]
+        together: dict[int, str] = {}
 
-    def ask(i: int) -> None:
-        together[i] = chat(server.client(), prompts[i], max_tokens=32).choices[0].message.content
+        def ask(i: int) -> None:
+            together[i] = chat(s.client(), prompts[i], max_tokens=32).choices[0].message.content
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert [together[i] for i in range(len(prompts))] == alone
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert [together[i] for i in range(len(prompts))] == alone
+    finally:
+        s.stop()
 
 
 def test_a_full_queue_answers_503_with_retry_after(q4_1):

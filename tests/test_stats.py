@@ -17,7 +17,7 @@ def fixed_stats() -> Stats:
                               eval_runs=96, eval_n=110),
               target=ModelPerf(load_ms=200.0, prompt_ms=150.0, prompt_n=35, eval_ms=700.0,
                                eval_runs=16, eval_n=136),
-              baseline_decode_tps=40.0)
+              baseline_decode_tps=40.0, n_plain=2)
     for n_acc in (8, 8, 3, 8, 0, 8, 8, 8, 8, 5, 8, 8, 8, 8, 8, 8):
         s.record_step(8, n_acc)
     return s

@@ -269,8 +269,10 @@ def test_check_pair_says_translation_can_run_it(f16, gemma):
 def test_serve_translates_for_the_openai_client(f16, gemma):
     from test_serve import KEY, InProcess
 
+    # --draft 8: serve's default (auto) would rightly never draft with a draft twice the
+    # target's size; this test is about translation
     s = InProcess("-m", f16, "-md", gemma, "--spec-type", "draft-translate", "-np", "2",
-                  "-c", "1024", "--api-key", KEY, "--temp", "0")
+                  "-c", "1024", "--api-key", KEY, "--temp", "0", "--draft", "8")
     try:
         client = s.client()
 

@@ -252,7 +252,8 @@ def _drafting_flags(
         help="Most tokens drafted per step (k). Default: 8 for the draft model and "
         "ngram-cache, while the other n-gram types draft up to their own m, as in llama.cpp; "
         "given explicitly, K caps them too. `auto`: k chosen each step, per source, from the "
-        f"measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}).",
+        f"measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}, 0 included: the "
+        "target alone); on serve, for the whole batch of slots, and serve's default.",
         envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
         rich_help_panel=DRAFTING, show_default=False)] = None,
     draft_min: Annotated[int, typer.Option(

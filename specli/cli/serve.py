@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specli import config
 from specli.cli import options as o
 from specli.cli.console import err
 from specli.config import SamplingParams
@@ -171,6 +172,7 @@ def serve(
     aliases = tuple(a.strip() for a in (alias or "").split(",") if a.strip())
     template = _template(chat_template, chat_template_file, jinja)
     types = list(drafting.types)
+    drafting = batch_policy(drafting)
     if drafting.ngram.lookup_dynamic and parallel > 1:
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
                          "overwrite the others' cache", hint="use -lcs, or -np 1")
@@ -431,3 +433,13 @@ def serving(config, socks: list[socket.socket], on_ready: Callable[[int], None]
     server = Server(uvicorn.Config(app, http=conn.Guarded, ws="none", log_level="warning",
                                    timeout_keep_alive=30, timeout_graceful_shutdown=5))
     return server, failure
+
+
+def batch_policy(drafting: o.Drafting) -> o.Drafting:
+    """serve drafts with --draft auto unless --draft K was given (fixed, as llama-server's)
+    or a draft tree was asked for: the slots' k is planned for the whole batch each step, 0
+    where plain batched decoding makes more tokens a second (issue 56)."""
+    p = drafting.params
+    if p.cap_ngram or p.adaptive or p.n_seq > 1:  # --draft K or auto given, or a tree
+        return drafting
+    return replace(drafting, params=replace(p, adaptive=True, n_max=config.DRAFT_AUTO_MAX))

@@ -13,6 +13,7 @@ estimates alive.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -20,7 +21,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
-from specli.cost import CostModel
 from specli.drafts.base import Decoded, DraftSource, Outcome, Proposal, Reads, rules_kw
 
 if TYPE_CHECKING:
@@ -46,46 +46,123 @@ class VerifyCost:
     verification half of the CostModel (cost.py) that --draft auto decides with."""
 
     def __init__(self) -> None:
-        self.a = 0.0  # the cost of a batch of one; 0 until measured
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._lock = threading.Lock()  # a server's decode thread adds, its slots fit
 
     def add(self, n: int, seconds: float) -> None:
-        for name in ("_w", "_sx", "_sy", "_sxx", "_sxy"):
-            setattr(self, name, getattr(self, name) * DECAY)
         x = n - 1
-        self._w += 1
-        self._sx += x
-        self._sy += seconds
-        self._sxx += x * x
-        self._sxy += x * seconds
+        with self._lock:
+            for name in ("_w", "_sx", "_sy", "_sxx", "_sxy"):
+                setattr(self, name, getattr(self, name) * DECAY)
+            self._w += 1
+            self._sx += x
+            self._sy += seconds
+            self._sxx += x * x
+            self._sxy += x * seconds
 
     def fit(self) -> tuple[float, float]:
         """(a, slope), the slope shrunk towards the prior when the batch sizes barely vary."""
-        if self._w == 0:
+        with self._lock:
+            w, sx, sy, sxx, sxy = self._w, self._sx, self._sy, self._sxx, self._sxy
+        if w == 0:
             return 0.0, PRIOR_SLOPE
-        mx, my = self._sx / self._w, self._sy / self._w
-        var = self._sxx / self._w - mx * mx
-        cov = self._sxy / self._w - mx * my
+        mx, my = sx / w, sy / w
+        var = sxx / w - mx * mx
+        cov = sxy / w - mx * my
         # least squares for the slope b in y = a + b x, shrunk towards the prior's slope
         a_prior = my / (1 + PRIOR_SLOPE * mx)
-        b = (cov * self._w + PRIOR_WEIGHT * PRIOR_SLOPE * a_prior) / (var * self._w + PRIOR_WEIGHT)
+        b = (cov * w + PRIOR_WEIGHT * PRIOR_SLOPE * a_prior) / (var * w + PRIOR_WEIGHT)
         a = max(my - b * mx, 1e-9)
         return a, max(b / a, 0.0)
+
+
+class Batch:
+    """The slots whose verifications share one target decode (a server's, batching.py; `run`
+    is a batch of one): the target's time for a decode of n tokens in all (cost: fed where
+    the decodes are made, in a server), and each drafting slot's acceptance curve S(j) and
+    drafting time a token, as of its last step. Each slot takes its k from one plan for the
+    whole batch (plan_batch): a slot alone cannot see that its draft is free only because
+    the others draft too, and every slot drafting was the plan none of them would choose."""
+
+    def __init__(self, cost: VerifyCost | None = None) -> None:
+        self.cost = cost or VerifyCost()
+        self._curves: dict[object, tuple[np.ndarray, float]] = {}
+        self._lock = threading.Lock()
+
+    def choose(self, who: object, s: np.ndarray, c: float) -> tuple[int, bool]:
+        """who's k in the batch's best plan, its S(j) for j = 1..its cap being s and its
+        draft c seconds a token; and whether a draft of who's always right would be drafted
+        (if not, nothing it could learn would make it pay)."""
+        with self._lock:
+            self._curves[who] = (s, c)
+            curves = list(self._curves.items())
+        mine = next(i for i, (w, _) in enumerate(curves) if w is who)
+        t1, slope = self.cost.fit()
+        S = np.zeros((len(curves), max(len(cs) for _, (cs, _) in curves)))
+        for i, (_, (cs, _)) in enumerate(curves):
+            S[i, :len(cs)] = cs
+        c = max(ci for _, (_, ci) in curves)  # the slots draft side by side: the slowest
+        k = plan_batch(S, t1 or 1.0, slope, c)[mine]
+        if k:
+            return int(k), True
+        S[mine, :len(s)] = 1.0
+        return 0, bool(plan_batch(S, t1 or 1.0, slope, c)[mine])
+
+    def drop(self, who: object) -> None:
+        with self._lock:
+            self._curves.pop(who, None)
+
+    def members(self) -> int:
+        with self._lock:
+            return len(self._curves)
+
+
+def plan_batch(S: np.ndarray, t1: float, slope: float, c: float) -> np.ndarray:
+    """Each slot's draft length for the most tokens a second of the whole batch (SmartSpec's
+    goodput), 0 included. S[i, j - 1]: the chance that slot i's first j drafted tokens are
+    accepted (non-increasing in j; 0 past its cap). A step drafts D positions (the slots side
+    by side, c seconds each), then verifies every slot's k_i + 1 tokens in one decode of
+    t1 * (1 + slope * (n - 1)) seconds, and yields sum of 1 + S_i(1) + ... + S_i(k_i) tokens.
+    For each D, Dinkelbach's iteration: the time is linear in the tokens, so at goodput g a
+    token is worth drafting while its S is at least g times the time it adds (t1 * slope)."""
+    B, K = S.shape
+    cum = np.concatenate((np.zeros((B, 1)), np.cumsum(S, axis=1)), axis=1)  # E_i(k) - 1
+    depth = np.arange(1, K + 1)[:, None]  # D = 1..K, a row each
+    g = np.zeros(K)
+    for _ in range(8):
+        counts = (S[None, :, :] > (g * t1 * slope)[:, None, None]).sum(axis=2)  # (D, B)
+        k = np.minimum(counts, depth)
+        tokens = B + cum[np.arange(B)[None, :], k].sum(axis=1)
+        g_next = tokens / (t1 * (1 + slope * (B + k.sum(axis=1) - 1)) + depth[:, 0] * c)
+        if np.allclose(g_next, g):
+            break
+        g = g_next
+    plain = B / (t1 * (1 + slope * (B - 1)))
+    if K == 0 or g.max() <= plain:
+        return np.zeros(B, dtype=int)
+    return k[int(np.argmax(g))]
 
 
 class Adaptive:
     """Wraps one draft source; caps the k it is asked for at the current best length."""
 
-    def __init__(self, source: DraftSource, cost: VerifyCost, seed: int = 0,
+    def __init__(self, source: DraftSource, cost: VerifyCost | None = None, seed: int = 0,
                  prior: float = 0.7, n_min: int = 1,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, batch: Batch | None = None,
+                 who: object = None):
         self.source = source
+        # a server's slot: its k is chosen for the batch, whose decodes are timed where they
+        # are made (a slot's own clock would count the others' tokens as its own); `run`'s
+        # draft is a batch of one that times its own verifications
+        self._timed_here = batch is None
+        self.batch = batch if batch is not None else Batch(cost)
+        self.who = who if who is not None else self
         self.n_min = n_min  # --draft-min: a shorter draft is discarded, and nothing is learnt
         self.prior = prior  # per-token acceptance assumed before any is measured
         self._clock = clock
         self.name, self.own_length = source.name, source.own_length
         self.model = source.model
-        self.cost = cost
+        self.cost = self.batch.cost
         # decayed counts per draft position j (index j): steps that drafted j with 1..j-1
         # accepted, and steps that also had j accepted
         self._tried = np.zeros(DRAFT_AUTO_MAX + 1)
@@ -130,24 +207,21 @@ class Adaptive:
         measured (at 0, EXPLORE_REST of them the shortest draft --draft-min allows)."""
         k_max = min(k_max, DRAFT_AUTO_MAX)
         if k_max < 1:
+            self.batch.choose(self.who, np.zeros(0), self.t_token)
             return 0
         if not self._n_draft:  # a draft of unknown cost: a short one first (one as slow as
             k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
             # then its cost is known)
-        t1, slope = self.cost.fit()
-        model = CostModel.line(self.t_token, t1 or 1.0, slope, k_max)
-        gains = model.speedups(self.survival(k_max))
-        if gains.max() < 1.0:  # no length beats the target alone
-            could = model.speedups(np.ones(k_max)).max() >= 1.0  # if it were always right
+        k, could = self.batch.choose(self.who, self.survival(k_max), self.t_token)
+        if k == 0:  # no length beats the target alone (in this batch)
             k = int(self._rng.random() < EXPLORE_REST if could else self._first)
-        else:
-            k = 1 + int(np.argmax(gains))
-            if self._rng.random() < EXPLORE:
-                k += int(self._rng.choice((-1, 1)))
+        elif self._rng.random() < EXPLORE:
+            k += int(self._rng.choice((-1, 1)))
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         self._pending, self._first = None, True
+        self.batch.drop(self.who)
         return self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
@@ -179,7 +253,8 @@ class Adaptive:
         if outcome.tree is not None and self._pending is not None:
             drafted, t1 = self._pending
             self._pending = None
-            self.cost.add(drafted + 1, self._clock() - t1)
+            if self._timed_here:
+                self.cost.add(drafted + 1, self._clock() - t1)
             self._tried *= DECAY
             self._hit *= DECAY
             reached = min(n_accepted + 1, drafted, DRAFT_AUTO_MAX)  # the first rejected too
@@ -188,4 +263,5 @@ class Adaptive:
         self.source.accept(outcome)
 
     def end(self) -> None:
+        self.batch.drop(self.who)
         self.source.end()

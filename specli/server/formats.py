@@ -31,7 +31,8 @@ def speculative(s: Stats) -> dict:
     """What speculation did: drafts verified, tokens (a tree's nodes) drafted and accepted,
     the acceptance rate at each draft position (1 = the first drafted token), and with draft
     trees the branches drafted."""
-    out = {"drafts": s.n_steps, "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
+    out = {"drafts": s.n_steps, "plain_steps": s.n_plain, "draft_n": s.n_drafted,
+           "draft_n_accepted": s.n_accept,
            "accept_rate": round(s.accept_rate, 4),
            "accepted_per_position": [round(r, 4) for r in s.accept_rate_per_pos]}
     if s.n_seq_dft > 1:
@@ -53,6 +54,7 @@ def usage_of(dones: list[Done]) -> dict:
         n = sum(d.stats.n_predict for d in dones)
         spec = out["speculative"]
         spec["drafts"] = sum(d.stats.n_steps for d in dones)
+        spec["plain_steps"] = sum(d.stats.n_plain for d in dones)
         spec["draft_n"] = sum(d.stats.n_drafted for d in dones)
         spec["draft_n_accepted"] = sum(d.stats.n_accept for d in dones)
         spec["accept_rate"] = round(spec["draft_n_accepted"] / spec["draft_n"], 4) \
@@ -91,7 +93,10 @@ def timings(s: Stats) -> dict:
             "predicted_per_token_ms": predicted_ms / after if after else 0.0,
             "predicted_per_second": 1e3 * after / predicted_ms if predicted_ms else 0.0,
             "draft_n": s.n_drafted, "draft_n_accepted": s.n_accept,
-            "draft_accept_rate": s.accept_rate}
+            "draft_accept_rate": s.accept_rate,
+            # beyond llama-server: steps that verified a draft, and steps of the target alone
+            # (--draft auto choosing 0 in a full batch, or nothing to propose)
+            "draft_steps": s.n_steps, "plain_steps": s.n_plain}
 
 
 _LOWEST = -3.4028234663852886e38  # log(0) as llama-server writes it (JSON has no -inf)

@@ -29,6 +29,8 @@ class Metrics:
         self.predicted_seconds = counter("tokens_predicted_seconds",
                                          "Time spent generating tokens.")
         self.drafts = counter("drafts", "Drafts verified by the target (speculative steps).")
+        self.plain_steps = counter("plain_steps", "Steps that decoded the target alone (no "
+                                   "draft, or --draft auto chose none).")
         self.draft_tokens = counter("draft_tokens", "Draft tokens sent to the target.")
         self.draft_accepted = counter("draft_tokens_accepted",
                                       "Draft tokens the target accepted.")
@@ -57,6 +59,7 @@ class Metrics:
         self.tokens_predicted.inc(s.n_predict)
         self.predicted_seconds.inc(s.t_decode_s)
         self.drafts.inc(s.n_steps)
+        self.plain_steps.inc(s.n_plain)
         self.draft_tokens.inc(s.n_drafted)
         self.draft_accepted.inc(s.n_accept)
         for i, (d, a) in enumerate(zip(s.drafted_per_pos, s.accepted_per_pos, strict=True)):

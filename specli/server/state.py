@@ -97,7 +97,8 @@ class State:
                 f"{t['prompt_ms']:.0f} ms, {t['prompt_per_second']:.1f} t/s; generated "
                 f"{t['predicted_n']} tokens in {t['predicted_ms']:.0f} ms, "
                 f"{t['predicted_per_second']:.1f} t/s; drafted {t['draft_n']}, accepted "
-                f"{t['draft_n_accepted']}; finish {stats.finish_reason or '-'}\n")
+                f"{t['draft_n_accepted']}; steps {stats.n_steps} drafted, {stats.n_plain} plain; "
+                f"finish {stats.finish_reason or '-'}\n")
         try:
             sys.stderr.write(line)
         except (OSError, ValueError):  # stderr gone: the answer still goes out
