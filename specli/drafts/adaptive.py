@@ -213,8 +213,11 @@ class Adaptive:
             k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
             # then its cost is known)
         k, could = self.batch.choose(self.who, self.survival(k_max), self.t_token)
-        if k == 0:  # no length beats the target alone (in this batch)
-            k = int(self._rng.random() < EXPLORE_REST if could else self._first)
+        if k == 0:  # no length beats the target alone (in this batch): explore now and
+            # then, EXPLORE_REST of the batch's steps (one slot's exploring draft holds up
+            # every slot's verification, which waits for the drafts)
+            rest = EXPLORE_REST / max(self.batch.members(), 1)
+            k = int(self._rng.random() < rest if could else self._first)
         elif self._rng.random() < EXPLORE:
             k += int(self._rng.choice((-1, 1)))
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
