@@ -105,6 +105,61 @@ def round_tps(url: str, clients: int, n: int, offset: int, per_client: int = 1) 
     return sum(counts) / wall
 
 
+def first_token(url: str, prompt: str, n: int) -> float:
+    """Seconds from sending a streamed chat request to its first content."""
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+            "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"] and \
+                    json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                ttft = time.perf_counter() - t0
+                for _ in r.iter_lines():  # read the rest: the slot is freed as in use
+                    pass
+                return ttft
+    raise RuntimeError("no content in a stream")
+
+
+def long_prompt(tag: int, words: int = 1150) -> str:
+    """About 2,000 tokens, unique from its first token (no cached prefix)."""
+    body = " ".join(f"{PROMPTS[i % len(PROMPTS)]} ({i})" for i in range(words // 8))
+    return f"Request {tag}. Summarize the following list in one sentence. {body}"
+
+
+def ttft_round(url: str, running: int, n: int, tag: int, longs: int = 2) -> list[float]:
+    """Time to first token of short requests sent one after another while `longs` long
+    prompts arrive in turn, with `running` clients streaming n-token chats throughout."""
+    stop = threading.Event()
+
+    def run(i: int) -> None:
+        while not stop.is_set():
+            stream(url, PROMPTS[i % len(PROMPTS)], n, [])
+
+    background = [threading.Thread(target=run, args=(i,)) for i in range(running)]
+    for t in background:
+        t.start()
+    time.sleep(2.0)  # the running clients are generating
+    long_done = threading.Event()
+
+    def longs_in_turn() -> None:
+        for j in range(longs):
+            first_token(url, long_prompt(1000 * tag + j), 8)
+        long_done.set()
+
+    lt = threading.Thread(target=longs_in_turn)
+    lt.start()
+    ttfts = []
+    while not long_done.is_set():
+        ttfts.append(first_token(url, PROMPTS[len(ttfts) % len(PROMPTS)], 4))
+    lt.join()
+    stop.set()
+    for t in background:
+        t.join()
+    return ttfts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model")
@@ -122,6 +177,9 @@ def main() -> None:
                     help="both servers without a draft: plain batched decoding")
     ap.add_argument("--no-plain", action="store_true",
                     help="leave out llama-server without a draft")
+    ap.add_argument("--ttft", action="store_true",
+                    help="instead: time to first token of short requests while 2,000-token "
+                    "prompts arrive, with 4 clients streaming (-c large enough per slot)")
     args = ap.parse_args()
     target, draft = (args.model, args.model_draft) if args.model else defaults.default_pair()
     clients = [int(c) for c in args.clients.split(",")]
@@ -160,6 +218,22 @@ def main() -> None:
             round_tps(url, 1, 8, 0)  # warm up: weights paged in
             if not args.no_draft and "plain" not in name and not drafted(url):
                 sys.exit(f"{name} does not speculate: no draft tokens in its timings")
+        if args.ttft:
+            ttfts: dict[str, list[float]] = {}
+            for r in range(args.rounds):
+                order = list(servers.items())
+                for name, (_, url) in order[r % len(order):] + order[:r % len(order)]:
+                    got = ttft_round(url, 4, args.n, r)
+                    ttfts.setdefault(name, []).extend(got)
+                    print(f"round {r + 1}: {name:18s} {len(got)} short requests, median "
+                          f"{1e3 * statistics.median(got):.0f} ms", file=sys.stderr, flush=True)
+            print("| server | short requests | TTFT p50 (ms) | TTFT p99 (ms) |\n"
+                  "|---|---:|---:|---:|")
+            for name, got in ttfts.items():
+                q = statistics.quantiles(got, n=100, method="inclusive")
+                print(f"| {name} | {len(got)} | {1e3 * statistics.median(got):.0f} | "
+                      f"{1e3 * q[98]:.0f} |")
+            return
         results: dict[tuple[str, int], list[float]] = {}
         for r in range(args.rounds):
             order = list(servers.items())

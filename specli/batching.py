@@ -81,8 +81,9 @@ class SharedContext:
                  first: bool = False, width: int = 1, tree_cells: int = 0,
                  timed: Callable[[int, float], None] | None = None):
         self.params = params
-        # told each decode's tokens in all and its seconds (--draft auto's batch cost)
+        # told each step decode's tokens in all and its seconds (--draft auto's batch cost)
         self.timed = timed
+        self.chunk = min(params.n_ubatch, params.n_batch)  # prompt tokens in one decode
         self.n_seq = n_seq
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
         self.gate = gate or Gate()
@@ -176,7 +177,7 @@ class SharedContext:
         layers, nextn = self.base.read_exports(n_tokens, *self._union())
         off = 0
         for r in batch:
-            n = len(r.tokens)
+            n = r.take
             if r.hidden_of in self._exports:
                 mine, wants = self._exports[r.hidden_of]
                 r.layers = {lid: layers[lid][off:off + n] for lid in mine} if mine else None
@@ -202,49 +203,87 @@ class SharedContext:
             self.inside += 1
             g.cond.notify_all()
             try:
-                while not req.done and self._leading:
-                    g.cond.wait()
-                if req.done:
-                    return
-                self._leading = True  # lead: wait until nobody else can still join
-                deadline = None
-                while True:
-                    if g.busy(self):
+                while not req.done:  # a prompt in chunks may need several batches
+                    while not req.done and self._leading:
                         g.cond.wait()
-                        continue
-                    if deadline is None:  # counted from when the other context is free
-                        deadline = time.perf_counter() + g.MAX_WAIT
-                    left = deadline - time.perf_counter()
-                    if left <= 0 or not g.gather(self):
-                        break
-                    g.cond.wait(left)
-                batch, size = [], 0
-                for r in list(self._pending):
-                    if r is req or size + len(r.tokens) <= self.base.n_batch:
-                        batch.append(r)
-                        size += len(r.tokens)
-                for r in batch:
-                    self._pending.remove(r)
-                self.decoding = True
-                g.cond.release()  # decode without the lock: others may queue meanwhile
-                try:
-                    g.decoder.submit(self._run, batch).result()
-                except BaseException as e:  # noqa: BLE001 - handed to every caller
-                    for r in batch:
-                        r.error = r.error or e
-                finally:
-                    g.cond.acquire()
-                    for r in batch:
-                        if r.rows is None and r.error is None:
-                            r.error = BackendError("a decode did not complete")
-                        r.done = True
-                        self._unpark(r)  # now, not when its thread wakes: the next leader
-                        # waits for it to queue again rather than decode without it
-                    self._leading = self.decoding = False
-                    g.cond.notify_all()
+                    if not req.done:
+                        self._lead(req)
             finally:
                 self._unpark(req)
                 g.cond.notify_all()
+
+    def _lead(self, req: _Request) -> None:
+        """Under the gate's lock: wait until nobody else can still join, decode what is
+        queued (every slot's step, then as much of the queued prompts as a chunk takes), and
+        hand each request its rows; a prompt not yet whole goes back to the queue."""
+        g = self.gate
+        self._leading = True
+        deadline = None
+        while True:
+            if g.busy(self):
+                g.cond.wait()
+                continue
+            if deadline is None:  # counted from when the other context is free
+                deadline = time.perf_counter() + g.MAX_WAIT
+            left = deadline - time.perf_counter()
+            if left <= 0 or not g.gather(self):
+                break
+            g.cond.wait(left)
+        batch = self._next_batch(req)
+        self.decoding = True
+        g.cond.release()  # decode without the lock: others may queue meanwhile
+        try:
+            g.decoder.submit(self._run, batch).result()
+        except BaseException as e:  # noqa: BLE001 - handed to every caller
+            for r in batch:
+                r.error = r.error or e
+        finally:
+            g.cond.acquire()
+            back = [r for r in batch if r.error is None and r.done_n < len(r.tokens)]
+            self._pending[:0] = back  # first in the queue again, still parked
+            for r in batch:
+                if r in back:
+                    continue
+                if r.rows is None and r.error is None:
+                    r.error = BackendError("a decode did not complete")
+                r.done = True
+                self._unpark(r)  # now, not when its thread wakes: the next leader
+                # waits for it to queue again rather than decode without it
+            self._leading = self.decoding = False
+            g.cond.notify_all()
+
+    def _next_batch(self, req: _Request) -> list[_Request]:
+        """The queued requests one decode takes: every step that fits n_batch (req's even if
+        it does not: it is decoded alone, in chunks of n_batch), then the queued prompts,
+        shortest first, up to `chunk` of their tokens in all (llama-server's prompt
+        processing inside its iterations: a long prompt does not hold up the other slots'
+        generation, nor a short prompt, for the whole of its evaluation)."""
+        batch, size, prompts = [], 0, []
+        for r in self._pending:
+            rest = len(r.tokens) - r.done_n
+            if self._chunkable(r):
+                prompts.append(r)
+            elif r is req or size + rest <= self.base.n_batch:
+                r.take = rest
+                batch.append(r)
+                size += rest
+        room = min(self.chunk, self.base.n_batch - size)
+        for r in sorted(prompts, key=lambda r: len(r.tokens) - r.done_n):  # the shortest
+            # first: a short request's prompt does not wait behind a long one's chunks
+            if room <= 0 and batch:
+                break
+            r.take = min(len(r.tokens) - r.done_n, max(room, 1))
+            batch.append(r)
+            room -= r.take
+        for r in batch:
+            self._pending.remove(r)
+        return batch
+
+    def _chunkable(self, r: _Request) -> bool:
+        """A prompt whose slot reads only its last row (no tree, no hidden states, no
+        exports: those want every token's at once)."""
+        return (r.nodes is None and r.n_out <= 1 and len(r.tokens) > 1
+                and r.hidden_of not in self._hidden and r.hidden_of not in self._exports)
 
     def _unpark(self, r: _Request) -> None:
         """r no longer waits here (once: by its batch's end, or by its thread)."""
@@ -255,19 +294,23 @@ class SharedContext:
 
     def _run(self, batch: list[_Request]) -> None:
         m = self.base
-        if len(batch) == 1 or sum(len(r.tokens) for r in batch) > m.n_batch:
-            for r in batch:  # alone (a long prompt is decoded in chunks)
+        if len(batch) == 1 or sum(r.take for r in batch) > m.n_batch:
+            for r in batch:  # alone (a long step is decoded in chunks of n_batch)
                 try:
-                    if r.nodes is not None:
-                        r.seconds = m.decode_items(r.items())
+                    if r.nodes is not None or r.take < len(r.tokens):
+                        dt = m.decode_items(r.items())
                     else:
-                        r.seconds, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
-                    if self.timed and len(r.tokens) <= m.n_batch:
-                        self.timed(len(r.tokens), r.seconds)
-                    r.rows = np.array(m.rows(r.n_out))  # a copy: see below
-                    if r.hidden_of in self._hidden:
-                        r.hidden = np.array(m.hidden_rows(r.n_out))
-                    self._export([r], min(len(r.tokens), m.n_batch))
+                        dt, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
+                    r.seconds += dt
+                    if self.timed and not self._chunkable(r) and r.take <= m.n_batch:
+                        self.timed(r.take, dt)
+                    n_now = r.n_now
+                    if n_now or r.done_n + r.take == len(r.tokens):  # (its last piece)
+                        r.rows = np.array(m.rows(n_now))  # a copy: see below
+                        if r.hidden_of in self._hidden:
+                            r.hidden = np.array(m.hidden_rows(n_now))
+                    self._export([r], min(r.take, m.n_batch))
+                    r.done_n += r.take
                 except BackendError as e:
                     r.error = e
             return
@@ -281,25 +324,29 @@ class SharedContext:
             for r in batch:
                 r.error = e
             return
-        if self.timed:
-            self.timed(sum(len(r.tokens) for r in batch), dt)
-        rows = m.rows(sum(r.n_out for r in batch))
+        if self.timed and not any(self._chunkable(r) for r in batch):  # steps only: a
+            # prompt's hundreds of tokens would decide the line through batches of a few
+            self.timed(sum(r.take for r in batch), dt)
+        n_now = [r.n_now for r in batch]
+        rows = m.rows(sum(n_now))
         hidden = m.hidden_rows(rows.shape[0]) if self._hidden else None
         try:
-            self._export(batch, sum(len(r.tokens) for r in batch))
+            self._export(batch, sum(r.take for r in batch))
         except BackendError as e:
             for r in batch:
                 r.error = e
             return
         off = 0
-        for r in batch:
-            # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits buffer
-            # before this slot has read its rows
-            r.rows = np.array(rows[off:off + r.n_out])
-            if hidden is not None and r.hidden_of in self._hidden:
-                r.hidden = np.array(hidden[off:off + r.n_out])
-            off += r.n_out
-            r.seconds = dt
+        for r, n in zip(batch, n_now, strict=True):
+            r.done_n += r.take
+            if n or r.done_n == len(r.tokens):  # (its last piece)
+                # a copy: the next decode, maybe another slot's, reuses llama.cpp's logits
+                # buffer before this slot has read its rows
+                r.rows = np.array(rows[off:off + n])
+                if hidden is not None and r.hidden_of in self._hidden:
+                    r.hidden = np.array(hidden[off:off + n])
+            off += n
+            r.seconds += dt
 
 
 @dataclass
@@ -320,12 +367,21 @@ class _Request:
     hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
     parked: bool = True  # counted in its gate's parked slots and its context's inside
+    done_n: int = 0  # its tokens already decoded (a prompt in chunks)
+    take: int = 0  # its tokens in the batch being decoded
+
+    @property
+    def n_now(self) -> int:
+        """The rows the batch being decoded gives it (its last n_out tokens' that it holds;
+        read before done_n moves past the batch)."""
+        hi = self.done_n + self.take if self.nodes is None else len(self.tokens)
+        return max(0, hi - max(self.done_n, len(self.tokens) - self.n_out))
 
     def items(self) -> list[tuple[int, int, Sequence[int], bool]]:
-        """Its tokens as backend.Model.decode_items takes them."""
+        """Its tokens in the batch being decoded, as backend.Model.decode_items takes them."""
         if self.nodes is not None:
             pos, seqs = self.nodes
             return [(t, p, ss, True) for t, p, ss in zip(self.tokens, pos, seqs, strict=True)]
         first_out = len(self.tokens) - self.n_out
-        return [(t, self.pos0 + i, (self.seq,), i >= first_out)
-                for i, t in enumerate(self.tokens)]
+        return [(self.tokens[i], self.pos0 + i, (self.seq,), i >= first_out)
+                for i in range(self.done_n, self.done_n + self.take)]

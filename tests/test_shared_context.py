@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 from specli.backend import Model
@@ -84,3 +85,59 @@ def test_a_slots_sequence_and_its_context_are_backends(shared):
     assert isinstance(shared.base, Backend)
     view.decode([1, 2, 3])
     assert view.kv_pos_max() == 2 and shared.view(0).kv_pos_max() == -1
+
+
+def test_a_long_prompt_is_decoded_in_chunks_between_the_other_slots_steps(f32, monkeypatch):
+    """llama-server's prompt processing inside its iterations: a prompt longer than a chunk
+    (n_ubatch) is decoded a chunk a batch, beside the other slots' steps, not in one decode
+    that holds them up; its last row is the one a lone decode of the prompt gives."""
+    params = ModelParams(f32, n_ctx=256, n_threads=1, n_batch=64, n_ubatch=16)
+    ctx = SharedContext(params, n_seq=2)
+    runs: list[list[tuple[int, int]]] = []
+    real = SharedContext._run
+
+    def spy(self, batch):
+        runs.append([(r.seq, r.take) for r in batch])
+        return real(self, batch)
+
+    monkeypatch.setattr(SharedContext, "_run", spy)
+    prompt = list(range(300, 400))
+    out: list = [None, None]
+    try:
+        gate = ctx.gate
+        for _ in range(2):
+            gate.enter()
+
+        def slot(i: int) -> None:
+            m = ctx.view(i)
+            try:
+                if i == 0:
+                    out[0] = m.decode(prompt)
+                else:
+                    m.decode([1, 2, 3])
+                    for t in range(12):
+                        m.decode([10 + t])
+                    out[1] = True
+            except BaseException as e:  # noqa: BLE001 - the test looks at it
+                out[i] = e
+            finally:
+                gate.leave()
+
+        threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        ctx.close()
+    chunks = [take for run in runs for seq, take in run if seq == 0]
+    assert sum(chunks) == len(prompt) and max(chunks) <= 16, runs
+    beside = [run for run in runs if {seq for seq, _ in run} == {0, 1}]
+    assert len(beside) >= 3, runs  # the other slot's steps went on between the chunks
+    alone = Model(ModelParams(f32, n_ctx=256, n_threads=1, n_batch=64, n_ubatch=16))
+    try:
+        want = np.array(alone.decode(prompt))  # a copy: the rows are a view
+    finally:
+        alone.close()
+    assert out[1] is True and int(out[0][-1].argmax()) == int(want[-1].argmax())
+    assert abs(out[0][-1] - want[-1]).max() < 1e-3

@@ -89,24 +89,28 @@ class Batch:
         self._curves: dict[object, tuple[np.ndarray, float]] = {}
         self._lock = threading.Lock()
 
-    def choose(self, who: object, s: np.ndarray, c: float) -> tuple[int, bool]:
+    def choose(self, who: object, s: np.ndarray, c: float) -> int:
         """who's k in the batch's best plan, its S(j) for j = 1..its cap being s and its
-        draft c seconds a token; and whether a draft of who's always right would be drafted
-        (if not, nothing it could learn would make it pay)."""
+        draft c seconds a token."""
         with self._lock:
             self._curves[who] = (s, c)
+        return self._plan(who)
+
+    def could(self, who: object) -> bool:
+        """Whether who would draft if its draft were always right (if not, nothing it could
+        learn would make it pay)."""
+        return self._plan(who, right=True) > 0
+
+    def _plan(self, who: object, right: bool = False) -> int:
+        with self._lock:
             curves = list(self._curves.items())
         mine = next(i for i, (w, _) in enumerate(curves) if w is who)
         t1, slope = self.cost.fit()
         S = np.zeros((len(curves), max(len(cs) for _, (cs, _) in curves)))
         for i, (_, (cs, _)) in enumerate(curves):
-            S[i, :len(cs)] = cs
+            S[i, :len(cs)] = 1.0 if right and i == mine else cs
         c = max(ci for _, (_, ci) in curves)  # the slots draft side by side: the slowest
-        k = plan_batch(S, t1 or 1.0, slope, c)[mine]
-        if k:
-            return int(k), True
-        S[mine, :len(s)] = 1.0
-        return 0, bool(plan_batch(S, t1 or 1.0, slope, c)[mine])
+        return int(plan_batch(S, t1 or 1.0, slope, c)[mine])
 
     def drop(self, who: object) -> None:
         with self._lock:
@@ -207,17 +211,19 @@ class Adaptive:
         measured (at 0, EXPLORE_REST of them the shortest draft --draft-min allows)."""
         k_max = min(k_max, DRAFT_AUTO_MAX)
         if k_max < 1:
-            self.batch.choose(self.who, np.zeros(0), self.t_token)
+            self.batch.choose(self.who, np.zeros(0), self.t_token)  # in the plan: its token
             return 0
         if not self._n_draft:  # a draft of unknown cost: a short one first (one as slow as
             k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
             # then its cost is known)
-        k, could = self.batch.choose(self.who, self.survival(k_max), self.t_token)
+        k = self.batch.choose(self.who, self.survival(k_max), self.t_token)
         if k == 0:  # no length beats the target alone (in this batch): explore now and
             # then, EXPLORE_REST of the batch's steps (one slot's exploring draft holds up
-            # every slot's verification, which waits for the drafts)
-            rest = EXPLORE_REST / max(self.batch.members(), 1)
-            k = int(self._rng.random() < rest if could else self._first)
+            # every slot's verification, which waits for the drafts); a draft that would
+            # not pay even if always right, only at a generation's first step
+            lucky = self._rng.random() < EXPLORE_REST / max(self.batch.members(), 1)
+            if lucky or self._first:
+                k = int(lucky if self.batch.could(self.who) else self._first)
         elif self._rng.random() < EXPLORE:
             k += int(self._rng.choice((-1, 1)))
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
