@@ -22,7 +22,7 @@ from specli import verify
 from specli.config import DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
-from specli.plan import load
+from specli.plan import load, load_slots
 from specli.stats import Stats
 from specli.verify import sampling_dist
 
@@ -125,6 +125,51 @@ def test_first_token_follows_the_target_distribution(engine):
     runs, rate = first_tokens(engine, prompt, N_REAL)
     assert 0.05 < rate < 0.99, "the draft must be rejected sometimes for this to test anything"
     assert chi_square(Counter(runs), exact, N_REAL) > 0.01
+
+
+@pytest.mark.parametrize("n_slots", [4, 8])
+def test_first_token_follows_the_target_distribution_in_a_full_batch(f16, q2_k, n_slots):
+    """The same check with n_slots server slots sampling at once, half of them on another
+    prompt: their drafts and verifications are combined into shared decodes
+    (batching.SharedContext), each slot's rows and seeded draws still its own."""
+    import threading
+
+    engines, shared = load_slots(n_slots, ModelParams(f16, n_ctx=256), ModelParams(q2_k),
+                                 DraftParams(n_max=4))
+    try:
+        prompts = [engines[0].tokenize("My favourite fruit is"),
+                   engines[0].tokenize("The capital of France is")]
+        exact = [exact_sequences(engines[0], p, 1) for p in prompts]
+        runs: list[list] = [[], []]
+        counts = [0, 0]  # drafted, accepted
+        lock = threading.Lock()
+
+        def slot(i: int) -> None:
+            for seed in range(i, N_REAL, n_slots):
+                stats = Stats()
+                gen = engines[i].steps(prompts[i % 2], 2, SamplingParams(
+                    **{**SP.__dict__, "seed": seed}), stats)
+                token = next(gen)[0]
+                gen.close()
+                with lock:
+                    runs[i % 2].append((token,))
+                    counts[0] += stats.n_drafted
+                    counts[1] += stats.n_accept
+
+        threads = [threading.Thread(target=slot, args=(i,)) for i in range(n_slots)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(600)
+    finally:
+        for e in engines:
+            e.close()
+        for c in shared:
+            c.close()
+    assert len(runs[0]) + len(runs[1]) == N_REAL
+    assert 0.05 < counts[1] / max(counts[0], 1) < 0.99
+    for got, want in zip(runs, exact, strict=True):
+        assert chi_square(Counter(got), want, len(got)) > 0.01
 
 
 def test_first_three_tokens_follow_the_target_distribution(fake):
