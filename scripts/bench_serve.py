@@ -109,17 +109,17 @@ def first_token(url: str, prompt: str, n: int) -> float:
     """Seconds from sending a streamed chat request to its first content."""
     body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
             "temperature": 0, "stream": True}
-    t0 = time.perf_counter()
+    t0, ttft = time.perf_counter(), None
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if line.startswith("data: {") and json.loads(line[6:])["choices"] and \
-                    json.loads(line[6:])["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - t0
-                for _ in r.iter_lines():  # read the rest: the slot is freed as in use
-                    pass
-                return ttft
-    raise RuntimeError("no content in a stream")
+        for line in r.iter_lines():  # read to the end: the slot is freed as in use
+            if ttft is None and line.startswith("data: {"):
+                choices = json.loads(line[6:])["choices"]
+                if choices and choices[0]["delta"].get("content"):
+                    ttft = time.perf_counter() - t0
+    if ttft is None:
+        raise RuntimeError("no content in a stream")
+    return ttft
 
 
 def long_prompt(tag: int, words: int = 1150) -> str:
@@ -128,7 +128,7 @@ def long_prompt(tag: int, words: int = 1150) -> str:
     return f"Request {tag}. Summarize the following list in one sentence. {body}"
 
 
-def ttft_round(url: str, running: int, n: int, tag: int, longs: int = 2) -> list[float]:
+def ttft_round(url: str, running: int, n: int, tag: int, longs: int = 4) -> list[float]:
     """Time to first token of short requests sent one after another while `longs` long
     prompts arrive in turn, with `running` clients streaming n-token chats throughout."""
     stop = threading.Event()
@@ -225,8 +225,9 @@ def main() -> None:
                 for name, (_, url) in order[r % len(order):] + order[:r % len(order)]:
                     got = ttft_round(url, 4, args.n, r)
                     ttfts.setdefault(name, []).extend(got)
-                    print(f"round {r + 1}: {name:18s} {len(got)} short requests, median "
-                          f"{1e3 * statistics.median(got):.0f} ms", file=sys.stderr, flush=True)
+                    print(f"round {r + 1}: {name:18s} {len(got)} short requests, ms: "
+                          + " ".join(f"{1e3 * x:.0f}" for x in sorted(got)), file=sys.stderr,
+                          flush=True)
             print("| server | short requests | TTFT p50 (ms) | TTFT p99 (ms) |\n"
                   "|---|---:|---:|---:|")
             for name, got in ttfts.items():

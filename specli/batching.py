@@ -65,7 +65,8 @@ class Gate:
             return False
         if self.parked < self.running:
             return True
-        return any(c.inside for c in self.contexts[:self.contexts.index(ctx)])
+        # (a prompt in chunks there is no step to wait for: the others verify meanwhile)
+        return any(c.inside - c.prompts for c in self.contexts[:self.contexts.index(ctx)])
 
 
 class SharedContext:
@@ -105,6 +106,7 @@ class SharedContext:
         self._exports: dict[Model, tuple[tuple[int, ...], bool]] = {}  # slots' heads' reads
         self._leading = False
         self.inside = 0  # slots parked here: queued, or in the batch being decoded
+        self.prompts = 0  # of them, prompts (decoded in chunks)
         self.decoding = False
         self.closed = False
         # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
@@ -201,6 +203,8 @@ class SharedContext:
             self._pending.append(req)
             g.parked += 1
             self.inside += 1
+            req.prompt = self._chunkable(req)
+            self.prompts += req.prompt
             g.cond.notify_all()
             try:
                 while not req.done:  # a prompt in chunks may need several batches
@@ -254,14 +258,14 @@ class SharedContext:
 
     def _next_batch(self, req: _Request) -> list[_Request]:
         """The queued requests one decode takes: every step that fits n_batch (req's even if
-        it does not: it is decoded alone, in chunks of n_batch), then the queued prompts,
-        shortest first, up to `chunk` of their tokens in all (llama-server's prompt
+        it does not: it is decoded alone, in chunks of n_batch), then the queued long
+        prompts, shortest first, up to `chunk` of their tokens in all (llama-server's prompt
         processing inside its iterations: a long prompt does not hold up the other slots'
         generation, nor a short prompt, for the whole of its evaluation)."""
         batch, size, prompts = [], 0, []
         for r in self._pending:
             rest = len(r.tokens) - r.done_n
-            if self._chunkable(r):
+            if r.prompt:
                 prompts.append(r)
             elif r is req or size + rest <= self.base.n_batch:
                 r.take = rest
@@ -280,9 +284,12 @@ class SharedContext:
         return batch
 
     def _chunkable(self, r: _Request) -> bool:
-        """A prompt whose slot reads only its last row (no tree, no hidden states, no
-        exports: those want every token's at once)."""
-        return (r.nodes is None and r.n_out <= 1 and len(r.tokens) > 1
+        """A prompt longer than a chunk whose slot reads only its last row (no tree, no
+        hidden states, no exports: those want every token's at once). Anything shorter is
+        a step: decoded whole with the others (a draft catching up on what was accepted, a
+        short prompt), and the target's verifications wait for the drafts' steps, not for a
+        long prompt's chunks (Gate.gather)."""
+        return (r.nodes is None and r.n_out <= 1 and len(r.tokens) > self.chunk
                 and r.hidden_of not in self._hidden and r.hidden_of not in self._exports)
 
     def _unpark(self, r: _Request) -> None:
@@ -291,6 +298,7 @@ class SharedContext:
             r.parked = False
             self.gate.parked -= 1
             self.inside -= 1
+            self.prompts -= r.prompt
 
     def _run(self, batch: list[_Request]) -> None:
         m = self.base
@@ -302,7 +310,7 @@ class SharedContext:
                     else:
                         dt, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.seconds += dt
-                    if self.timed and not self._chunkable(r) and r.take <= m.n_batch:
+                    if self.timed and not r.prompt and r.take <= m.n_batch:
                         self.timed(r.take, dt)
                     n_now = r.n_now
                     if n_now or r.done_n + r.take == len(r.tokens):  # (its last piece)
@@ -324,7 +332,7 @@ class SharedContext:
             for r in batch:
                 r.error = e
             return
-        if self.timed and not any(self._chunkable(r) for r in batch):  # steps only: a
+        if self.timed and not any(r.prompt for r in batch):  # steps only: a
             # prompt's hundreds of tokens would decide the line through batches of a few
             self.timed(sum(r.take for r in batch), dt)
         n_now = [r.n_now for r in batch]
@@ -367,6 +375,7 @@ class _Request:
     hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
     parked: bool = True  # counted in its gate's parked slots and its context's inside
+    prompt: bool = False  # a prompt, decoded in chunks (SharedContext._chunkable)
     done_n: int = 0  # its tokens already decoded (a prompt in chunks)
     take: int = 0  # its tokens in the batch being decoded
 

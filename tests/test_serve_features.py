@@ -21,8 +21,10 @@ PROMPT = "List the days of the week, one per line."
 
 @pytest.fixture(scope="module")
 def server(f16, q4_1):
+    # --draft 8: these tests check what speculation does (serve's default may measure that
+    # drafting does not pay on a loaded machine, and not draft)
     s = InProcess("-m", f16, "-md", q4_1, "-np", "2", "-c", "1024", "--api-key", KEY,
-                  "-a", "smollm2-f16", "--temp", "0")
+                  "-a", "smollm2-f16", "--temp", "0", "--draft", "8")
     yield s
     s.stop()
 

@@ -31,7 +31,7 @@ def server(q8_0):
     definitions, than the Q4_1 on an AVX2 CPU), drafting for itself so that every answer goes
     through speculative steps."""
     s = InProcess("-m", q8_0, "-md", q8_0, "-c", "2048", "--api-key", KEY, "--temp", "0",
-                  "-a", "smollm2")
+                  "-a", "smollm2", "--draft", "8")  # (auto would rightly not draft)
     yield s
     s.stop()
 
@@ -39,7 +39,8 @@ def server(q8_0):
 @pytest.fixture(scope="module")
 def exact(f16, q4_1):
     """The F16 target and the Q4_1 draft: where greedy text must equal the target's own."""
-    s = InProcess("-m", f16, "-md", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0")
+    s = InProcess("-m", f16, "-md", q4_1, "-c", "1024", "--api-key", KEY, "--temp", "0",
+                  "--draft", "8")  # a test of what speculation does: it must happen
     yield s
     s.stop()
 
