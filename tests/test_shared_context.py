@@ -21,33 +21,45 @@ def shared(q4_1):
     ctx.close()
 
 
-def two_slots(shared: SharedContext, steps: int) -> list:
-    """Two slots decode a prompt, then `steps` single tokens each, at the same time; returns
-    each slot's outcome (its last rows, or the exception it got)."""
-    gate, out = shared.gate, [None, None]
-    for _ in range(2):
-        gate.enter()  # both run before either decodes: a decode waits for the other
-    start = threading.Barrier(2)
+def in_slots(shared: SharedContext, work) -> list:
+    """Slots 0, 1, ... run work(i, the slot's Model) at the same time (every one entered in
+    the gate before any decodes: a decode waits for the others); each one's result, or the
+    exception it got."""
+    n = len(work)
+    gate, out = shared.gate, [None] * n
+    for _ in range(n):
+        gate.enter()
+    start = threading.Barrier(n)
 
     def slot(i: int) -> None:
-        m = shared.view(i)
         try:
             start.wait()
-            rows = m.decode([1, 2, 3, 4 + i])
-            for t in range(steps):
-                rows = m.decode([10 + t])
-            out[i] = rows
+            out[i] = work[i](shared.view(i))
         except BaseException as e:  # noqa: BLE001 - the test looks at it
             out[i] = e
         finally:
             gate.leave()
 
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
+    threads = [threading.Thread(target=slot, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
+        t.join(120)
     return out
+
+
+def two_slots(shared: SharedContext, steps: int) -> list:
+    """Two slots decode a prompt, then `steps` single tokens each, at the same time; returns
+    each slot's outcome (its last rows, or the exception it got)."""
+    def work(i: int):
+        def run(m: Model):
+            rows = m.decode([1, 2, 3, 4 + i])
+            for t in range(steps):
+                rows = m.decode([10 + t])
+            return rows
+        return run
+
+    return in_slots(shared, [work(0), work(1)])
 
 
 def test_decodes_are_combined_and_run_on_the_decode_thread(shared, monkeypatch):
@@ -102,32 +114,15 @@ def test_a_long_prompt_is_decoded_in_chunks_between_the_other_slots_steps(f32, m
 
     monkeypatch.setattr(SharedContext, "_run", spy)
     prompt = list(range(300, 400))
-    out: list = [None, None]
+
+    def steps(m: Model) -> bool:
+        m.decode([1, 2, 3])
+        for t in range(12):
+            m.decode([10 + t])
+        return True
+
     try:
-        gate = ctx.gate
-        for _ in range(2):
-            gate.enter()
-
-        def slot(i: int) -> None:
-            m = ctx.view(i)
-            try:
-                if i == 0:
-                    out[0] = m.decode(prompt)
-                else:
-                    m.decode([1, 2, 3])
-                    for t in range(12):
-                        m.decode([10 + t])
-                    out[1] = True
-            except BaseException as e:  # noqa: BLE001 - the test looks at it
-                out[i] = e
-            finally:
-                gate.leave()
-
-        threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+        out = in_slots(ctx, [lambda m: m.decode(prompt), steps])
     finally:
         ctx.close()
     chunks = [take for run in runs for seq, take in run if seq == 0]
