@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from concurrency import at_once
 from conftest import cli, specli
 from fakehub import FakeHub
 from test_sampling import chi_square, exact_sequences, sample_runs
@@ -344,19 +344,8 @@ def test_server_slots_each_keep_their_own_head(heads, case):
     engines, shared = load_slots(2, ModelParams(heads[target], n_ctx=512),
                                  ModelParams(heads[head]) if head else None,
                                  DraftPolicy(n_max=K), spec_types=(spec,))
-    got: list = [None, None]
-    start = threading.Barrier(2)
-
-    def slot(i: int) -> None:  # the engine's steps enter the gate themselves
-        start.wait()
-        got[i] = run_steps(engines[i], ids[i], 24)
-
-    try:
-        threads = [threading.Thread(target=slot, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
+    try:  # (the engine's steps enter the gate themselves)
+        got = at_once(lambda i: run_steps(engines[i], ids[i], 24), 2, 120)
     finally:
         for e in engines:
             e.close()

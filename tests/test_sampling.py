@@ -11,10 +11,12 @@ and where sampling from the wrong residual is shown to fail the same check.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import numpy as np
 import pytest
+from concurrency import at_once
 from fakes import FakeModel
 from scipy import stats as sst
 
@@ -132,8 +134,6 @@ def test_first_token_follows_the_target_distribution_in_a_full_batch(f16, q2_k, 
     """The same check with n_slots server slots sampling at once, half of them on another
     prompt: their drafts and verifications are combined into shared decodes
     (batching.SharedContext), each slot's rows and seeded draws still its own."""
-    import threading
-
     engines, shared = load_slots(n_slots, ModelParams(f16, n_ctx=256), ModelParams(q2_k),
                                  DraftParams(n_max=4))
     try:
@@ -156,11 +156,7 @@ def test_first_token_follows_the_target_distribution_in_a_full_batch(f16, q2_k, 
                     counts[0] += stats.n_drafted
                     counts[1] += stats.n_accept
 
-        threads = [threading.Thread(target=slot, args=(i,)) for i in range(n_slots)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(600)
+        at_once(slot, n_slots)
     finally:
         for e in engines:
             e.close()

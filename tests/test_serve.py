@@ -18,6 +18,7 @@ from contextlib import nullcontext
 import httpx
 import openai
 import pytest
+from concurrency import at_once
 from conftest import cli_here
 from fakeserver import serve
 
@@ -442,31 +443,26 @@ def test_a_client_that_leaves_frees_its_slot_at_once(server, stream):
 
 
 def test_concurrent_greedy_requests_match_their_lone_answers(f32, q4_1):
-    # (serve's default drafting, --draft auto: /props says so)
-    """Slots decode together in one batch, drafting or not as the batch's plan says (alone a
-    slot drafts; four at once mostly decode plainly): each still gets the target's own text.
-    An F32 target: on F16, "Name 5 animals" is a near tie that a batch's shape decides
-    (`run --no-spec`, `--draft 8` and `--draft auto` give three texts there; on F32 one)."""
-    s = Server("-m", f32, "-md", q4_1, "-np", "4", "-c", "2048", "--api-key", KEY,
+    """serve's default drafting (--draft auto: /props says so) plans each slot's k for the
+    batch: alone a slot drafts, 4 or 8 at once mostly decode plainly. Each request still gets
+    the target's own text. (A request's speculative.n_max caps auto's k as it caps a fixed
+    one: the same k reaches Adaptive.best_k, test_adaptive.) An F32 target: on F16, "Name 5
+    animals" is a near tie that a batch's shape decides (`run --no-spec`, `--draft 8` and
+    `--draft auto` give three texts there; on F32 one)."""
+    s = Server("-m", f32, "-md", q4_1, "-np", "8", "-c", "4096", "--api-key", KEY,
                "-a", "smollm2-f16", "--temp", "0")
     try:
         with s.http() as h:
             spec = h.get("/props").json()["speculative"]
-        assert spec["auto"] is True and spec["n_max"] == 64  # no --draft: planned, up to 64
-        prompts = [f"Name {n} animals that live in the sea." for n in range(2, 6)]
-        alone = [chat(s.client(), p, max_tokens=32).choices[0].message.content
-                 for p in prompts]
-        together: dict[int, str] = {}
+            assert spec["auto"] is True and spec["n_max"] == 64  # no --draft: up to 64
+        prompts = [f"Name {n} animals that live in the sea." for n in range(2, 10)]
 
-        def ask(i: int) -> None:
-            together[i] = chat(s.client(), prompts[i], max_tokens=32).choices[0].message.content
+        def answer(i: int) -> str:
+            return chat(s.client(), prompts[i], max_tokens=32).choices[0].message.content
 
-        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert [together[i] for i in range(len(prompts))] == alone
+        alone = [answer(i) for i in range(8)]
+        assert at_once(answer, 4, 120) == alone[:4]
+        assert at_once(answer, 8, 120) == alone
     finally:
         s.stop()
 

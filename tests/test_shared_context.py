@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from concurrency import at_once
 
 from specli.backend import Model
 from specli.batching import SharedContext
@@ -22,30 +23,19 @@ def shared(q4_1):
 
 
 def in_slots(shared: SharedContext, work) -> list:
-    """Slots 0, 1, ... run work(i, the slot's Model) at the same time (every one entered in
+    """Slots 0, 1, ... run work[i](the slot's Model) at the same time (every one entered in
     the gate before any decodes: a decode waits for the others); each one's result, or the
     exception it got."""
-    n = len(work)
-    gate, out = shared.gate, [None] * n
-    for _ in range(n):
-        gate.enter()
-    start = threading.Barrier(n)
+    for _ in work:
+        shared.gate.enter()
 
-    def slot(i: int) -> None:
+    def run(i: int):
         try:
-            start.wait()
-            out[i] = work[i](shared.view(i))
-        except BaseException as e:  # noqa: BLE001 - the test looks at it
-            out[i] = e
+            return work[i](shared.view(i))
         finally:
-            gate.leave()
+            shared.gate.leave()
 
-    threads = [threading.Thread(target=slot, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    return out
+    return at_once(run, len(work), 120, keep_errors=True)
 
 
 def two_slots(shared: SharedContext, steps: int) -> list:

@@ -166,7 +166,6 @@ class Adaptive:
         self._clock = clock
         self.name, self.own_length = source.name, source.own_length
         self.model = source.model
-        self.cost = self.batch.cost
         # decayed counts per draft position j (index j): steps that drafted j with 1..j-1
         # accepted, and steps that also had j accepted
         self._tried = np.zeros(DRAFT_AUTO_MAX + 1)
@@ -180,6 +179,11 @@ class Adaptive:
         self.k = 0  # the last length chosen
         self._rested = False  # the last step drafted nothing (0 chosen)
         self._first = True  # no step of this generation yet
+
+    @property
+    def cost(self) -> VerifyCost:
+        """The target's verification cost: its batch's."""
+        return self.batch.cost
 
     @property
     def t_token(self) -> float:
