@@ -1,16 +1,20 @@
 """Batching for a server's slots: several sequences of one llama_context, whose decodes
-are combined into one llama_decode, as llama-server does. A scheduler over backend.Model's
-public decode API; it holds no llama.cpp handle of its own."""
+are combined into one llama_decode, as llama-server does. One loop (Scheduler) runs every
+slot's generation as a task and makes every decode, over backend.Model's public decode API;
+it holds no llama.cpp handle of its own."""
 
 from __future__ import annotations
 
+import queue
 import threading
-import time
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent import futures
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
+import greenlet
 import numpy as np
 
 from specli.backend.model import Model, Ran
@@ -18,67 +22,138 @@ from specli.config import ModelParams
 from specli.errors import BackendError
 
 
-class Gate:
-    """The slots generating right now, and how many of them wait at a SharedContext. A decode
-    starts once no running slot can still join it: every running slot is parked at one of
-    the contexts (its tokens already queued), so batches are as large as they can be without
-    a timing guess. One Gate serves a pool's target and draft contexts."""
-
-    MAX_WAIT = 0.05  # seconds: a safety net, should a running slot stall outside a decode
+class Scheduler(Executor):
+    """The server's one loop (llama-server's update_slots), on one thread: every slot's
+    generation is a task (a greenlet) on it, and every decode runs on it. An iteration
+    resumes the tasks whose decodes are done, each until it asks for its next decode (it
+    queues a _Request at a SharedContext and parks), then makes one decode of what a
+    context holds: the draft's first while any slot drafts there, so that every slot's
+    verification meets in one target decode. Nothing waits on time: once every task is
+    parked, nothing else can join a decode. One thread also keeps ggml's OpenMP to one team
+    of threads (decodes from the slots' rotating threads ran 25% slower, two teams on 2 cores
+    twice as slow)."""
 
     def __init__(self) -> None:
-        self.cond = threading.Condition()
-        self.running = 0
-        self.parked = 0
         self.contexts: list[SharedContext] = []
-        # every decode runs on this one thread: ggml's OpenMP keeps a team of spinning threads
-        # per calling thread, and decodes from the slots' rotating threads ran 25% slower
-        self.decoder = ThreadPoolExecutor(1, thread_name_prefix="specli-decode")
+        self.lock = threading.Lock()  # held by a decode, and by an edit from another thread
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ready: deque[tuple[greenlet.greenlet, tuple]] = deque()
+        self._last: SharedContext | None = None  # the context decoded last
+        self._hub: greenlet.greenlet | None = None
+        self._tasks: set[Future] = set()
+        self._thread = threading.Thread(target=self._loop, name="specli-decode", daemon=True)
+        self._thread.start()
+
+    # -- Executor: work handed to the loop from other threads ---------------------------------
+    def submit(self, fn, /, *args, **kw) -> Future:
+        """fn(*args) as a task of the loop (at once, inline, from one of its own tasks)."""
+        if not self._thread.is_alive():
+            raise BackendError("the model's context is closed (the server is stopping)")
+        fut: Future = Future()
+        if self.on_thread():
+            try:
+                fut.set_result(fn(*args, **kw))
+            except BaseException as e:  # noqa: BLE001 - the future holds it
+                fut.set_exception(e)
+            return fut
+        self._inbox.put([(fn, args, kw, fut)])
+        return fut
+
+    def submit_all(self, calls: Sequence[Callable[[], object]]) -> list[Future]:
+        """Several tasks that start in the same iteration (their first decodes combined)."""
+        futs = [Future() for _ in calls]
+        self._inbox.put([(fn, (), {}, f) for fn, f in zip(calls, futs, strict=True)])
+        return futs
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Waits for the tasks running (the thread itself ends with its last context)."""
+        if wait and not self.on_thread():
+            futures.wait(list(self._tasks))
+
+    def on_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
 
     def remove(self, ctx: SharedContext) -> None:
-        with self.cond:
-            self.contexts.remove(ctx)
-            if not self.contexts:  # waiting under cond is safe: a decode never takes it
-                self.decoder.shutdown()
+        """(on the loop) Its last context gone, the loop ends once its woken tasks have run."""
+        self.contexts.remove(ctx)
+        if not self.contexts:
+            self._inbox.put(None)
 
-    def enter(self) -> None:
-        with self.cond:
-            self.running += 1
+    # -- from the loop's tasks ----------------------------------------------------------------
+    def park(self) -> None:
+        """The calling task waits for the loop to wake it (its request decoded)."""
+        if self._hub is None or greenlet.getcurrent() is self._hub:
+            raise BackendError("internal: a decode outside the scheduler's tasks")
+        self._hub.switch()
 
-    def leave(self) -> None:
-        with self.cond:
-            self.running -= 1
-            self.cond.notify_all()
+    def wake(self, task: greenlet.greenlet) -> None:
+        self._ready.append((task, ()))
 
-    def busy(self, ctx: SharedContext) -> bool:
-        """Another context is decoding: wait for it before gathering, as its slots may come
-        here next (the decode thread runs one llama_decode at a time anyway)."""
-        return any(c.decoding for c in self.contexts if c is not ctx)
+    # -- the loop ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        self._hub = greenlet.getcurrent()
+        stop = False
+        while not stop:
+            items = []
+            try:  # wait only when nothing is left to do
+                items.append(self._inbox.get(block=not self._ready and not self._work()))
+                while True:
+                    items.append(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            for calls in items:
+                if calls is None:
+                    stop = True
+                    continue
+                for call in calls:
+                    self._ready.append((greenlet.greenlet(self._task), call))
+            while self._ready:  # each task until it parks at a decode, or ends
+                task, args = self._ready.popleft()
+                task.switch(*args)
+            ctx = self._pick()
+            if ctx is not None:
+                self._last = ctx
+                ctx.step()
 
-    def gather(self, ctx: SharedContext) -> bool:
-        """Whether a decode at ctx should wait for more slots to join: while a running slot
-        is still in Python (it may come here), or, when every running slot is parked, while
-        a context ahead of ctx (the draft's) holds slots: they draft first, so that every
-        slot arrives at the verification together, and slots fall into step, as in
-        llama-server's one loop (draft everyone, then verify everyone in one batch)."""
-        if ctx.inside >= self.running:
-            return False
-        if self.parked < self.running:
-            return True
-        # (a prompt in chunks there is no step to wait for: the others verify meanwhile)
-        return any(c.inside - c.prompts for c in self.contexts[:self.contexts.index(ctx)])
+    def _task(self, fn, args, kw, fut: Future) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        self._tasks.add(fut)
+        try:
+            fut.set_result(fn(*args, **kw))
+        except BaseException as e:  # noqa: BLE001 - the future holds it
+            fut.set_exception(e)
+        finally:
+            self._tasks.discard(fut)
+
+    def _work(self) -> bool:
+        return any(c.pending for c in self.contexts)
+
+    def _pick(self) -> SharedContext | None:
+        """The context to decode: the first (the draft's) holding a slot's step, so that the
+        slots draft first and meet at the verification; but a context ahead of it holding
+        only prompts (a new request's draft prefill) takes every other turn, or it would
+        wait for as long as the slots keep stepping."""
+        live = [c for c in self.contexts if c.pending]
+        steps = next((c for c in live if c.has_steps()), None)
+        if steps is None:
+            return live[0] if live else None
+        for c in live[:live.index(steps)]:  # holding only prompts
+            if c is not self._last:
+                return c
+        return steps
 
 
 class SharedContext:
     """One llama_context holding several sequences (server slots), as llama-server does.
 
-    Each slot decodes through its own SeqModel from its own thread; decodes that arrive
-    together are combined into one llama_decode (a batch of several sequences costs much less
-    than as many single decodes on this CPU, and more so on a GPU). The first caller leads:
-    it waits (Gate) until every other running slot is parked at a context, decodes everyone's
-    tokens queued here at once, and hands each caller a copy of its own logits rows."""
+    Each slot decodes through its own SeqModel, from its task on the Scheduler's loop; the
+    decodes queued here when the loop comes to this context are combined into one
+    llama_decode (a batch of several sequences costs much less than as many single decodes
+    on this CPU, and more so on a GPU), and each slot gets a copy of its own logits rows.
+    A decode asked for from another thread runs as a task of its own."""
 
-    def __init__(self, params: ModelParams, n_seq: int, gate: Gate | None = None,
+    def __init__(self, params: ModelParams, n_seq: int, sched: Scheduler | None = None,
                  first: bool = False, width: int = 1, tree_cells: int = 0,
                  timed: Callable[[int, float], None] | None = None):
         self.params = params
@@ -87,30 +162,26 @@ class SharedContext:
         self.chunk = min(params.n_ubatch, params.n_batch)  # prompt tokens in one decode
         self.n_seq = n_seq
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
-        self.gate = gate or Gate()
-        # built on the decode thread, whose load-time warm-up decode is then its first: a
+        self.sched = sched or Scheduler()
+        # built on the loop's thread, whose load-time warm-up decode is then its first: a
         # decode from a second thread starts a second team of ggml's OpenMP threads, and
         # with two teams on 2 cores every decode took twice as long (47 ms a token, not 22)
         if width == 1:  # the context as Model builds it, with n_seq sequences over n_ctx each
-            self.base = self.gate.decoder.submit(
+            self.base = self.sched.submit(
                 Model, replace(params, n_ctx=params.n_ctx * n_seq), n_seq_max=n_seq).result()
             self.n_ctx_seq = self.base.n_ctx_seq
         else:  # one unified cache (a tree's branches share cells): n_ctx a slot, and the
             # cells a tree may add beyond its slot's committed tokens
-            self.base = self.gate.decoder.submit(
+            self.base = self.sched.submit(
                 Model, replace(params, n_ctx=(params.n_ctx + tree_cells) * n_seq),
                 n_seq_max=n_seq * width, tree=True).result()
             self.n_ctx_seq = params.n_ctx
-        self._pending: list[_Request] = []
+        self.pending: list[_Request] = []  # queued, in order
         self._hidden: set[Model] = set()  # slots whose draft reads hidden states (set_hidden)
         self._exports: dict[Model, tuple[tuple[int, ...], bool]] = {}  # slots' heads' reads
-        self._leading = False
-        self.inside = 0  # slots parked here: queued, or in the batch being decoded
-        self.prompts = 0  # of them, prompts (decoded in chunks)
-        self.decoding = False
         self.closed = False
-        # `first`: its decodes go ahead of the others' when all slots wait (the draft's)
-        self.gate.contexts.insert(0 if first else len(self.gate.contexts), self)
+        # `first`: its decodes go ahead of the others' (the draft's)
+        self.sched.contexts.insert(0 if first else len(self.sched.contexts), self)
 
     def view(self, seq: int) -> Model:
         """Slot seq's sequence (its tree branches after it), a Model whose decodes and edits
@@ -121,8 +192,15 @@ class SharedContext:
     # -- Runner (backend.model): what a slot's Model asks of the shared context -----------
     def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
             nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
-        req = _Request(m.seq, list(tokens), pos0, n_out, nodes=nodes, hidden_of=m)  # queued
-        self.decode(req)
+        if not self.sched.on_thread():  # (a caller outside the loop: a task of its own)
+            return self.sched.submit(self.run, m, tokens, pos0, n_out, nodes).result()
+        if self.closed:
+            raise BackendError("the model's context is closed (the server is stopping)")
+        req = _Request(m.seq, list(tokens), pos0, n_out, nodes=nodes, hidden_of=m,
+                       waiter=greenlet.getcurrent())
+        req.prompt = self._chunkable(req)
+        self.pending.append(req)
+        self.sched.park()  # until the loop has decoded it (a long prompt: every chunk)
         if req.error is not None:
             raise req.error
         rows = req.rows if n_out else np.empty((0, m.n_vocab), dtype=np.float32)
@@ -130,21 +208,13 @@ class SharedContext:
 
     @contextmanager
     def editing(self):
-        """llama.cpp contexts are not thread-safe: a slot edits the cache between decodes."""
-        g = self.gate
-        with g.cond:
-            while self.decoding:
-                g.cond.wait()
+        """llama.cpp contexts are not thread-safe: the cache is edited between decodes (a
+        task on the loop is between decodes whenever it runs)."""
+        if self.sched.on_thread():
             yield not self.closed
-
-    @contextmanager
-    def generation(self):
-        """A slot generating: decodes wait for it to join them (Gate.gather)."""
-        self.gate.enter()
-        try:
-            yield
-        finally:
-            self.gate.leave()
+            return
+        with self.sched.lock:
+            yield not self.closed
 
     def keep_hidden(self, m: Model, on: bool) -> None:
         """The context keeps hidden states while any of its slots reads them."""
@@ -187,87 +257,60 @@ class SharedContext:
             off += n
 
     def close(self) -> None:
-        with self.gate.cond:  # never under a decode; later decodes are refused
-            while self.decoding:
-                self.gate.cond.wait()
-            self.closed = True
-        if self in self.gate.contexts:
-            self.gate.remove(self)
-        self.base.close()
+        """Later decodes are refused, and those queued fail; the loop ends with its last
+        context."""
+        self.sched.submit(self._close).result()
+        with self.editing():  # (never under a decode)
+            self.base.close()
+        if not self.sched.contexts and not self.sched.on_thread():
+            self.sched._thread.join()
 
-    def decode(self, req: _Request) -> None:
-        g = self.gate
-        with g.cond:
-            if self.closed:
-                raise BackendError("the model's context is closed (the server is stopping)")
-            self._pending.append(req)
-            g.parked += 1
-            self.inside += 1
-            req.prompt = self._chunkable(req)
-            self.prompts += req.prompt
-            g.cond.notify_all()
+    def _close(self) -> None:
+        self.closed = True
+        self.step()  # the queued requests fail
+        self.sched.remove(self)
+
+    def has_steps(self) -> bool:
+        """Whether a slot's step is queued here (not only prompts)."""
+        return any(not r.prompt for r in self.pending)
+
+    def step(self) -> None:
+        """On the loop: decode what is queued (every slot's step, then as much of the queued
+        prompts as a chunk takes), hand each request its rows and wake its task; a prompt
+        not yet whole stays first in the queue."""
+        if self.closed:
+            batch, self.pending = self.pending, []
+            for r in batch:
+                r.error = BackendError("the model's context is closed (the server is stopping)")
+        else:
+            batch = self._next_batch()
             try:
-                while not req.done:  # a prompt in chunks may need several batches
-                    while not req.done and self._leading:
-                        g.cond.wait()
-                    if not req.done:
-                        self._lead(req)
-            finally:
-                self._unpark(req)
-                g.cond.notify_all()
-
-    def _lead(self, req: _Request) -> None:
-        """Under the gate's lock: wait until nobody else can still join, decode what is
-        queued (every slot's step, then as much of the queued prompts as a chunk takes), and
-        hand each request its rows; a prompt not yet whole goes back to the queue."""
-        g = self.gate
-        self._leading = True
-        deadline = None
-        while True:
-            if g.busy(self):
-                g.cond.wait()
+                with self.sched.lock:
+                    self._run(batch)
+            except BaseException as e:  # noqa: BLE001 - handed to every caller
+                for r in batch:
+                    r.error = r.error or e
+        back = [r for r in batch if r.error is None and r.done_n < len(r.tokens)]
+        self.pending[:0] = back
+        for r in batch:
+            if r in back:
                 continue
-            if deadline is None:  # counted from when the other context is free
-                deadline = time.perf_counter() + g.MAX_WAIT
-            left = deadline - time.perf_counter()
-            if left <= 0 or not g.gather(self):
-                break
-            g.cond.wait(left)
-        batch = self._next_batch(req)
-        self.decoding = True
-        g.cond.release()  # decode without the lock: others may queue meanwhile
-        try:
-            g.decoder.submit(self._run, batch).result()
-        except BaseException as e:  # noqa: BLE001 - handed to every caller
-            for r in batch:
-                r.error = r.error or e
-        finally:
-            g.cond.acquire()
-            back = [r for r in batch if r.error is None and r.done_n < len(r.tokens)]
-            self._pending[:0] = back  # first in the queue again, still parked
-            for r in batch:
-                if r in back:
-                    continue
-                if r.rows is None and r.error is None:
-                    r.error = BackendError("a decode did not complete")
-                r.done = True
-                self._unpark(r)  # now, not when its thread wakes: the next leader
-                # waits for it to queue again rather than decode without it
-            self._leading = self.decoding = False
-            g.cond.notify_all()
+            if r.rows is None and r.error is None:
+                r.error = BackendError("a decode did not complete")
+            self.sched.wake(r.waiter)
 
-    def _next_batch(self, req: _Request) -> list[_Request]:
-        """The queued requests one decode takes: every step that fits n_batch (req's even if
-        it does not: it is decoded alone, in chunks of n_batch), then the queued long
+    def _next_batch(self) -> list[_Request]:
+        """The queued requests one decode takes: every step that fits n_batch (the first
+        even if it does not: it is decoded alone, in chunks of n_batch), then the queued long
         prompts, shortest first, up to `chunk` of their tokens in all (llama-server's prompt
         processing inside its iterations: a long prompt does not hold up the other slots'
         generation, nor a short prompt, for the whole of its evaluation)."""
         batch, size, prompts = [], 0, []
-        for r in self._pending:
+        for r in self.pending:
             rest = len(r.tokens) - r.done_n
             if r.prompt:
                 prompts.append(r)
-            elif r is req or size + rest <= self.base.n_batch:
+            elif not batch or size + rest <= self.base.n_batch:
                 r.take = rest
                 batch.append(r)
                 size += rest
@@ -280,7 +323,7 @@ class SharedContext:
             batch.append(r)
             room -= r.take
         for r in batch:
-            self._pending.remove(r)
+            self.pending.remove(r)
         return batch
 
     def _chunkable(self, r: _Request) -> bool:
@@ -288,17 +331,9 @@ class SharedContext:
         hidden states, no exports: those want every token's at once). Anything shorter is
         a step: decoded whole with the others (a draft catching up on what was accepted, a
         short prompt), and the target's verifications wait for the drafts' steps, not for a
-        long prompt's chunks (Gate.gather)."""
+        long prompt's chunks (Scheduler._pick)."""
         return (r.nodes is None and r.n_out <= 1 and len(r.tokens) > self.chunk
                 and r.hidden_of not in self._hidden and r.hidden_of not in self._exports)
-
-    def _unpark(self, r: _Request) -> None:
-        """r no longer waits here (once: by its batch's end, or by its thread)."""
-        if r.parked:
-            r.parked = False
-            self.gate.parked -= 1
-            self.inside -= 1
-            self.prompts -= r.prompt
 
     def _run(self, batch: list[_Request]) -> None:
         m = self.base
@@ -359,13 +394,12 @@ class SharedContext:
 
 @dataclass
 class _Request:
-    """One slot's decode, queued at a SharedContext until a leader runs it."""
+    """One slot's decode, queued at a SharedContext until the loop runs it."""
 
     seq: int
     tokens: Sequence[int]
     pos0: int
     n_out: int
-    done: bool = False
     rows: np.ndarray | None = None
     error: Exception | None = None
     seconds: float = 0.0
@@ -374,7 +408,7 @@ class _Request:
     nextn: np.ndarray | None = None  # its tokens' next-token-head states
     hidden_of: Model | None = None  # the slot's Model
     nodes: tuple[Sequence[int], Sequence[Sequence[int]]] | None = None  # a tree: pos, seqs
-    parked: bool = True  # counted in its gate's parked slots and its context's inside
+    waiter: greenlet.greenlet | None = None  # the slot's task, woken once it is decoded
     prompt: bool = False  # a prompt, decoded in chunks (SharedContext._chunkable)
     done_n: int = 0  # its tokens already decoded (a prompt in chunks)
     take: int = 0  # its tokens in the batch being decoded

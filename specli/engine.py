@@ -133,49 +133,48 @@ class Engine:
         stats.n_seq_dft = policy.n_seq
         meter = Meter(stats, tgt, draft.model if draft else None)
         reads = None
-        with tgt.generating():  # slots batched with this one wait for its decodes
-            try:
-                with meter.prompt():
-                    if draft:
-                        reads = draft.begin(prompt) or _NOTHING
-                        reads.start(tgt)
-                    # the last prompt token opens the first verification batch
-                    tgt.sync(prompt[:-1],
-                             prompt_progress(progress, len(prompt)) if progress else None,
-                             span=len(prompt), each=self._teller(draft, reads),
-                             outputs=bool(reads and reads.hidden))
-                context = list(prompt)  # committed; context[-1] is not yet in the target cache
-                n_left = n_predict if n_predict >= 0 else tgt.n_ctx
-                stats.finish_reason = "length"
-                with meter.decode():
-                    t0 = time.perf_counter()
-                    while n_left > 0 and len(context) <= tgt.n_ctx:
-                        # draft at most what the budget, the context and one batch can take
-                        k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
-                                tgt.n_ctx if policy.limit is None else policy.limit
-                                ) if draft else 0
-                        tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                            stats, rules, probs, reads)
-                        if not stats.n_first:  # llama-server's rates start after the first
-                            stats.n_first = len(tokens)
-                            stats.t_first_s = time.perf_counter() - t0
-                        for i, t in enumerate(tokens):
-                            context.append(t)
-                            stats.n_predict += 1
-                            n_left -= 1
-                            yield t, i < n_drafted
-                        if eog:
-                            stats.finish_reason = "stop"
-                            return
-            finally:
-                # a consumer that stopped inside the first step took fewer of its tokens
-                stats.n_first = min(stats.n_first, stats.n_predict)
-                if reads:
-                    reads.start(tgt, False)
+        try:
+            with meter.prompt():
                 if draft:
-                    draft.end()
-                if rules is not None:
-                    rules.close()
+                    reads = draft.begin(prompt) or _NOTHING
+                    reads.start(tgt)
+                # the last prompt token opens the first verification batch
+                tgt.sync(prompt[:-1],
+                         prompt_progress(progress, len(prompt)) if progress else None,
+                         span=len(prompt), each=self._teller(draft, reads),
+                         outputs=bool(reads and reads.hidden))
+            context = list(prompt)  # committed; context[-1] is not yet in the target cache
+            n_left = n_predict if n_predict >= 0 else tgt.n_ctx
+            stats.finish_reason = "length"
+            with meter.decode():
+                t0 = time.perf_counter()
+                while n_left > 0 and len(context) <= tgt.n_ctx:
+                    # draft at most what the budget, the context and one batch can take
+                    k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
+                            tgt.n_ctx if policy.limit is None else policy.limit
+                            ) if draft else 0
+                    tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
+                                                        stats, rules, probs, reads)
+                    if not stats.n_first:  # llama-server's rates start after the first
+                        stats.n_first = len(tokens)
+                        stats.t_first_s = time.perf_counter() - t0
+                    for i, t in enumerate(tokens):
+                        context.append(t)
+                        stats.n_predict += 1
+                        n_left -= 1
+                        yield t, i < n_drafted
+                    if eog:
+                        stats.finish_reason = "stop"
+                        return
+        finally:
+            # a consumer that stopped inside the first step took fewer of its tokens
+            stats.n_first = min(stats.n_first, stats.n_predict)
+            if reads:
+                reads.start(tgt, False)
+            if draft:
+                draft.end()
+            if rules is not None:
+                rules.close()
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,

@@ -18,7 +18,7 @@ from specli.backend import (
     check_placement,
     require_head,
 )
-from specli.batching import Gate, SharedContext
+from specli.batching import Scheduler, SharedContext
 from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
 from specli.drafts import (
     Adaptive,
@@ -321,10 +321,9 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
                ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
     """n engines (server slots) over one target context and one draft context, a sequence
     each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
-    engines and the shared contexts, which the caller closes. An engine's steps enter the
-    gate themselves (Backend.generating), so that the other slots' decodes wait for theirs:
-    a caller that entered it again around them would count its slot twice, and every decode
-    would wait Gate.MAX_WAIT for a slot that cannot come."""
+    engines and the shared contexts, which the caller closes. The slots' decodes are
+    combined when their generations run as tasks of the one loop (`shared[0].sched.submit`,
+    as the server's slots do); called from other threads, each decode is a task of its own."""
     plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
                             draft_head(draft))
     check_files(target, draft, plan)
@@ -334,11 +333,11 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
                         f"llama.cpp holds at most {MAX_SEQUENCES}", "slots")
     # a tree adds at most k + 1 nodes to the target's cells, (k - 1) a branch to the draft's
     cells = width * (plan.policy.n_max + 1) if width > 1 else 0
-    gate = Gate()
+    sched = Scheduler()
     batch = Batch() if plan.policy.adaptive else None  # timed by the target's decodes
     mtp = plan.head_type == "draft-mtp"
     shared = [SharedContext(replace(target, mtp=True) if mtp and draft is None else target, n,
-                            gate, width=width, tree_cells=cells,
+                            sched, width=width, tree_cells=cells,
                             timed=batch.cost.add if batch else None)]
     try:
         if plan.head_type:  # a head context a slot, on one head model (freed after them)
@@ -346,11 +345,11 @@ def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
             if head is not None:
                 shared.append(head)
             views = [shared[0].view(i) for i in range(n)]
-            engines = [engine(plan, v, HeadContext(v, head, decoder=gate.decoder), batch)
+            engines = [engine(plan, v, HeadContext(v, head, decoder=sched), batch)
                        for v in views]
             return engines, shared
         if draft is not None:
-            shared.append(SharedContext(draft, n, gate, first=True, width=width,
+            shared.append(SharedContext(draft, n, sched, first=True, width=width,
                                         tree_cells=cells))
         engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None, batch)
                    for i in range(n)]

@@ -11,7 +11,6 @@ Real-model tests (test_engine.py, test_parity.py) keep fidelity against llama.cp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -131,9 +130,6 @@ class FakeModel:
         self.tokens[:] = tokens
 
     sync = Model.sync  # the real one: it needs only tokens, rewind and decode
-
-    def generating(self) -> nullcontext:
-        return nullcontext()
 
     def set_hidden(self, on: bool) -> None:
         self.keeps_hidden = on

@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from concurrency import at_once
+from concurrency import as_tasks
 from conftest import cli, specli
 from fakehub import FakeHub
 from test_sampling import chi_square, exact_sequences, sample_runs
@@ -344,8 +344,8 @@ def test_server_slots_each_keep_their_own_head(heads, case):
     engines, shared = load_slots(2, ModelParams(heads[target], n_ctx=512),
                                  ModelParams(heads[head]) if head else None,
                                  DraftPolicy(n_max=K), spec_types=(spec,))
-    try:  # (the engine's steps enter the gate themselves)
-        got = at_once(lambda i: run_steps(engines[i], ids[i], 24), 2, 120)
+    try:  # as the server's slots: tasks of the contexts' loop
+        got = as_tasks(shared[0].sched, lambda i: run_steps(engines[i], ids[i], 24), 2, 120)
     finally:
         for e in engines:
             e.close()

@@ -16,7 +16,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from concurrency import at_once
+from concurrency import as_tasks
 from fakes import FakeModel
 from scipy import stats as sst
 
@@ -156,7 +156,7 @@ def test_first_token_follows_the_target_distribution_in_a_full_batch(f16, q2_k, 
                     counts[0] += stats.n_drafted
                     counts[1] += stats.n_accept
 
-        at_once(slot, n_slots)
+        as_tasks(shared[0].sched, slot, n_slots)  # the server's loop: decodes combined
     finally:
         for e in engines:
             e.close()

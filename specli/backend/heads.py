@@ -86,7 +86,7 @@ class HeadContext:
                  decoder: Executor | None = None):
         """head: the head's file (loaded here, freed on close), or a HeadModel another
         owns; None: the target's own prediction layers (MTP). decoder: where the decodes run
-        (a server's one decode thread), else on the caller's thread."""
+        (a server's loop, batching.Scheduler), else on the caller's thread."""
         self.target, self.decoder = target, decoder
         self.t_decode_s = 0.0
         self.n_decode_calls = self.n_decode_tokens = 0

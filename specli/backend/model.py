@@ -106,9 +106,6 @@ class Runner(Protocol):
         """Around an edit of the cache: between decodes; False once the context is gone
         (only the bookkeeping changes then)."""
 
-    def generation(self) -> AbstractContextManager[None]:
-        """Around a generation: decodes batched with others wait for this one's."""
-
     def keep_hidden(self, m: Model, on: bool) -> None:
         """Whether m's decodes keep their hidden states."""
 
@@ -265,7 +262,7 @@ class Model:
         return Grammar(self, gbnf)
 
     def token_bytes(self, token: int, special: bool = False) -> bytes:
-        # a buffer per thread: a server tokenizes requests while a slot thread decodes
+        # a buffer per thread: a server tokenizes requests while its slots' loop decodes
         buf = getattr(self._local, "buf", None)
         if buf is None:
             buf = self._local.buf = ctypes.create_string_buffer(256)
@@ -560,10 +557,6 @@ class Model:
         return out, (ext.rows("llama_get_embeddings_nextn", self._ctx, shape=shape)
                      if nextn else None)
 
-    def generating(self) -> AbstractContextManager[None]:
-        """Around a generation (the engine's steps): see Runner.generation."""
-        return self._runner.generation()
-
     # -- Runner, for its own context: decodes at once, on the caller's thread -----------------
     def run(self, m: Model, tokens: Sequence[int], pos0: int, n_out: int,
             nodes: tuple[list[int], list[list[int]]] | None = None) -> Ran:
@@ -580,9 +573,6 @@ class Model:
 
     def editing(self) -> AbstractContextManager[bool]:
         return nullcontext(True)
-
-    def generation(self) -> AbstractContextManager[None]:
-        return nullcontext()
 
     def keep_hidden(self, m: Model, on: bool) -> None:
         self._keeps_hidden = on

@@ -1,8 +1,8 @@
-"""Slots: N engines, a bounded wait for a free one, and a generation that runs on the slot's
-own thread and streams to the event loop.
+"""Slots: N engines, a bounded wait for a free one, and a generation that runs as a task of
+the slots' one loop (batching.Scheduler) and streams to the event loop.
 
 A slot is one Engine whose target and draft are sequences of two shared contexts (as in
-llama-server); decodes that slots make at the same time are batched into one llama_decode
+llama-server); the loop combines the decodes its slots ask for into one llama_decode
 (batching.SharedContext). A request waits for a
 free slot in a bounded queue; when the queue is full, or the wait exceeds the timeout, it is
 refused (503). A generation checks a cancel flag between tokens: a client that goes away
@@ -17,9 +17,10 @@ import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from specli.batching import SharedContext
 from specli.config import SamplingParams, SpecRequest
 from specli.engine import Engine
 from specli.server.errors import APIError
@@ -150,7 +151,7 @@ class Generation:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._released = False
         pool.active.add(self)
-        fut = self._loop.run_in_executor(pool.executor, self._work)
+        fut = asyncio.wrap_future(pool.executor.submit(self._work), loop=self._loop)
         fut.add_done_callback(lambda _: self._release())
 
     def _release(self) -> None:
@@ -269,11 +270,14 @@ class SlotPool:
     # prefix of the prompt, if more than this fraction of it; else the least recently used
     similarity: float = 0.1
     waiting: int = 0
-    executor: ThreadPoolExecutor = field(init=False)
+    executor: Executor = field(init=False)
 
     def __post_init__(self) -> None:
-        self.executor = ThreadPoolExecutor(max_workers=len(self.slots),
-                                           thread_name_prefix="specli-slot")
+        # the generations are tasks of the contexts' loop; slots of engines that share no
+        # context (a test's fakes) run on threads of their own
+        self.executor = next((c.sched for c in self.contexts if isinstance(c, SharedContext)),
+                             None) or ThreadPoolExecutor(max_workers=len(self.slots),
+                                                         thread_name_prefix="specli-slot")
         self.active: set[Generation] = set()
         self._free: asyncio.Queue | None = None
         self.down: str | None = None  # why no generation can run any more
@@ -347,7 +351,7 @@ class SlotPool:
 
     def fail(self, message: str) -> None:
         """The model cannot decode any more (an RPC server was lost): every generation in
-        flight ends with a 503; their slot threads stay where llama.cpp stopped them."""
+        flight ends with a 503; their tasks stay where llama.cpp stopped the loop."""
         self.down = message  # first: a generation starting from now on sees it
         for g in list(self.active):
             g.fail(self.unavailable())

@@ -85,7 +85,7 @@ class State:
         self._prompts = ThreadPoolExecutor(max_workers=16, thread_name_prefix="specli-prompt")
 
     def done(self, stats: Stats) -> None:
-        """A generation ended (on its slot's thread): counted for /metrics, and one line on
+        """A generation ended (a task on the slots' loop): counted for /metrics, and one line on
         stderr with its timings, as llama-server logs each request's."""
         self.metrics.observe(stats)
         if not self.config.log_requests:
