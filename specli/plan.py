@@ -185,6 +185,8 @@ class Drafts:
                             head_source(plan, draft, target) if plan.head_type else
                             TranslateDraft(draft, target) if plan.policy.translate else
                             ModelDraft(draft, n_vocab_target=target.n_vocab))
+        if batch is not None and type(self.model_draft) is ModelDraft:
+            self.model_draft.lazy = True  # its prompt fed when the batch's plan drafts
         self._sources: dict[tuple[str, ...], DraftSource | None] = {}
 
     def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None:

@@ -127,3 +127,33 @@ def test_server_slots_read_their_own_hidden_states(f16):
     finally:
         for c in shared:
             c.close()
+
+
+def test_a_lazy_draft_feeds_its_prompt_when_it_first_drafts(q4_1):
+    """A server slot's draft under the batch's plan (ModelDraft.lazy) decodes nothing of the
+    prompt at begin (under load the plan may never draft), keeps what its cache shares with
+    the prompt, and catches up when it drafts: its proposal is the eager draft's."""
+    from specli.drafts.base import Outcome
+    from specli.drafts.model import ModelDraft
+
+    eager_m, lazy_m = (Model(ModelParams(q4_1, n_ctx=256, n_threads=1)) for _ in range(2))
+    try:
+        prompt = Engine(eager_m).tokenize(PROMPT)
+        eager, lazy = ModelDraft(eager_m), ModelDraft(lazy_m)
+        lazy.lazy = True
+        eager.begin(prompt)
+        lazy.begin(prompt)
+        assert eager_m.tokens == prompt[:-1] and lazy_m.tokens == []
+        lazy.catch_up(prompt)
+        assert lazy_m.tokens == prompt[:-1]
+        rng = np.random.default_rng(0)
+        want = eager.propose(prompt, 4, GREEDY, rng)
+        got = lazy.propose(prompt, 4, GREEDY, rng)
+        assert got.tokens == want.tokens and len(got.tokens) == 4
+        lazy.accept(Outcome(len(prompt) + 2))
+        again = [*prompt, *got.tokens[:2], 42]  # the next turn shares the first prompt
+        lazy.begin(again)
+        assert lazy_m.tokens == again[:-1]  # kept: the next proposal decodes only 42
+    finally:
+        eager_m.close()
+        lazy_m.close()

@@ -245,12 +245,15 @@ class Adaptive:
         if self.k == 0:  # the target alone this step: the draft catches up when it drafts
             self._rested = True
             return Proposal()
+        catch_up = getattr(self.source, "catch_up", None)
+        if catch_up is not None:  # what it missed (a rest, a lazy prompt): not its drafting
+            catch_up(context)
         t0 = self._clock()
         p = self.source.propose(context, self.k, sp, rng, policy, **rules_kw(rules))
         t1 = self._clock()
         if p.tokens:
-            if not (self._rested and self._n_draft):  # (after a rest the draft decoded what
-                # it missed first: a known cost is not overwritten by that)
+            if not (self._rested and self._n_draft and catch_up is None):  # (a source that
+                # catches up inside its proposal: a known cost is not overwritten by that)
                 self._t_draft = DECAY * self._t_draft + (t1 - t0)
                 self._n_draft = DECAY * self._n_draft + len(p.tokens)
             self._pending = (len(p.tokens), t1)

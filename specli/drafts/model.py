@@ -30,6 +30,9 @@ class ModelDraft:
 
     name = "draft"
     own_length = False  # --draft caps it
+    # a server's slot whose k the batch's plan chooses (0 under load): the prompt is fed
+    # when the slot first drafts (catch_up), not at begin, where it is often never used
+    lazy = False
 
     def __init__(self, model: Backend, *, n_vocab_target: int | None = None):
         self.model = model
@@ -42,7 +45,20 @@ class ModelDraft:
         if len(prompt) > self.model.n_ctx:  # a smaller draft context (-cd): no drafts this time
             self.model.rewind(0)
             return
+        if self.lazy:  # keep what the cache shares with the prompt, decode nothing yet
+            m, n = self.model, 0
+            while n < min(len(m.tokens), len(prompt) - 1) and m.tokens[n] == prompt[n]:
+                n += 1
+            m.rewind(n)
+            return
         self.model.sync(prompt[:-1])
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Decode what the cache lacks of the context but its last token (the proposal's
+        first decode), so that a proposal's time is its drafting's."""
+        m = self.model
+        if len(m.tokens) < len(context) - 1 and len(context) < m.n_ctx:
+            m.decode(context[len(m.tokens):-1], logits="none")
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
