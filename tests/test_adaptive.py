@@ -212,3 +212,36 @@ def test_a_batch_forgets_a_slot_at_its_generations_end():
     assert batch.members() == 1
     ad.end()
     assert batch.members() == 0
+
+
+def test_the_batch_plan_is_made_once_an_iteration(monkeypatch):
+    """The slots of a batch take their k from one plan made when the first of them asks
+    (each slot then steps with the others' curves as of their last step), and a new one
+    when a slot asks again: once an iteration, not once a slot."""
+    import specli.drafts.adaptive as adaptive
+
+    made = []
+    real = adaptive.plan_batch
+
+    def counted(S, *a):
+        made.append(S.shape[0])
+        return real(S, *a)
+
+    monkeypatch.setattr(adaptive, "plan_batch", counted)
+    batch = Batch()
+    for _ in range(20):
+        batch.cost.add(1, 0.010)
+        batch.cost.add(9, 0.020)
+    slots = [object() for _ in range(4)]
+    good = np.full(8, 0.9) ** np.arange(1, 9)
+    for s in slots:  # each joins: the plan so far does not know it
+        batch.choose(s, good, 0.001)
+    assert made == [1, 2, 3, 4]
+    made.clear()
+    for _ in range(3):  # three iterations of the four slots
+        ks = [batch.choose(s, good, 0.001) for s in slots]
+        assert ks == [ks[0]] * 4 and ks[0] > 0
+    assert made == [4, 4, 4]
+    batch.drop(slots[1])
+    made.clear()
+    assert batch.choose(slots[0], good, 0.001) > 0 and made == [3]

@@ -47,7 +47,7 @@ class VerifyCost:
 
     def __init__(self) -> None:
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
-        self._lock = threading.Lock()  # a server's decode thread adds, its slots fit
+        self._lock = threading.Lock()  # (a server's slots and decodes share one loop's thread)
 
     def add(self, n: int, seconds: float) -> None:
         x = n - 1
@@ -88,13 +88,22 @@ class Batch:
         self.cost = cost or VerifyCost()
         self._curves: dict[object, tuple[np.ndarray, float]] = {}
         self._lock = threading.Lock()
+        self._plan_k: dict[object, int] = {}  # the plan made this iteration
+        self._asked: set[object] = set()  # the slots that have taken their k from it
 
     def choose(self, who: object, s: np.ndarray, c: float) -> int:
         """who's k in the batch's best plan, its S(j) for j = 1..its cap being s and its
-        draft c seconds a token."""
+        draft c seconds a token. The plan is made once an iteration (when a slot asks
+        again, or one it does not know): the slots step one after another, each with the
+        others' curves as of their last step."""
         with self._lock:
             self._curves[who] = (s, c)
-        return self._plan(who)
+            if who in self._asked or who not in self._plan_k:
+                whos = list(self._curves)
+                self._plan_k = dict(zip(whos, self._ks(), strict=True))
+                self._asked = set()
+            self._asked.add(who)
+            return self._plan_k[who]
 
     def could(self, who: object) -> bool:
         """Whether who would draft if its draft were always right (if not, nothing it could
@@ -103,18 +112,24 @@ class Batch:
 
     def _plan(self, who: object, right: bool = False) -> int:
         with self._lock:
-            curves = list(self._curves.items())
-        mine = next(i for i, (w, _) in enumerate(curves) if w is who)
+            mine = list(self._curves).index(who)
+            return int(self._ks(mine if right else -1)[mine])
+
+    def _ks(self, right: int = -1) -> np.ndarray:
+        """(under the lock) Every slot's k in the best plan; slot `right`'s draft always
+        right."""
+        curves = list(self._curves.values())
         t1, slope = self.cost.fit()
-        S = np.zeros((len(curves), max(len(cs) for _, (cs, _) in curves)))
-        for i, (_, (cs, _)) in enumerate(curves):
-            S[i, :len(cs)] = 1.0 if right and i == mine else cs
-        c = max(ci for _, (_, ci) in curves)  # the slots draft side by side: the slowest
-        return int(plan_batch(S, t1 or 1.0, slope, c)[mine])
+        S = np.zeros((len(curves), max(len(cs) for cs, _ in curves)))
+        for i, (cs, _) in enumerate(curves):
+            S[i, :len(cs)] = 1.0 if i == right else cs
+        c = max(ci for _, ci in curves)  # the slots draft side by side: the slowest
+        return plan_batch(S, t1 or 1.0, slope, c)
 
     def drop(self, who: object) -> None:
         with self._lock:
             self._curves.pop(who, None)
+            self._plan_k, self._asked = {}, set()  # a new plan without it
 
     def members(self) -> int:
         with self._lock:
