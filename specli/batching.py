@@ -367,8 +367,9 @@ class SharedContext:
             for r in batch:
                 r.error = e
             return
-        if self.timed and not any(r.prompt for r in batch):  # steps only: a
-            # prompt's hundreds of tokens would decide the line through batches of a few
+        if self.timed and len({r.take for r in batch}) == 1 and not batch[0].prompt:  # steps
+            # of equal lengths only: a prompt's hundreds of tokens would decide the line
+            # through batches of a few, and unequal lengths cost llama.cpp several graph runs
             self.timed(sum(r.take for r in batch), dt)
         n_now = [r.n_now for r in batch]
         rows = m.rows(sum(n_now))
