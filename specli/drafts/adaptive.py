@@ -81,8 +81,9 @@ class Batch:
     is a batch of one): the target's time for a decode of n tokens in all (cost: fed where
     the decodes are made, in a server), and each drafting slot's acceptance curve S(j) and
     drafting time a token, as of its last step. Each slot takes its k from one plan for the
-    whole batch (plan_batch): a slot alone cannot see that its draft is free only because
-    the others draft too, and every slot drafting was the plan none of them would choose."""
+    whole batch (plan_batch, one length for all): a slot alone cannot see that its draft is
+    free only because the others draft too, and every slot drafting was the plan none of
+    them would choose."""
 
     def __init__(self, cost: VerifyCost | None = None) -> None:
         self.cost = cost or VerifyCost()
