@@ -51,12 +51,9 @@ class Scheduler(Executor):
             raise BackendError("the model's context is closed (the server is stopping)")
         fut: Future = Future()
         if self.on_thread():
-            try:
-                fut.set_result(fn(*args, **kw))
-            except BaseException as e:  # noqa: BLE001 - the future holds it
-                fut.set_exception(e)
-            return fut
-        self._inbox.put([(fn, args, kw, fut)])
+            self._task(fn, args, kw, fut)
+        else:
+            self._inbox.put([(fn, args, kw, fut)])
         return fut
 
     def submit_all(self, calls: Sequence[Callable[[], object]]) -> list[Future]:
@@ -258,7 +255,9 @@ class SharedContext:
 
     def close(self) -> None:
         """Later decodes are refused, and those queued fail; the loop ends with its last
-        context."""
+        context. A second call does nothing."""
+        if self.closed:
+            return
         self.sched.submit(self._close).result()
         with self.editing():  # (never under a decode)
             self.base.close()

@@ -119,3 +119,14 @@ def test_a_long_prompt_is_decoded_in_chunks_between_the_other_slots_steps(f32, m
         alone.close()
     assert out[1] is True and int(out[0][-1].argmax()) == int(want[-1].argmax())
     assert abs(out[0][-1] - want[-1]).max() < 1e-3
+
+
+def test_a_context_closes_once_and_refuses_decodes_after(q4_1):
+    """Closing twice is harmless (the second finds the loop ended), and a decode after the
+    close is a clear BackendError, not a hang."""
+    ctx = SharedContext(ModelParams(q4_1, n_ctx=64, n_threads=1), n_seq=1)
+    view = ctx.view(0)
+    ctx.close()
+    ctx.close()
+    with pytest.raises(BackendError):
+        view.decode([1, 2])
