@@ -177,6 +177,8 @@ def main() -> None:
                     help="both servers without a draft: plain batched decoding")
     ap.add_argument("--no-plain", action="store_true",
                     help="leave out llama-server without a draft")
+    ap.add_argument("--specli-plain", action="store_true",
+                    help="also specli serve without a draft (the plan's own fallback)")
     ap.add_argument("--ttft", action="store_true",
                     help="instead: time to first token of short requests while 2,000-token "
                     "prompts arrive, with 4 clients streaming (-c large enough per slot)")
@@ -199,6 +201,11 @@ def main() -> None:
     servers["specli"] = (subprocess.Popen(
         [sys.executable, "-m", "specli", "serve", *common, *spec, "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
+    if args.specli_plain and not args.no_draft:
+        port = free_port()
+        servers["specli plain"] = (subprocess.Popen(
+            [sys.executable, "-m", "specli", "serve", *common, "--port", str(port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}")
     port = free_port()
     # without --spec-type draft-simple, this llama-server loads -md and never drafts
     native_spec = [] if args.no_draft else [*with_draft, "--spec-type", "draft-simple",
@@ -260,6 +267,8 @@ def main() -> None:
         if plain:
             p = statistics.median(results[("llama-server plain", c)])
             row += f" {p:.1f} | {s / max(n, p):.2f}x |"
+        if "specli plain" in servers:
+            row += f" specli, no draft: {statistics.median(results[('specli plain', c)]):.1f}"
         print(row)
 
 
