@@ -366,9 +366,11 @@ class SharedContext:
             for r in batch:
                 r.error = e
             return
-        if self.timed and len({r.take for r in batch}) == 1 and not batch[0].prompt:  # steps
-            # of equal lengths only: a prompt's hundreds of tokens would decide the line
-            # through batches of a few, and unequal lengths cost llama.cpp several graph runs
+        if (self.timed and len({r.take for r in batch}) == 1 and not batch[0].prompt
+                and batch[-1].seq - batch[0].seq == len(batch) - 1):  # steps of equal
+            # lengths of sequences that follow each other only: a prompt's hundreds of
+            # tokens would decide the fit, and unequal lengths or a gap between sequence
+            # ids cost llama.cpp a graph run more (4 slots of ids 0, 1, 4, 6: three)
             self.timed(sum(r.take for r in batch), dt)
         n_now = [r.n_now for r in batch]
         rows = m.rows(sum(n_now))

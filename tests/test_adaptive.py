@@ -254,3 +254,27 @@ def test_the_batch_plan_is_made_once_an_iteration(monkeypatch):
     batch.drop(slots[1])
     made.clear()
     assert batch.choose(slots[0], good, 0.001) > 0 and made == [3]
+
+
+def test_a_slot_beside_others_does_not_explore_a_draft_that_cannot_pay():
+    """A draft that would not pay even if always right explores at a generation's first
+    step only alone (to `run`, that step costs its own time); beside other slots it would
+    cost every one of them a catch-up of the whole prompt and a decode of unequal lengths
+    (served, 8 clients: 2-4 drafted steps a request, each catching up 40-80 tokens)."""
+    def first_k(others: int) -> int:
+        now, batch = [0.0], Batch()
+        b = others + 1
+        for _ in range(20):  # a plain step of b slots: 7.3 ms a slot
+            batch.cost.add(b, 0.0073 * b)
+        for i in range(others):
+            batch.choose(("other", i), 0.9 ** np.arange(1, 9), 0.0073 * b)
+        ad = Adaptive(Slow(now, 0.0073 * b), seed=0, clock=lambda: now[0], batch=batch,
+                      who="me")  # its draft as slow as the target's plain step
+        ad.propose([1], 8, SP, np.random.default_rng(0))  # its cost measured
+        ad.accept(accepted(1))
+        ad.begin([1])  # the next generation
+        ad.propose([1], 8, SP, np.random.default_rng(0))
+        return ad.k
+
+    assert first_k(0) == 1
+    assert first_k(7) == 0

@@ -239,10 +239,14 @@ class Adaptive:
         if k == 0:  # no length beats the target alone (in this batch): explore now and
             # then, EXPLORE_REST of the batch's steps (one slot's exploring draft holds up
             # every slot's verification, which waits for the drafts); a draft that would
-            # not pay even if always right, only at a generation's first step
-            lucky = self._rng.random() < EXPLORE_REST / max(self.batch.members(), 1)
+            # not pay even if always right, only at a generation's first step, and only
+            # alone: beside other slots that step would cost them all a catch-up of the
+            # whole prompt and a decode of unequal lengths, for a cost already known
+            members = max(self.batch.members(), 1)
+            lucky = self._rng.random() < EXPLORE_REST / members
             if lucky or self._first:
-                k = int(lucky if self.batch.could(self.who) else self._first)
+                k = int(lucky if self.batch.could(self.who)
+                        else self._first and members == 1)
         elif self._rng.random() < EXPLORE:
             k += int(self._rng.choice((-1, 1)))
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
