@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).parents[1]
-COMMANDS = [[], ["run"], ["serve"], ["download"], ["tune-draft"], ["check-pair"], ["info"],
+COMMANDS = [[], ["run"], ["serve"], ["download"], ["convert-head"], ["tune-draft"],
+            ["check-pair"], ["info"],
             ["audit"],
             ["lookup"],
             ["lookup", "create"],

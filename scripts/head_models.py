@@ -17,6 +17,7 @@ particular random draw, only on the files being the same for specli and native l
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -181,18 +182,29 @@ def mtp_target(path: Path, src: str, n_nextn: int = 1, seed: int = 2) -> str:
     return _finish(x, path, live, n_vocab)
 
 
-def eagle3_head(path: Path, src: str, layers: tuple[int, ...] = (0, 2, 3), seed: int = 3) -> str:
+def eagle3_head(path: Path, src: str, layers: tuple[int, ...] = (0, 2, 3), seed: int = 3,
+                norm_before_residual: bool = False, norm_before_fc: bool = False,
+                own_embd: bool = False) -> str:
     """An EAGLE-3 head for llama_target: one decoder block over [embedding; fc(features of
     three target layers)], its own small output vocabulary (the live tokens, through d2t),
-    the target's token embeddings."""
+    the target's token embeddings (own_embd: its own, as Llama 3.3 70B's head has); the
+    RedHat (norm_before_residual) and EAGLE-3.1 (norm_before_fc) variants."""
     live = _tokenizer(src)[1]
     w = _writer(path, "eagle3", src)
     _dims(w, "eagle3", 1)
     w.add_array("eagle3.target_layers", list(layers))
     w.add_uint32("eagle3.target_hidden_size", E)
+    if norm_before_residual:
+        w.add_bool("eagle3.norm_before_residual", True)
+    if norm_before_fc:
+        w.add_bool("eagle3.norm_before_fc", True)
     x = _Weights(w, seed)
     w.add_tensor("d2t", np.array(live, np.int64))
     x.mat("fc.weight", 3 * E, E)
+    if norm_before_fc:
+        x.norm("enc.output_norm.weight", 3 * E)
+    if own_embd:
+        x.mat("token_embd.weight", E, _n_vocab(src), std=1.0)
     x.norm("output_norm.weight", E)
     x.mat("output.weight", E, len(live), std=0.5)
     hd = E // HEADS
@@ -208,6 +220,117 @@ def eagle3_head(path: Path, src: str, layers: tuple[int, ...] = (0, 2, 3), seed:
     x.mat("blk.0.ffn_down.weight", FF, E)
     _done(w)
     return str(path)
+
+
+# Published EAGLE-3 checkpoint layouts (llama.cpp's conversion/llama.py reads them all):
+# architecture string, where the block's tensors live, the d2t map's integer type, the
+# output norm's name, whether the config nests the block's settings (RedHat speculators),
+# the variant flags and extra tensors the layout carries, and the weights' type
+EAGLE3_LAYOUTS = {
+    "specforge": dict(arch="LlamaForCausalLMEagle3", block="midlayer.", d2t=np.int64,
+                      norm="norm.weight", nested=False, t2d=True),
+    "vllm": dict(arch="Eagle3LlamaForCausalLM", block="model.layers.0.", d2t=np.int32,
+                 norm="model.norm.weight", nested=False, t2d=False),
+    "speculators": dict(arch="Eagle3Speculator", block="layers.0.", d2t=np.int64,
+                        norm="norm.weight", nested=True, t2d=True, norm_before_residual=True,
+                        own_embd=True),
+    "draftmodel": dict(arch="Eagle3DraftModel", block="midlayer.", d2t=np.int64,
+                       norm="norm.weight", nested=False, t2d=False, norm_before_fc=True,
+                       dtype="bf16"),
+}
+_E3_BLOCK = {"attn_norm": "input_layernorm", "attn_norm_2": "hidden_norm",
+             "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+             "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's q/k row order back to Hugging Face's rotary halves."""
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+       "I32": np.int32}
+
+
+def read_gguf(path: str) -> tuple[dict, dict[str, tuple[str, np.ndarray]]]:
+    """A GGUF file's metadata (arrays in full) and tensors, {name: (type, array in numpy's
+    order)}, for the unquantized types; seconds faster than gguf's GGUFReader, which makes an
+    object of every token of a tokenizer."""
+    from specli.ggufmeta import read_header
+
+    h = read_header(path)
+    h = read_header(path, [k for k, kind in h.types.items() if kind.startswith("ARRAY")])
+    data = np.memmap(path, np.uint8, "r")
+    ts = {}
+    for t in h.tensors:
+        start = h.data_offset + t.offset
+        raw = np.array(data[start:start + t.n_bytes])
+        ts[t.name] = (t.type, raw.view(_NP[t.type]).reshape(tuple(reversed(t.shape))))
+    return h.kv, ts
+
+
+def eagle3_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
+    """The EAGLE-3 head file `head` (eagle3_head's) as a Hugging Face checkpoint in one of
+    EAGLE3_LAYOUTS: config.json and model.safetensors, the tensors under the layout's
+    names, q/k rows in Hugging Face's order, d2t as offsets (draft id + d2t = target id)."""
+    from safetensors.numpy import save_file
+
+    spec = EAGLE3_LAYOUTS[layout]
+    kv, typed = read_gguf(head)
+    ts = {name: a for name, (_, a) in typed.items()}
+    dtype = spec.get("dtype", "f16")
+    import ml_dtypes
+
+    def cast(a: np.ndarray) -> np.ndarray:
+        if a.dtype.kind != "f":
+            return a
+        return a.astype(ml_dtypes.bfloat16 if dtype == "bf16" else
+                        np.float32 if a.ndim == 1 else np.float16)
+
+    t: dict[str, np.ndarray] = {}
+    for name, a in ts.items():
+        if name == "d2t":
+            t["d2t"] = (a - np.arange(a.size)).astype(spec["d2t"])
+        elif name.startswith("blk.0."):
+            part = name.removeprefix("blk.0.").removesuffix(".weight")
+            if part in ("attn_q", "attn_k"):
+                a = _unpermute(a, HEADS if part == "attn_q" else HEADS_KV)
+            t[spec["block"] + _E3_BLOCK[part] + ".weight"] = cast(a)
+        else:
+            t[{"fc.weight": "fc.weight", "output_norm.weight": spec["norm"],
+               "output.weight": "lm_head.weight", "token_embd.weight": "embed_tokens.weight",
+               "enc.output_norm.weight": "input_norm.weight"}[name]] = cast(a)
+    if spec["t2d"]:  # the target-to-draft map (llama.cpp does not use it)
+        t2d = np.zeros(_n_vocab(src), bool)
+        t2d[np.asarray(ts["d2t"])] = True
+        t["t2d"] = t2d
+    n_draft = int(ts["d2t"].size)
+    layer = {"architectures": ["LlamaForCausalLM"], "hidden_size": kv["eagle3.embedding_length"],
+             "intermediate_size": kv["eagle3.feed_forward_length"],
+             "num_attention_heads": kv["eagle3.attention.head_count"],
+             "num_key_value_heads": kv["eagle3.attention.head_count_kv"],
+             "num_hidden_layers": 1, "max_position_embeddings": kv["eagle3.context_length"],
+             "rms_norm_eps": float(kv["eagle3.attention.layer_norm_rms_epsilon"]),
+             "rope_theta": float(kv["eagle3.rope.freq_base"]), "vocab_size": _n_vocab(src),
+             "hidden_act": "silu", "torch_dtype": "bfloat16" if dtype == "bf16" else "float16"}
+    config: dict = {"architectures": [spec["arch"]], "draft_vocab_size": n_draft,
+                    "eagle_aux_hidden_state_layer_ids": [int(i) for i in
+                                                         kv["eagle3.target_layers"]]}
+    if spec["nested"]:
+        config |= {"transformer_layer_config": layer, "speculators_model_type": "eagle3",
+                   "target_hidden_size": kv["eagle3.target_hidden_size"]}
+    else:
+        config |= layer | {"architectures": [spec["arch"]], "model_type": "llama"}
+    for flag in ("norm_before_residual", "norm_before_fc"):
+        if kv.get(f"eagle3.{flag}"):
+            config[flag] = True
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def dflash_head(path: Path, src: str, layers: tuple[int, ...] = (1, 3), block: int = 8,

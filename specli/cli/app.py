@@ -24,6 +24,7 @@ COMMANDS = {
     "check-pair": ("check_pair", "check_pair"),
     "info": ("info", "info"),
     "download": ("download", "download"),
+    "convert-head": ("convert_head", "convert_head"),
     "tune-draft": ("tune", "tune_draft"),
     "audit": ("audit", "audit"),
     "rpc-server": ("rpc_server", "rpc_server"),

@@ -1,0 +1,627 @@
+"""Draft heads from where they are published: a Hugging Face safetensors checkpoint
+(config.json and its weights) converted into the GGUF file llama.cpp loads, against the GGUF
+target the user already has.
+
+llama.cpp's convert_hf_to_gguf.py --target-model-dir reads the target's Hugging Face directory
+for its tokenizer, width, layer count and vocabulary; a GGUF target holds all of them. The
+conversion follows that converter (conversion/llama.py in the vendored tree: its tensor names,
+q/k permutation, d2t as absolute ids, output types) so that the files match, and reads the
+weights with the safetensors package's numpy API (bf16 through ml_dtypes): no torch.
+
+Everything is checked before a byte is written, from the checkpoint's headers and the
+target's metadata: the layout, every tensor's name and shape, the vocabulary and the widths.
+The file is written to a temporary name beside the output and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from specli.errors import IncompatiblePairError, SpecliError
+
+# the EAGLE-3 layouts llama.cpp's converter reads (conversion/__init__.py, llama.py)
+EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator",
+                "Eagle3DraftModel")
+# plain llama architecture strings under which the converter still finds an EAGLE-3 head
+LLAMA_ARCHS = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel")
+# known to llama.cpp's converter, not converted here yet
+LATER_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel", "Qwen3DSparkModel", "DSparkDraftModel",
+               "DSparkSpeculator", "Lfm2DSparkDraftModel", "LingDSparkModel",
+               "DeepseekV4DSparkModel", "Gemma4DSparkModel")
+CONFIG_MAX = 4 << 20  # bytes of config.json (published ones are a few KB)
+INDEX_MAX = 64 << 20  # bytes of model.safetensors.index.json
+OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+WIDTH_MAX = 1 << 20  # any width, head count or vocabulary a config may state
+
+# an EAGLE-3 block's tensors, checkpoint name -> GGUF name (gguf-py's tensor map for llama
+# blocks, plus EAGLE-3's hidden_norm)
+_BLOCK = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "hidden_norm.weight": "attn_norm_2.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+_BLOCK_PREFIXES = ("midlayer.", "model.layers.0.", "layers.0.")  # SpecForge, HF, speculators
+_TOP = {
+    "fc.weight": "fc.weight",
+    "input_norm.weight": "enc.output_norm.weight",  # norm_before_fc
+    "norm.weight": "output_norm.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "embed_tokens.weight": "token_embd.weight",
+    "model.embed_tokens.weight": "token_embd.weight",
+    "d2t": "d2t",
+}
+_SKIP = ("t2d",)  # the target-to-draft map: llama.cpp does not use it
+_FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama_ftype: general.file_type
+
+
+class HeadCheckpointError(SpecliError):
+    """A head checkpoint that cannot be converted: an unknown layout, a malformed or
+    hostile file, or a head made for another target. Exit code 2."""
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What convert_head wrote: the file, its head type, the checkpoint's architecture
+    string, the tensors and bytes written, and the seconds it took."""
+
+    path: str
+    spec_type: str
+    architecture: str
+    n_tensors: int
+    n_bytes: int
+    seconds: float
+    outtype: str
+    keys: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "type": self.spec_type, "architecture": self.architecture,
+                "n_tensors": self.n_tensors, "bytes": self.n_bytes, "outtype": self.outtype,
+                "seconds": round(self.seconds, 3)}
+
+
+def _fail(message: str, hint: str | None = None) -> HeadCheckpointError:
+    return HeadCheckpointError(message, hint)
+
+
+def _inside(path: Path, root: Path, what: str) -> Path:
+    """path resolved, refused if it (or a link it follows) leads outside root."""
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError) as e:  # missing, or a symlink loop
+        raise _fail(f"{what}: cannot open {path}: {getattr(e, 'strerror', None) or e}") from e
+    if not real.is_relative_to(root):
+        raise _fail(f"{what}: {path.name} leads outside the checkpoint ({real})",
+                    "a symlink out of the repository is refused")
+    if not real.is_file():
+        raise _fail(f"{what}: {path.name} is not a regular file")
+    return real
+
+
+def _read_json(path: Path, limit: int, what: str) -> dict:
+    if path.stat().st_size > limit:
+        raise _fail(f"{what} is {path.stat().st_size:,} bytes, more than the {limit:,} a "
+                    "checkpoint's needs")
+    try:
+        doc = json.loads(path.read_bytes())
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise _fail(f"{what} is not valid JSON: {str(e)[:200]}") from e
+    if not isinstance(doc, dict):
+        raise _fail(f"{what} is not a JSON object")
+    return doc
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A head checkpoint's directory: its config (nested configs merged, as the converter
+    does), the raw config.json, its architecture string and its safetensors files."""
+
+    root: Path
+    raw: dict
+    config: dict
+    architecture: str
+    files: tuple[Path, ...]
+
+
+def read_checkpoint(directory: str | os.PathLike, within: str | os.PathLike | None = None
+                    ) -> Checkpoint:
+    """The checkpoint in directory; every file it names must lie inside `within` (default:
+    the directory itself; a Hugging Face cache's snapshot links into the repository's
+    blobs, so the hub passes the repository's folder)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise _fail(f"head checkpoint not found: {d} is not a directory",
+                    "pass the folder that holds config.json and *.safetensors")
+    root = Path(within or d).resolve()
+    cfg_path = d / "config.json"
+    if not cfg_path.exists():
+        raise _fail(f"{d}: no config.json", "a published head's folder holds config.json "
+                    "and its *.safetensors")
+    raw = _read_json(_inside(cfg_path, root, str(d)), CONFIG_MAX, f"{cfg_path}")
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    config = dict(raw)
+    for nested in ("transformer_layer_config", "text_config"):  # speculators, multimodal
+        if isinstance(raw.get(nested), dict):
+            config = {**config, **raw[nested]}
+    if arch is None:
+        raise _fail(f"{cfg_path}: no architectures list naming the head's architecture")
+    return Checkpoint(d, raw, config, arch, _weights(d, root))
+
+
+def _weights(d: Path, root: Path) -> tuple[Path, ...]:
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        doc = _read_json(_inside(index, root, str(d)), INDEX_MAX, str(index))
+        wmap = doc.get("weight_map")
+        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
+            raise _fail(f"{index}: no weight_map of tensor names to files")
+        names = sorted(set(wmap.values()))
+        for n in names:
+            if Path(n).name != n or not n.endswith(".safetensors"):
+                raise _fail(f"{index}: names {n!r}, which is not a safetensors file beside it")
+    else:
+        names = sorted(p.name for p in d.glob("*.safetensors"))
+    if not names:
+        pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt"))
+        raise _fail(f"{d}: no *.safetensors weights" + (
+            f" ({', '.join(pickles)} is a PyTorch pickle, which specli does not unpickle)"
+            if pickles else ""), "specli converts safetensors checkpoints only")
+    return tuple(_inside(d / n, root, str(d)) for n in names)
+
+
+@dataclass(frozen=True)
+class _Source:
+    file: Path
+    key: str
+    dtype: str  # safetensors dtype: BF16, F16, F32, I64, ...
+    shape: tuple[int, ...]
+
+
+def _index(files: tuple[Path, ...]) -> dict[str, _Source]:
+    """Every tensor's file, dtype and shape, from the files' headers (no data read; the
+    safetensors library checks the header's size, offsets and overlaps)."""
+    from safetensors import SafetensorError, safe_open
+
+    out: dict[str, _Source] = {}
+    for f in files:
+        try:
+            with safe_open(str(f), framework="np") as st:
+                for key in st.keys():
+                    sl = st.get_slice(key)
+                    if key in out:
+                        raise _fail(f"{f.name}: tensor {key} is also in {out[key].file.name}")
+                    out[key] = _Source(f, key, sl.get_dtype(), tuple(sl.get_shape()))
+        except SafetensorError as e:
+            raise _fail(f"{f}: not a valid safetensors file: {str(e)[:200]}") from e
+        except OSError as e:
+            raise _fail(f"{f}: cannot read: {e.strerror or e}") from e
+    return out
+
+
+def _int(cfg: dict, key: str, what: str, default: int | None = None, lo: int = 1,
+         hi: int = WIDTH_MAX) -> int:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise _fail(f"{what}: {key} = {v!r} in config.json is not an integer in [{lo}, {hi}]")
+    return v
+
+
+def _float(cfg: dict, key: str, what: str, default: float) -> float:
+    v = cfg.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise _fail(f"{what}: {key} = {v!r} in config.json is not a positive number")
+    return float(v)
+
+
+def _flag(cfg: dict, key: str, what: str) -> bool:
+    v = cfg.get(key, False)
+    if not isinstance(v, bool):
+        raise _fail(f"{what}: {key} = {v!r} in config.json is not true or false")
+    return v
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What the converter would read from the target's Hugging Face directory, from its GGUF."""
+
+    path: str
+    arch: str
+    width: int
+    n_layer: int
+    n_vocab: int
+    tokenizer: list  # (key, value, GGUFValueType, array item type or None)
+
+
+def _target(path: str):
+    from specli.ggufmeta import read_header
+
+    h = read_header(path)
+    keys = [k for k in h.types if k.startswith("tokenizer.")]
+    h = read_header(path, keys)
+    arch = h.kv.get("general.architecture")
+    width, blocks = h.kv.get(f"{arch}.embedding_length"), h.kv.get(f"{arch}.block_count")
+    tokens = h.kv.get("tokenizer.ggml.tokens")
+    if not isinstance(width, int) or not isinstance(blocks, int) or not isinstance(tokens, list):
+        raise _fail(f"{path}: not a target model (no width, layer count or vocabulary in "
+                    "its metadata)")
+    nextn = h.kv.get(f"{arch}.nextn_predict_layers")
+    n_layer = blocks - (nextn if isinstance(nextn, int) and 0 < nextn < blocks else 0)
+    import gguf
+
+    T = gguf.GGUFValueType
+    tok = []
+    for k in keys:
+        info = h.arrays.get(k)
+        if info is not None:
+            tok.append((k, h.kv[k], T.ARRAY, T[info.element_type]))
+        else:
+            tok.append((k, h.kv[k], T[h.types[k]], None))
+    return h, _Target(path, arch, width, n_layer, len(tokens), tok)
+
+
+@dataclass
+class _Plan:
+    """One head's conversion: metadata to write and tensors (GGUF name -> source, or an
+    array generated here), checked against the shapes llama.cpp's loader creates."""
+
+    arch: str
+    spec_type: str
+    kv: list = field(default_factory=list)  # (key, value, GGUFValueType, sub type)
+    tensors: dict = field(default_factory=dict)  # gguf name -> _Source | np.ndarray
+    permute: dict = field(default_factory=dict)  # gguf name -> (n_head, n_head_kv)
+
+
+def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
+    import gguf
+
+    T = gguf.GGUFValueType
+    cfg, raw, what = ck.config, ck.raw, f"{ck.architecture} head"
+    if _int(cfg, "num_hidden_layers", what, 1) != 1:
+        raise _fail(f"{what}: {cfg['num_hidden_layers']} layers; an EAGLE-3 head has one")
+    E = _int(cfg, "hidden_size", what)
+    n_head = _int(cfg, "num_attention_heads", what)
+    n_kv = _int(cfg, "num_key_value_heads", what, n_head)
+    hd = _int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
+    ff = _int(cfg, "intermediate_size", what)
+    n_vocab = _int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
+    n_draft = _int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
+    if n_head % n_kv:
+        raise _fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
+    width = raw.get("target_hidden_size")
+    width = tgt.width if width is None else _int(raw, "target_hidden_size", what)
+    if width != tgt.width:
+        raise _fail(f"{what} reads a target {width} wide; {tgt.path} ({tgt.arch}) is "
+                    f"{tgt.width} wide", "the head was trained for another target")
+    if n_vocab != tgt.n_vocab:
+        raise _fail(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
+                    f"{tgt.n_vocab:,}", "the head was trained for another target")
+    layers = raw.get("eagle_aux_hidden_state_layer_ids")
+    if layers:
+        if not isinstance(layers, list) or len(layers) != 3 or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise _fail(f"{what}: eagle_aux_hidden_state_layer_ids = {layers!r} is not three "
+                        "layer ids")
+    else:  # the converter's default: low, middle and high layers of the target
+        layers = [2, tgt.n_layer // 2, tgt.n_layer - 3]
+    if not all(0 <= i < tgt.n_layer for i in layers):
+        raise _fail(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
+                    "the head was trained for another target")
+    before_fc = _flag(raw, "norm_before_fc", what)
+    plan = _Plan("eagle3", "draft-eagle3")
+    a = "eagle3"
+    ctx = cfg.get("max_position_embeddings")
+    kv = [("general.type", "model", T.STRING)]
+    if isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx < 1 << 31:
+        kv.append((f"{a}.context_length", ctx, T.UINT32))
+    kv += [(f"{a}.embedding_length", E, T.UINT32), (f"{a}.block_count", 1, T.UINT32),
+           (f"{a}.feed_forward_length", ff, T.UINT32),
+           (f"{a}.attention.head_count", n_head, T.UINT32),
+           (f"{a}.attention.head_count_kv", n_kv, T.UINT32)]
+    rope = _rope(cfg, what, hd)
+    kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
+    kv.append((f"{a}.attention.layer_norm_rms_epsilon",
+               _float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
+    if "head_dim" in cfg:
+        kv += [(f"{a}.attention.key_length", hd, T.UINT32),
+               (f"{a}.attention.value_length", hd, T.UINT32)]
+    kv += [(f"{a}.vocab_size", n_vocab, T.UINT32),
+           (f"{a}.rope.dimension_count", hd, T.UINT32)]
+    plan.kv = [(k, v, t, None) for k, v, t in kv]
+    plan.kv += [(f"{a}.target_layers", list(layers), T.ARRAY, T.INT32),
+                (f"{a}.target_hidden_size", width, T.UINT32, None),
+                (f"{a}.norm_before_residual", _flag(raw, "norm_before_residual", what),
+                 T.BOOL, None),
+                (f"{a}.norm_before_fc", before_fc, T.BOOL, None)]
+
+    if rope[1] is not None:  # generated first, as the converter does
+        plan.tensors["rope_freqs.weight"] = rope[1]
+    for key, s in src.items():
+        name = _eagle3_name(key)
+        if name is None:
+            continue
+        if name in plan.tensors:
+            raise _fail(f"{what}: {key} and another tensor both map to {name}")
+        plan.tensors[name] = s
+    # the shapes llama.cpp's EAGLE-3 loader creates (src/models/eagle3.cpp), numpy order
+    want = {"fc.weight": (E, 3 * width), "output_norm.weight": (E,),
+            "blk.0.attn_norm.weight": (E,), "blk.0.attn_norm_2.weight": (E,),
+            "blk.0.attn_q.weight": (n_head * hd, 2 * E),
+            "blk.0.attn_k.weight": (n_kv * hd, 2 * E),
+            "blk.0.attn_v.weight": (n_kv * hd, 2 * E),
+            "blk.0.attn_output.weight": (E, n_head * hd), "blk.0.ffn_norm.weight": (E,),
+            "blk.0.ffn_gate.weight": (ff, E), "blk.0.ffn_up.weight": (ff, E),
+            "blk.0.ffn_down.weight": (E, ff)}
+    if before_fc:
+        want["enc.output_norm.weight"] = (3 * width,)
+    optional = {"output.weight": (n_draft, E), "token_embd.weight": (tgt.n_vocab, E),
+                "d2t": (n_draft,), "rope_freqs.weight": (hd // 2,)}
+    _check_shapes(plan.tensors, want, optional, what)
+    d2t = plan.tensors.get("d2t")
+    if d2t is not None and d2t.dtype not in ("I64", "I32", "I16", "U32", "U16"):
+        raise _fail(f"{what}: d2t is {d2t.dtype}, not an integer map")
+    plan.permute = {"blk.0.attn_q.weight": (n_head, n_head),
+                    "blk.0.attn_k.weight": (n_head, n_kv)}
+    return plan
+
+
+def _eagle3_name(key: str) -> str | None:
+    if key in _SKIP or key.endswith(".rotary_emb.inv_freq"):
+        return None
+    if key in _TOP:
+        return _TOP[key]
+    for p in _BLOCK_PREFIXES:
+        if key.startswith(p) and key[len(p):] in _BLOCK:
+            return "blk.0." + _BLOCK[key[len(p):]]
+    raise _fail(f"EAGLE-3 head: cannot map tensor {key!r} to llama.cpp's EAGLE-3 graph",
+                "a layout llama.cpp's converter does not read either")
+
+
+def _check_shapes(have: dict, want: dict, optional: dict, what: str) -> None:
+    for name, shape in {**want, **optional}.items():
+        t = have.get(name)
+        if t is None:
+            if name in want:
+                raise _fail(f"{what}: no {name} tensor in the checkpoint")
+            continue
+        got = tuple(t.shape)
+        if got != shape:
+            raise _fail(f"{what}: {name} is {list(got)}, llama.cpp expects {list(shape)} from "
+                        "config.json and the target")
+    extra = sorted(set(have) - set(want) - set(optional))
+    if extra:
+        raise _fail(f"{what}: {extra[0]} is not a tensor llama.cpp's graph loads",
+                    f"{len(extra)} such" if len(extra) > 1 else None)
+
+
+def _rope(cfg: dict, what: str, hd: int):
+    """The rope keys ((name, value, type)...) and llama3's frequency factors (or None), as
+    the converter writes them (TextModel.set_gguf_parameters, LlamaModel)."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    params = cfg.get("rope_parameters", cfg.get("rope_scaling")) or {}
+    if not isinstance(params, dict):
+        raise _fail(f"{what}: rope_scaling in config.json is not an object")
+    params = params.get("full_attention", params)
+    theta = params.get("rope_theta", cfg.get("rope_theta"))
+    kind = params.get("rope_type", params.get("type"))
+    keys, freqs = [], None
+    if theta is not None:
+        keys.append(("rope.freq_base", _float({"rope_theta": theta}, "rope_theta", what, 1.0),
+                     T.FLOAT32))
+    factor = params.get("factor")
+    if kind in (None, "default"):
+        pass
+    elif kind == "linear" and factor is not None:
+        keys += [("rope.scaling.type", "linear", T.STRING),
+                 ("rope.scaling.factor", _float(params, "factor", what, 1.0), T.FLOAT32)]
+    elif kind == "yarn" and factor is not None:
+        keys += [("rope.scaling.type", "yarn", T.STRING),
+                 ("rope.scaling.factor", _float(params, "factor", what, 1.0), T.FLOAT32),
+                 ("rope.scaling.original_context_length",
+                  _int(params, "original_max_position_embeddings", what, hi=1 << 30),
+                  T.UINT32)]
+        for k, g in (("extrapolation_factor", "yarn_ext_factor"),
+                     ("attention_factor", "yarn_attn_factor"),
+                     ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
+            if params.get(k) is not None:
+                keys.append((f"rope.scaling.{g}", _float(params, k, what, 1.0), T.FLOAT32))
+    elif isinstance(kind, str) and kind.lower() == "llama3":
+        base = _float({"t": theta if theta is not None else 10000.0}, "t", what, 1.0)
+        freqs = _llama3_factors(params, what, base, hd)
+    else:
+        raise _fail(f"{what}: rope type {kind!r} in config.json is not one specli converts")
+    return keys, freqs
+
+
+def _llama3_factors(p: dict, what: str, base: float, dim: int) -> np.ndarray:
+    """Llama 3's rope frequency factors (the rope_freqs tensor): 1 for short wavelengths,
+    `factor` for long ones, a smooth ramp between."""
+    factor = _float(p, "factor", what, 8.0)
+    low = _float(p, "low_freq_factor", what, 1.0)
+    high = _float(p, "high_freq_factor", what, 4.0)
+    old = _float(p, "original_max_position_embeddings", what, 8192)
+    if low == high:
+        raise _fail(f"{what}: llama3 rope with low_freq_factor == high_freq_factor")
+    freqs = 1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    wavelen = 2 * math.pi / freqs.astype(np.float64)
+    smooth = (old / wavelen - low) / (high - low)
+    out = np.where(wavelen < old / high, 1.0,
+                   np.where(wavelen > old / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+    return out.astype(np.float32)
+
+
+def _permute(w: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """Hugging Face's rotary layout of q/k rows to llama.cpp's (LlamaModel.permute)."""
+    if n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _outtype(plan: _Plan, outtype: str) -> str:
+    """`auto`: the checkpoint's own type (its first matrix's, as the converter guesses)."""
+    if outtype != "auto":
+        return outtype
+    for t in plan.tensors.values():
+        if isinstance(t, _Source) and len(t.shape) >= 2:
+            return {"BF16": "bf16", "F16": "f16"}.get(t.dtype, "f16")
+    return "f16"
+
+
+def _qtype(name: str, ndim: int, ftype: str):
+    import gguf
+
+    Q = gguf.GGMLQuantizationType
+    if ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return Q.F32
+    return {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[ftype]
+
+
+def _load(s: _Source) -> np.ndarray:
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(s.file), framework="np") as st:
+            return st.get_tensor(s.key)
+    except (SafetensorError, OSError, ValueError, TypeError) as e:
+        raise _fail(f"{s.file}: cannot read tensor {s.key}: {str(e)[:200]}") from e
+
+
+def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
+    """The array to write and its GGML type."""
+    import gguf
+
+    if isinstance(t, np.ndarray):  # generated here
+        return t, gguf.GGMLQuantizationType.F32
+    a = _load(t)
+    if name == "d2t":  # offsets in the checkpoint, absolute target ids in the GGUF
+        ids = a.astype(np.int64).reshape(-1) + np.arange(a.size, dtype=np.int64)
+        if np.any((ids < 0) | (ids >= n_vocab)):
+            raise _fail(f"d2t maps to target ids outside the target's {n_vocab:,} tokens")
+        if np.unique(ids).size != ids.size:
+            raise _fail("d2t maps two draft tokens to one target token")
+        return ids, gguf.GGMLQuantizationType.I64
+    if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
+        raise _fail(f"{t.file.name}: tensor {t.key} is {t.dtype}, not floating point")
+    if name in plan.permute:
+        a = _permute(a, *plan.permute[name])
+    q = _qtype(name, a.ndim, ftype)
+    Q = gguf.GGMLQuantizationType
+    if q == Q.BF16 and a.dtype.name == "bfloat16":  # bf16 -> f32 -> bf16 is the identity
+        return a.view(np.uint16), q
+    if a.dtype not in (np.float16, np.float32):
+        a = a.astype(np.float32)  # bf16 (ml_dtypes) widens exactly
+    if q == Q.F32:
+        return a.astype(np.float32, copy=False), q
+    if q == Q.F16:
+        return a.astype(np.float16, copy=False), q
+    try:
+        return gguf.quants.quantize(a.astype(np.float32, copy=False), q), q
+    except gguf.QuantError:  # a row not a multiple of the block: as the converter does
+        return a.astype(np.float16), Q.F16
+
+
+def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
+    """(the checkpoint, its conversion plan, the target's header): every check made, no
+    weight read. HeadCheckpointError naming the first problem."""
+    ck = read_checkpoint(checkpoint, within)
+    h, tgt = _target(target)
+    arch = ck.architecture
+    eagle3 = arch in EAGLE3_ARCHS or (  # the converter's test for a llama-named head
+        arch in LLAMA_ARCHS and "draft_vocab_size" in ck.config
+        and ck.config.get("num_hidden_layers") == 1)
+    if not eagle3:
+        if arch in LATER_ARCHS:
+            raise _fail(f"{arch}: specli converts EAGLE-3 heads only, not yet this one",
+                        "llama.cpp's convert_hf_to_gguf.py --target-model-dir converts it")
+        raise _fail(f"{arch}: not a draft-head architecture specli knows",
+                    "EAGLE-3: " + ", ".join(EAGLE3_ARCHS))
+    src = _index(ck.files)
+    return ck, _eagle3(ck, src, tgt), h, tgt
+
+
+def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathLike, *,
+                 outtype: str = "auto", within=None, name: str | None = None,
+                 progress: Callable[[int, int, str], None] | None = None) -> Converted:
+    """Convert a head checkpoint against a GGUF target into `out`, atomically. progress
+    (done, total, tensor name) after each tensor."""
+    import gguf
+
+    from specli.headmeta import check_head, head_info
+
+    if outtype not in OUTTYPES:
+        raise _fail(f"--outtype {outtype}: one of {', '.join(OUTTYPES)}")
+    t0 = time.perf_counter()
+    ck, plan, target_h, tgt = plan_head(checkpoint, target, within)
+    ftype = _outtype(plan, outtype)
+    out = Path(out)
+    if out.is_dir():
+        raise _fail(f"-o {out} is a directory", "name the .gguf file to write")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise _fail(f"-o {out}: the folder {parent} does not exist")
+    tmp = parent / f".{out.name}.{os.getpid()}.part"
+    written = 0
+    try:
+        w = gguf.GGUFWriter(str(tmp), plan.arch)
+        w.add_name(name or ck.root.resolve().name)
+        for k, v, t, sub in plan.kv:
+            w.add_key_value(k, v, t, sub_type=sub)
+        w.add_uint32("general.file_type", _FILE_TYPES[ftype])
+        w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for k, v, t, sub in tgt.tokenizer:
+            w.add_key_value(k, v, t, sub_type=sub)
+        total = len(plan.tensors)
+        for i, (tname, t) in enumerate(plan.tensors.items()):
+            data, q = _data(tname, t, plan, ftype, tgt.n_vocab)
+            w.add_tensor(tname, data, raw_dtype=q)
+            written += data.nbytes
+            if progress:
+                progress(i + 1, total, tname)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        _verify(str(tmp), target_h, check_head, head_info)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise _fail(f"cannot write {out}: {e.strerror or e}") from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    return Converted(str(out), plan.spec_type, ck.architecture, len(plan.tensors), written,
+                     time.perf_counter() - t0, ftype)
+
+
+def _verify(path: str, target_h, check_head, head_info) -> None:
+    """The written file as `run` would see it: loadable by llama.cpp and a head that fits
+    the target (headmeta's one policy)."""
+    from specli import loadable
+    from specli.ggufmeta import read_header
+
+    why = loadable.problem(path)
+    if why:
+        raise _fail(f"the converted head would not load: {why}")
+    h = read_header(path, ("eagle3.target_layers", "dflash.target_layers"))
+    try:
+        check_head(target_h, head_info(h))
+    except IncompatiblePairError as e:
+        raise _fail(e.message, e.hint) from e

@@ -1,0 +1,259 @@
+"""`specli convert-head`: a published EAGLE-3 checkpoint (safetensors) into the GGUF llama.cpp
+loads, against a GGUF target. Each layout is written from the tiny random-weight head of
+scripts/head_models.py, converted, and compared with that head written directly as GGUF:
+the same tensors, the same keys, the same drafts step for step. Bad checkpoints are one line
+and exit 2, with nothing written."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import cli
+from test_cli import one_line_error
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
+import head_models  # noqa: E402
+from head_models import EAGLE3_LAYOUTS  # noqa: E402
+
+# what the converter writes beyond what a hand-written head carries (llama.cpp's converter
+# writes them too: general.*, the vocabulary size, the rope width, the variant flags)
+CONVERTER_KEYS = {"general.type", "general.file_type", "general.quantization_version",
+                  "eagle3.vocab_size", "eagle3.rope.dimension_count",
+                  "eagle3.norm_before_residual", "eagle3.norm_before_fc"}
+
+
+def _direct(tmp: Path, q4_1: str, layout: str) -> str:
+    spec = EAGLE3_LAYOUTS[layout]
+    return head_models.eagle3_head(
+        tmp / f"direct-{layout}.gguf", q4_1,
+        norm_before_residual=spec.get("norm_before_residual", False),
+        norm_before_fc=spec.get("norm_before_fc", False), own_embd=spec.get("own_embd", False))
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory, q4_1):
+    """layout -> (the head written directly, its checkpoint), each made once."""
+    where, done = tmp_path_factory.mktemp("eagle3"), {}
+
+    def make(layout: str) -> tuple[str, Path]:
+        if layout not in done:
+            direct = _direct(where, q4_1, layout)
+            done[layout] = direct, head_models.eagle3_checkpoint(
+                where / f"ckpt-{layout}", direct, layout, q4_1)
+        return done[layout]
+    return make
+
+
+@pytest.fixture
+def checkpoint(made, tmp_path):
+    """(the direct head, a copy of its checkpoint this test may change)."""
+    def copy(layout: str) -> tuple[str, Path]:
+        direct, ckpt = made(layout)
+        return direct, Path(shutil.copytree(ckpt, tmp_path / ckpt.name))
+    return copy
+
+
+def _fields(path: str) -> tuple[dict, dict]:
+    return head_models.read_gguf(path)
+
+
+@pytest.mark.parametrize("layout", sorted(EAGLE3_LAYOUTS))
+def test_each_layout_converts_to_the_head_written_directly(tmp_path, checkpoint, heads, layout):
+    direct, ckpt = checkpoint(layout)
+    out = tmp_path / "head.gguf"
+    r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["type"] == "draft-eagle3" and doc["architecture"] == EAGLE3_LAYOUTS[layout]["arch"]
+    kv_d, ts_d = _fields(direct)
+    kv_c, ts_c = _fields(str(out))
+    for k, v in kv_d.items():
+        if k != "general.name":
+            assert kv_c.get(k) == pytest.approx(v) if isinstance(v, float) else kv_c.get(k) == v, k
+    assert set(kv_c) - set(kv_d) <= CONVERTER_KEYS
+    assert set(ts_c) == set(ts_d)
+    bf16 = EAGLE3_LAYOUTS[layout].get("dtype") == "bf16"
+    for name, (kind, a) in ts_d.items():
+        got_kind, got = ts_c[name]
+        if bf16 and kind == "F16":  # matrices stay the checkpoint's bf16 (--outtype auto)
+            assert got_kind == "BF16", name
+            want = a.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+            assert np.array_equal(got.view(np.uint16).reshape(want.shape), want), name
+        else:  # norms: f32 in the GGUF, whatever the checkpoint's type
+            assert got_kind == kind, name
+            if bf16 and kind == "F32":
+                a = a.astype(ml_dtypes.bfloat16).astype(np.float32)
+            assert np.array_equal(got, a), name
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_a_converted_head_drafts_as_the_direct_one(tmp_path, checkpoint, heads, layout):
+    """The same greedy text and the same acceptance, step for step (norm_before_residual
+    and the head's own embeddings included)."""
+    direct, ckpt = checkpoint(layout)
+    out = tmp_path / "head.gguf"
+    assert cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out)).returncode == 0
+    runs = []
+    for head in (direct, str(out)):
+        r = cli("run", "-m", heads["llama"], "-md", head, "--spec-type", "draft-eagle3",
+                "-p", "The history of the city is", "-n", "40", "--temp", "0", "--draft", "4",
+                "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        runs.append((doc["text"], doc["stats"]["n_drafted"], doc["stats"]["n_accept"]))
+    assert runs[0] == runs[1]
+    assert runs[0][1] > 0
+
+
+def test_outtype_and_progress(tmp_path, checkpoint, heads):
+    _, ckpt = checkpoint("specforge")
+    out = tmp_path / "head-f32.gguf"
+    r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out), "--outtype", "f32")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
+    assert "LlamaForCausalLMEagle3 -> draft-eagle3" in r.stderr
+    _, ts = _fields(str(out))
+    assert {k for k, _ in ts.values()} == {"F32", "I64"}
+    one_line_error(cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out),
+                       "--outtype", "q2_k"), 2, "--outtype")
+
+
+# --- bad input: one line, exit 2, nothing written ------------------------------------------
+
+def _refused(tmp_path: Path, ckpt: Path, target: str, *needles: str) -> None:
+    out = tmp_path / "out" / "head.gguf"
+    out.parent.mkdir(exist_ok=True)
+    one_line_error(cli("convert-head", str(ckpt), "-m", target, "-o", str(out)), 2, *needles)
+    assert list(out.parent.iterdir()) == []
+
+
+def _config(ckpt: Path, **change) -> None:
+    cfg = json.loads((ckpt / "config.json").read_text())
+    for k, v in change.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"architectures": ["MambaForCausalLM"]}, ("MambaForCausalLM",)),
+    ({"architectures": ["DFlashDraftModel"]}, ("DFlashDraftModel", "not yet")),
+    ({"architectures": None}, ("architectures",)),
+    ({"target_hidden_size": 128}, ("128", "64 wide")),
+    ({"vocab_size": 32000}, ("32,000",)),
+    ({"eagle_aux_hidden_state_layer_ids": [0, 2, 9]}, ("layers [0, 2, 9]",)),
+    ({"eagle_aux_hidden_state_layer_ids": [0, 2]}, ("three",)),
+    ({"hidden_size": "64"}, ("hidden_size",)),
+    ({"hidden_size": 10**30}, ("hidden_size",)),
+    ({"rms_norm_eps": float("nan")}, ("rms_norm_eps",)),
+    ({"num_hidden_layers": 2}, ("2 layers",)),
+    ({"intermediate_size": 96}, ("ffn_gate", "[96, 64]")),
+    ({"rope_scaling": {"rope_type": "mrope-xyz"}}, ("mrope-xyz",)),
+    ({"norm_before_fc": True}, ("enc.output_norm",)),
+])
+def test_a_checkpoint_that_does_not_fit_is_one_line(tmp_path, checkpoint, heads, change,
+                                                      needles):
+    _, ckpt = checkpoint("specforge")
+    _config(ckpt, **change)
+    _refused(tmp_path, ckpt, heads["llama"], *needles)
+
+
+def test_a_head_for_another_target_is_one_line(tmp_path, checkpoint, heads, gemma):
+    _, ckpt = checkpoint("specforge")
+    _refused(tmp_path, ckpt, gemma, "262,144", "trained for another target")
+
+
+def _raw_safetensors(path: Path, header: dict | bytes, data: bytes = b"") -> None:
+    h = header if isinstance(header, bytes) else json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+@pytest.mark.parametrize("hostile", ["truncated", "huge-shape", "offsets-out", "overlap",
+                                     "header-100mb", "not-json", "empty"])
+def test_a_hostile_safetensors_file_is_one_line(tmp_path, checkpoint, heads, hostile):
+    _, ckpt = checkpoint("specforge")
+    st = ckpt / "model.safetensors"
+    if hostile == "truncated":
+        st.write_bytes(st.read_bytes()[:-1000])
+    elif hostile == "huge-shape":
+        _raw_safetensors(st, {"fc.weight": {"dtype": "F16", "shape": [1 << 40, 1 << 40],
+                                            "data_offsets": [0, 8]}}, b"\0" * 8)
+    elif hostile == "offsets-out":
+        _raw_safetensors(st, {"fc.weight": {"dtype": "F16", "shape": [2, 2],
+                                            "data_offsets": [0, 1 << 30]}}, b"\0" * 8)
+    elif hostile == "overlap":
+        _raw_safetensors(st, {"a": {"dtype": "F16", "shape": [2, 2], "data_offsets": [0, 8]},
+                              "b": {"dtype": "F16", "shape": [2, 2], "data_offsets": [4, 12]}},
+                         b"\0" * 12)
+    elif hostile == "header-100mb":  # the length field claims a 100 MB header
+        st.write_bytes(struct.pack("<Q", 100_000_001) + b"{}")
+    elif hostile == "not-json":
+        _raw_safetensors(st, b"\xff\xfe not json at all")
+    else:
+        st.write_bytes(b"")
+    _refused(tmp_path, ckpt, heads["llama"], "model.safetensors")
+
+
+@pytest.mark.parametrize("hostile", ["list", "big", "deep", "binary", "missing"])
+def test_a_hostile_config_is_one_line(tmp_path, checkpoint, heads, hostile):
+    _, ckpt = checkpoint("specforge")
+    cfg = ckpt / "config.json"
+    if hostile == "list":
+        cfg.write_text("[1, 2, 3]")
+    elif hostile == "big":
+        cfg.write_text('{"pad": "' + "x" * (5 << 20) + '"}')
+    elif hostile == "deep":
+        cfg.write_text("[" * 200_000 + "]" * 200_000)
+    elif hostile == "binary":
+        cfg.write_bytes(b"\x00\xff\xfe" * 100)
+    else:
+        cfg.unlink()
+    _refused(tmp_path, ckpt, heads["llama"], "config.json")
+
+
+def test_a_symlink_out_of_the_checkpoint_is_refused(tmp_path, checkpoint, heads):
+    _, ckpt = checkpoint("specforge")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ckpt / "model.safetensors").rename(elsewhere / "model.safetensors")
+    (ckpt / "model.safetensors").symlink_to(elsewhere / "model.safetensors")
+    _refused(tmp_path, ckpt, heads["llama"], "outside the checkpoint")
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"fc.weight": "../elsewhere/model.safetensors"}}))
+    _refused(tmp_path, ckpt, heads["llama"], "not a safetensors file beside it")
+
+
+def test_a_pickle_checkpoint_is_refused_unopened(tmp_path, checkpoint, heads):
+    _, ckpt = checkpoint("specforge")
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "pytorch_model.bin").write_bytes(b"\x80\x04 not unpickled")
+    _refused(tmp_path, ckpt, heads["llama"], "pytorch_model.bin", "pickle")
+
+
+def test_a_disk_that_fills_leaves_nothing(tmp_path, checkpoint, heads):
+    """A write that fails part way (here the process's file-size limit, EFBIG, as ENOSPC
+    would) is one line, and neither the output nor its temporary file is left."""
+    _, ckpt = checkpoint("speculators")  # its own embeddings: 6 MB
+    out = tmp_path / "out" / "head.gguf"
+    out.parent.mkdir()
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+    r = subprocess.run([sys.executable, "-m", "specli", "convert-head", str(ckpt), "-m",
+                        heads["llama"], "-o", str(out)], capture_output=True, text=True,
+                       preexec_fn=limit, timeout=120)
+    one_line_error(r, 2, "cannot write", str(out))
+    assert list(out.parent.iterdir()) == []
