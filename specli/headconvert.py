@@ -95,8 +95,20 @@ class Converted:
                 "seconds": round(self.seconds, 3)}
 
 
+class HeadMismatch(HeadCheckpointError):
+    """A well-formed head made for another target (its width, vocabulary or layers):
+    convert-head's exit 2, check-pair's verdict "incompatible" (exit 1)."""
+
+
+_OTHER = "the head was trained for another target"
+
+
 def _fail(message: str, hint: str | None = None) -> HeadCheckpointError:
     return HeadCheckpointError(message, hint)
+
+
+def _mismatch(message: str, hint: str | None = None) -> HeadMismatch:
+    return HeadMismatch(message, hint)
 
 
 def _inside(path: Path, root: Path, what: str) -> Path:
@@ -306,11 +318,11 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     width = raw.get("target_hidden_size")
     width = tgt.width if width is None else _int(raw, "target_hidden_size", what)
     if width != tgt.width:
-        raise _fail(f"{what} reads a target {width} wide; {tgt.path} ({tgt.arch}) is "
-                    f"{tgt.width} wide", "the head was trained for another target")
+        raise _mismatch(f"{what} reads a target {width} wide; {tgt.path} ({tgt.arch}) is "
+                    f"{tgt.width} wide", _OTHER)
     if n_vocab != tgt.n_vocab:
-        raise _fail(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
-                    f"{tgt.n_vocab:,}", "the head was trained for another target")
+        raise _mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
+                    f"{tgt.n_vocab:,}", _OTHER)
     layers = raw.get("eagle_aux_hidden_state_layer_ids")
     if layers:
         if not isinstance(layers, list) or len(layers) != 3 or not all(
@@ -320,8 +332,8 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     else:  # the converter's default: low, middle and high layers of the target
         layers = [2, tgt.n_layer // 2, tgt.n_layer - 3]
     if not all(0 <= i < tgt.n_layer for i in layers):
-        raise _fail(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
-                    "the head was trained for another target")
+        raise _mismatch(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
+                    _OTHER)
     before_fc = _flag(raw, "norm_before_fc", what)
     plan = _Plan("eagle3", "draft-eagle3")
     a = "eagle3"
@@ -358,6 +370,10 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         if name in plan.tensors:
             raise _fail(f"{what}: {key} and another tensor both map to {name}")
         plan.tensors[name] = s
+    fc = plan.tensors.get("fc.weight")
+    if fc is not None and len(fc.shape) == 2 and fc.shape[1] != 3 * width:
+        raise _mismatch(f"{what}'s fc reads {fc.shape[1]:,} features (3 layers x "
+                        f"{fc.shape[1] / 3:g}); {tgt.path} is {tgt.width} wide", _OTHER)
     # the shapes llama.cpp's EAGLE-3 loader creates (src/models/eagle3.cpp), numpy order
     want = {"fc.weight": (E, 3 * width), "output_norm.weight": (E,),
             "blk.0.attn_norm.weight": (E,), "blk.0.attn_norm_2.weight": (E,),
@@ -514,7 +530,8 @@ def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
     if name == "d2t":  # offsets in the checkpoint, absolute target ids in the GGUF
         ids = a.astype(np.int64).reshape(-1) + np.arange(a.size, dtype=np.int64)
         if np.any((ids < 0) | (ids >= n_vocab)):
-            raise _fail(f"d2t maps to target ids outside the target's {n_vocab:,} tokens")
+            raise _mismatch(f"d2t maps to target ids outside the target's {n_vocab:,} tokens",
+                            _OTHER)
         if np.unique(ids).size != ids.size:
             raise _fail("d2t maps two draft tokens to one target token")
         return ids, gguf.GGMLQuantizationType.I64
@@ -538,21 +555,89 @@ def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
         return a.astype(np.float16), Q.F16
 
 
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a head checkpoint is, from its config and headers alone (no target): `info`
+    and `check-pair` show it."""
+
+    path: str
+    architecture: str
+    spec_type: str
+    width: int | None  # the head's own
+    target_width: int | None  # None: the target's, whatever it is
+    layers: tuple[int, ...] | None  # None: the converter's default for the target
+    n_vocab: int | None
+    n_draft: int | None  # its own output vocabulary (through d2t), if it has one
+    variants: tuple[str, ...]
+    tensors: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype, shape)
+    n_bytes: int
+
+    def text(self) -> str:
+        layers = ", ".join(map(str, self.layers)) if self.layers else "the target's default"
+        out = (f"{self.spec_type}: {self.architecture}, width {self.width}, target layers "
+               f"{layers}, target width {self.target_width or 'the target' + chr(39) + 's'}")
+        if self.n_draft is not None and self.n_draft != self.n_vocab:
+            out += f", {self.n_draft:,} of {self.n_vocab:,} tokens through d2t"
+        return out + "".join(f", {v}" for v in self.variants)
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "architecture": self.architecture, "type": self.spec_type,
+                "hidden_size": self.width, "target_hidden_size": self.target_width,
+                "target_layers": list(self.layers) if self.layers else None,
+                "vocab_size": self.n_vocab, "draft_vocab_size": self.n_draft,
+                "variants": list(self.variants), "bytes": self.n_bytes,
+                "tensors": [{"name": n, "dtype": d, "shape": list(sh)}
+                            for n, d, sh in self.tensors]}
+
+
+def _kind(ck: Checkpoint) -> str:
+    """The head type a checkpoint's architecture is; HeadCheckpointError for another."""
+    arch = ck.architecture
+    if arch in EAGLE3_ARCHS or (  # the converter's test for a llama-named head
+            arch in LLAMA_ARCHS and "draft_vocab_size" in ck.config
+            and ck.config.get("num_hidden_layers") == 1):
+        return "draft-eagle3"
+    if arch in LATER_ARCHS:
+        raise _fail(f"{arch}: specli converts EAGLE-3 heads only, not yet this one",
+                    "llama.cpp's convert_hf_to_gguf.py --target-model-dir converts it")
+    raise _fail(f"{arch}: not a draft-head architecture specli knows",
+                "EAGLE-3: " + ", ".join(EAGLE3_ARCHS))
+
+
+def describe(checkpoint: str | os.PathLike, within=None) -> CheckpointInfo:
+    """The checkpoint in a folder, from its config and safetensors headers."""
+    ck = read_checkpoint(checkpoint, within)
+    kind = _kind(ck)
+    src = _index(ck.files)
+    cfg, raw = ck.config, ck.raw
+
+    def num(d: dict, k: str) -> int | None:
+        v = d.get(k)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+    layers = raw.get("eagle_aux_hidden_state_layer_ids")
+    layers = tuple(layers) if isinstance(layers, list) and all(
+        isinstance(i, int) for i in layers) and layers else None
+    variants = tuple(k for k in ("norm_before_residual", "norm_before_fc") if raw.get(k) is True)
+    if "embed_tokens.weight" in src or "model.embed_tokens.weight" in src:
+        variants += ("its own token embeddings",)
+    n = sum(math.prod(t.shape) * _BYTES.get(t.dtype, 4) for t in src.values())
+    return CheckpointInfo(str(ck.root), ck.architecture, kind, num(cfg, "hidden_size"),
+                          num(raw, "target_hidden_size"), layers, num(cfg, "vocab_size"),
+                          num(cfg, "draft_vocab_size"), variants,
+                          tuple((t.key, t.dtype, t.shape) for t in src.values()), n)
+
+
+_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
+          "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
     """(the checkpoint, its conversion plan, the target's header): every check made, no
     weight read. HeadCheckpointError naming the first problem."""
     ck = read_checkpoint(checkpoint, within)
     h, tgt = _target(target)
-    arch = ck.architecture
-    eagle3 = arch in EAGLE3_ARCHS or (  # the converter's test for a llama-named head
-        arch in LLAMA_ARCHS and "draft_vocab_size" in ck.config
-        and ck.config.get("num_hidden_layers") == 1)
-    if not eagle3:
-        if arch in LATER_ARCHS:
-            raise _fail(f"{arch}: specli converts EAGLE-3 heads only, not yet this one",
-                        "llama.cpp's convert_hf_to_gguf.py --target-model-dir converts it")
-        raise _fail(f"{arch}: not a draft-head architecture specli knows",
-                    "EAGLE-3: " + ", ".join(EAGLE3_ARCHS))
+    _kind(ck)
     src = _index(ck.files)
     return ck, _eagle3(ck, src, tgt), h, tgt
 
@@ -624,4 +709,64 @@ def _verify(path: str, target_h, check_head, head_info) -> None:
     try:
         check_head(target_h, head_info(h))
     except IncompatiblePairError as e:
-        raise _fail(e.message, e.hint) from e
+        raise _mismatch(e.message, e.hint) from e
+
+
+def target_sha256(path: str, progress: Callable[[int, int], None] | None = None) -> str:
+    """The target file's sha256, remembered by its size, modification time and inode in
+    the cache (hashing a 20 GB target at each run would cost a minute)."""
+    import hashlib
+
+    from specli.defaults import cache_dir
+
+    real, st = os.path.realpath(path), os.stat(path)
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    memo_path = cache_dir() / "heads" / "targets.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+        if not isinstance(memo, dict):
+            memo = {}
+    except (OSError, ValueError):
+        memo = {}
+    hit = memo.get(real)
+    if isinstance(hit, list) and len(hit) == 4 and hit[:3] == stamp and isinstance(hit[3], str):
+        return hit[3]
+    h, done = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+            done += len(block)
+            if progress:
+                progress(done, st.st_size)
+    memo[real] = [*stamp, h.hexdigest()]
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(memo))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass  # a read-only cache: hash again next time
+    return h.hexdigest()
+
+
+def cached_head(checkpoint: Path, within: Path, repo: str, commit: str, target: str, *,
+                outtype: str = "auto",
+                progress: Callable[[int, int, str], None] | None = None,
+                hashing: Callable[[int, int], None] | None = None) -> tuple[Path, bool]:
+    """(the head converted against target, whether it was converted now): in the cache,
+    keyed by the checkpoint's commit and the target's sha256, reused offline."""
+    from specli.defaults import cache_dir
+
+    sha = target_sha256(target, hashing)
+    name = f"{commit[:16]}-{sha[:16]}-{outtype}.gguf"
+    out = cache_dir() / "heads" / repo.replace("/", "--") / name
+    if out.is_file():
+        return out, False
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _fail(f"cannot create {out.parent}: {e.strerror or e}",
+                    "set SPECLI_CACHE_DIR to a writable folder") from e
+    convert_head(checkpoint, target, out, outtype=outtype, within=within,
+                 name=repo.rsplit("/", 1)[-1], progress=progress)
+    return out, True

@@ -299,6 +299,42 @@ def fetch_sidecars(ref: Ref, kinds: Sequence[str], revision: str | None = None,
     return out
 
 
+def checkpoint_files(files: Sequence[str]) -> list[str] | None:
+    """The files a safetensors head checkpoint's conversion reads (config.json, the index if
+    any, the weights at the repository's top level), or None for a repository that is not
+    one: llama.cpp's converter reads nothing else (no tokenizer: the target's GGUF has it)."""
+    top = {f for f in files if "/" not in f}
+    weights = sorted(f for f in top if f.endswith(".safetensors"))
+    if "config.json" not in top or not weights:
+        return None
+    index = ["model.safetensors.index.json"] if "model.safetensors.index.json" in top else []
+    return ["config.json", *index, *weights]
+
+
+def is_checkpoint(ref: Ref, revision: str | None = None, token: str | None = None) -> bool:
+    """Whether the repository publishes a head as a safetensors checkpoint, with no GGUF
+    model to take instead."""
+    names = [f.path for f in list_files(ref.repo, revision, token)]
+    return checkpoint_files(names) is not None and not any(map(is_model, names))
+
+
+def fetch_checkpoint(ref: Ref, revision: str | None = None, token: str | None = None,
+                     progress: bool = True, on_file: Callable[[str], None] | None = None
+                     ) -> tuple[Path, str, Path]:
+    """A head checkpoint's files, downloaded into the cache (or found there offline):
+    (its snapshot folder, the commit it is, the repository's folder in the cache, which the
+    snapshot's links lead into)."""
+    by_path = {f.path: f for f in list_files(ref.repo, revision, token)}
+    names = checkpoint_files(list(by_path))
+    if names is None:
+        raise HubError(f"{ref.repo} has no draft head: no *.gguf sidecar, and no config.json "
+                       "with *.safetensors weights" + _listing(list(by_path), "files"))
+    paths = download(ref.repo, [by_path[n] for n in names], revision, None, token,
+                     progress=progress, on_file=on_file)
+    snapshot = paths[0].parent
+    return snapshot, snapshot.name, snapshot.parent.parent
+
+
 def _listing(names: Sequence[str], what: str = "candidates") -> str:
     shown = sorted(names)[:20]
     more = f", ... ({len(names) - 20} more)" if len(names) > 20 else ""

@@ -17,7 +17,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _lfs(path: str) -> bool:
-    return path.endswith(".gguf")  # model files are LFS objects; READMEs are plain git blobs
+    # model files are LFS objects; READMEs and configs are plain git blobs
+    return path.endswith((".gguf", ".safetensors"))
 
 
 @dataclass

@@ -257,3 +257,90 @@ def test_a_disk_that_fills_leaves_nothing(tmp_path, checkpoint, heads):
                        preexec_fn=limit, timeout=120)
     one_line_error(r, 2, "cannot write", str(out))
     assert list(out.parent.iterdir()) == []
+
+
+# --- from the hub: -hfd and download --eagle3 on a safetensors repository ----------------
+
+@pytest.fixture
+def ckpt_hub(made):
+    from fakehub import FakeHub
+
+    _, ckpt = made("specforge")
+    h = FakeHub()
+    h.add("acme/tiny-eagle3", {"config.json": (ckpt / "config.json").read_bytes(),
+                               "model.safetensors": (ckpt / "model.safetensors").read_bytes(),
+                               "README.md": b"# a head\n", "tokenizer.json": b"{}",
+                               "training_args.bin": b"not read"})
+    yield h
+    h.close()
+
+
+def _env(h, tmp_path: Path, offline: bool = False) -> dict:
+    from test_heads import hub_env
+
+    return {**hub_env(h, tmp_path), "SPECLI_CACHE_DIR": str(tmp_path / "specli"),
+            "HF_HUB_OFFLINE": "1" if offline else "0"}
+
+
+def _fetched(h) -> set[str]:
+    return {p.rsplit("/", 1)[-1] for m, p, _ in h.requests if m == "GET" and "/resolve/" in p}
+
+
+def test_hfd_converts_a_safetensors_head_once_and_reuses_it_offline(ckpt_hub, tmp_path,
+                                                                    heads):
+    from conftest import specli
+
+    args = ["run", "-m", heads["llama"], "-hfd", "acme/tiny-eagle3", "--spec-type",
+            "draft-eagle3", "-p", "The history of the city is", "-n", "8", "--temp", "0"]
+    r = specli(*args, env=_env(ckpt_hub, tmp_path), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "statistics draft-eagle3: " in r.stderr and "converted acme/tiny-eagle3@" in r.stderr
+    assert _fetched(ckpt_hub) == {"config.json", "model.safetensors"}  # nothing else
+    made_files = list((tmp_path / "specli" / "heads" / "acme--tiny-eagle3").glob("*.gguf"))
+    assert len(made_files) == 1
+    stamp = made_files[0].stat().st_mtime_ns
+    ckpt_hub.requests.clear()
+    r2 = specli(*args, env=_env(ckpt_hub, tmp_path, offline=True), timeout=120)
+    assert r2.returncode == 0, r2.stderr
+    assert "converted" not in r2.stderr and ckpt_hub.requests == []
+    assert made_files[0].stat().st_mtime_ns == stamp
+    assert r2.stdout == r.stdout
+
+
+def test_download_eagle3_converts_against_the_target(ckpt_hub, tmp_path, heads):
+    from conftest import specli
+
+    env = _env(ckpt_hub, tmp_path)
+    r = specli("download", "--eagle3", "acme/tiny-eagle3", env=env, timeout=120)
+    one_line_error(r, 2, "-m")
+    r = specli("download", "--dflash", "acme/tiny-eagle3", "-m", heads["llama"], env=env,
+               timeout=120)
+    one_line_error(r, 2, "draft-eagle3 head, not draft-dflash")
+    r = specli("download", "--eagle3", "acme/tiny-eagle3", "-m", heads["llama"], "--json",
+               env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    path = Path(json.loads(r.stdout)["sidecars"]["eagle3"])
+    assert path.is_relative_to(tmp_path / "specli" / "heads") and path.is_file()
+
+
+# --- info and check-pair on a checkpoint, before any conversion ----------------------------
+
+def test_info_and_check_pair_read_a_checkpoint(made, heads, gemma):
+    _, ckpt = made("speculators")
+    r = cli("info", str(ckpt))
+    assert r.returncode == 0, r.stderr
+    assert ("draft head: draft-eagle3: Eagle3Speculator, width 64, target layers 0, 2, 3, "
+            "target width 64, 45 of 49,152 tokens through d2t, norm_before_residual, its own "
+            "token embeddings") in r.stdout
+    assert "layers.0.self_attn.q_proj.weight" in r.stdout
+    doc = json.loads(cli("info", str(ckpt), "--json").stdout)["checkpoint"]
+    assert doc["type"] == "draft-eagle3" and doc["target_layers"] == [0, 2, 3]
+    r = cli("check-pair", heads["llama"], str(ckpt))
+    assert r.returncode == 0, r.stderr
+    assert "verdict: compatible" in r.stdout
+    r = cli("check-pair", gemma, str(ckpt), "--json")
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["compatible"] is False and "640 wide" in doc["message"]
+    r = cli("check-pair", heads["llama"], str(ckpt.parent / "nowhere"))
+    assert r.returncode == 2

@@ -29,7 +29,8 @@ PROBE_RESOURCES = o.RESOURCE_FLAGS.with_defaults(ctx_size=2048)  # probe prompts
 def check_pair(
     target: Annotated[Path, typer.Argument(help="The target GGUF model.", metavar="TARGET",
                                            show_default=False)],
-    draft: Annotated[Path, typer.Argument(help="The draft GGUF model.", metavar="DRAFT",
+    draft: Annotated[Path, typer.Argument(help="The draft GGUF model, or a draft head's "
+                                          "safetensors checkpoint folder.", metavar="DRAFT",
                                           show_default=False)],
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object on stdout instead of the table.",
@@ -58,6 +59,8 @@ def check_pair(
     """
     if n_predict < 1 or draft_max < 1:
         raise UsageError("-n/--n-predict and --draft must be at least 1")
+    if draft.is_dir():  # a published head's checkpoint, before any conversion
+        return _checkpoint(target, draft, json_out)
     headers = [loadable.check_file(str(path)) for path in (target, draft)]  # a file run
     report = compare(read_model_info(str(target)), read_model_info(str(draft)))  # refuses or
     head, head_problem = head_info(headers[1]), None  # aborts on gets no verdict
@@ -84,6 +87,32 @@ def check_pair(
             out.print(f"draft head: {head.text()}", markup=False)
         _print(report, result, head_problem)
     if not ok:
+        raise typer.Exit(1)
+
+
+def _checkpoint(target: Path, checkpoint: Path, json_out: bool) -> None:
+    """A head checkpoint against a target: everything convert-head checks, from headers."""
+    from specli.headconvert import HeadMismatch, describe, plan_head
+
+    loadable.check_file(str(target))
+    info = describe(checkpoint)
+    problem = None
+    try:
+        plan_head(checkpoint, str(target))
+    except HeadMismatch as e:
+        problem = e.message
+    if json_out:
+        sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, "target": str(target),
+                                     "checkpoint": info.to_dict(), "compatible": problem is None,
+                                     "rule": None if problem is None else "head",
+                                     "message": problem}, indent=2) + "\n")
+    else:
+        out.print(f"target: {safe(str(target))}", markup=False)
+        out.print(f"head checkpoint: {safe(info.path)}", markup=False)
+        out.print(f"draft head: {safe(info.text())}", markup=False)
+        out.print("verdict: " + ("compatible: `specli convert-head` converts it" if problem is None
+                                 else f"incompatible (head): {safe(problem)}"), markup=False)
+    if problem is not None:
         raise typer.Exit(1)
 
 

@@ -60,6 +60,11 @@ def download(
     dspark: Annotated[bool, typer.Option(
         "--dspark", help="Also download the DSpark sidecar (dspark-*.gguf), if available.",
         rich_help_panel=SIDECAR)] = False,
+    model: Annotated[Path | None, typer.Option(
+        "-m", "--model", help="The target GGUF a head checkpoint is converted against: with "
+        "--eagle3 (or --dflash, --dspark) on a repository that publishes the head as "
+        "safetensors, not GGUF; the converted head is cached, keyed by the head's commit "
+        "and the target's sha256.", rich_help_panel=SIDECAR, show_default=False)] = None,
 ) -> None:
     """Download GGUF files from Hugging Face into the cache other tools share.
 
@@ -92,6 +97,19 @@ def download(
                              ("draft-dflash", dflash), ("draft-eagle3", eagle3)) if on]
     heads = hub.fetch_sidecars(r, kinds, revision, hf_token, where, progress, say) \
         if kinds else {}
+    missing = [k for k in kinds if k not in heads]
+    if missing and file is None and hub.is_checkpoint(r, revision, hf_token):
+        if model is None:
+            raise UsageError(f"{r.repo} publishes its head as safetensors: give the target "
+                             "GGUF to convert it against with -m", hint="specli download "
+                             f"--{missing[0].removeprefix('draft-')} {r.repo} -m target.gguf")
+        from specli.cli.convert_head import head_from_hub
+
+        path = head_from_hub(r, str(model), hf_token, missing, quiet or json_out, revision)
+        from specli.ggufmeta import read_header
+        from specli.headmeta import head_info
+
+        heads[head_info(read_header(path, ("eagle3.target_layers",))).spec_type] = Path(path)
     for kind in kinds:
         if kind not in heads:
             err.print(f"note: {r.repo} ships no {hub.SIDECARS[kind]}*.gguf sidecar",

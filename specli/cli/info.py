@@ -24,7 +24,8 @@ LONG = 120  # strings longer than this (or multi-line) are shortened in the text
 
 
 def info(
-    model: Annotated[Path, typer.Argument(help="A GGUF model.", metavar="MODEL",
+    model: Annotated[Path, typer.Argument(help="A GGUF model, or a draft head's safetensors "
+                                          "checkpoint folder.", metavar="MODEL",
                                           show_default=False)],
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print one JSON object on stdout: the summary, every metadata key "
@@ -39,6 +40,8 @@ def info(
     One `key = value` line per metadata key, so `specli info m.gguf | grep tokenizer.ggml.model`
     works as it does with llama-gguf-info.
     """
+    if model.is_dir():  # a published head's checkpoint
+        return _checkpoint(model, json_out)
     h = read_header(str(model), {TOKENS, *HEAD_ARRAYS}, preview=PREVIEW)
     m = model_info(h)
     head = head_info(h)
@@ -146,3 +149,17 @@ def _id(token: int | None, add: bool | None = None) -> str:
     return f"{token}" + ("" if add is None else " (added)" if add else " (not added)")
 
 
+
+
+def _checkpoint(path: Path, json_out: bool) -> None:
+    from specli.headconvert import describe
+
+    c = describe(path)
+    if json_out:
+        sys.stdout.write(json.dumps({"schema_version": SCHEMA_VERSION, "checkpoint": c.to_dict()},
+                                    indent=2) + "\n")
+        return
+    lines = [f"checkpoint: {c.path}", f"draft head: {c.text()}",
+             f"tensors ({len(c.tensors)}, {size_text(c.n_bytes)}):"]
+    lines += [f"{name:<48} {dtype:<5} {list(shape)}" for name, dtype, shape in c.tensors]
+    sys.stdout.write("".join(safe(x) + "\n" for x in lines))

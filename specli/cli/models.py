@@ -38,8 +38,17 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             [] if "draft-simple" in spec_types else list(hub.SIDECARS))
         found = (hub.fetch_sidecars(ref, heads, token=token, progress=progress)
                  if heads and hf_file_draft is None else {})
-        model_draft = str(next(iter(found.values()), None) or
-                          hub.fetch(ref, hf_file_draft, token=token, progress=progress)[0])
+        if not found and heads and hf_file_draft is None and hub.is_checkpoint(ref, None, token):
+            if model is None:
+                raise UsageError(f"-hfd {ref.repo} is a safetensors head checkpoint: give the "
+                                 "target to convert it against with -m or -hf")
+            from specli.cli.convert_head import head_from_hub
+
+            model_draft = head_from_hub(ref, model, token, [t for t in heads if t in
+                                                            spec_types], quiet)
+        else:
+            model_draft = str(next(iter(found.values()), None) or
+                              hub.fetch(ref, hf_file_draft, token=token, progress=progress)[0])
     if model is None:
         if model_draft is not None:
             raise UsageError("-md/--model-draft needs -m/--model", hint="give the target with -m")
@@ -48,3 +57,4 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
         with spinner("preparing the embedded SmolLM2 pair", quiet):
             model, model_draft = default_pair()
     return model, model_draft
+
