@@ -334,15 +334,19 @@ def eagle3_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
 
 
 def dflash_head(path: Path, src: str, layers: tuple[int, ...] = (1, 3), block: int = 8,
-                markov: int = 0, seed: int = 4) -> str:
+                markov: int = 0, seed: int = 4, sample_from_anchor: bool | None = None) -> str:
     """A DFlash block-diffusion drafter for llama_target (two blocks, non-causal, the
-    target's embeddings and output); markov > 0: DSpark, with a Markov head of that rank."""
+    target's embeddings and output); markov > 0: DSpark, with a Markov head of that rank
+    (sample_from_anchor=False: the block's first token is the bonus, as EAGLE-3-style
+    DSpark exports draft)."""
     live, n_vocab = _tokenizer(src)[1], _n_vocab(src)
     w = _writer(path, "dflash", src)
     _dims(w, "dflash", 2)
     w.add_array("dflash.target_layers", list(layers))
     w.add_uint32("dflash.block_size", block)
     w.add_uint32("tokenizer.ggml.mask_token_id", MASK)
+    if sample_from_anchor is not None:
+        w.add_bool("dflash.sample_from_anchor", sample_from_anchor)
     x = _Weights(w, seed)
     x.mat("fc.weight", len(layers) * E, E)
     x.norm("enc.output_norm.weight", E)
@@ -354,6 +358,65 @@ def dflash_head(path: Path, src: str, layers: tuple[int, ...] = (1, 3), block: i
         x.rows("markov_w2.weight", markov, live, n_vocab, std=0.5)
     _done(w)
     return str(path)
+
+
+# Published DFlash and DSpark layouts (llama.cpp's conversion/qwen.py): Qwen3 blocks under
+# layers.N, the target-layer ids in dflash_config (DFlash), at the top (DSpark), or as 1-based
+# aux ids in a speculators config
+DFLASH_LAYOUTS = {
+    "dflash": dict(arch="DFlashDraftModel", markov=0),
+    "dspark": dict(arch="Qwen3DSparkModel", markov=8),
+    "dspark-speculators": dict(arch="DSparkSpeculator", markov=8, sample_from_anchor=False),
+}
+_DF_BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
+             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+             "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def dflash_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
+    """The DFlash/DSpark head file `head` (dflash_head's) as a Hugging Face checkpoint in one
+    of DFLASH_LAYOUTS (Qwen3's q/k rows need no reordering)."""
+    from safetensors.numpy import save_file
+
+    spec = DFLASH_LAYOUTS[layout]
+    kv, typed = read_gguf(head)
+    t: dict[str, np.ndarray] = {}
+    for name, (_, a) in typed.items():
+        if name.startswith("blk."):
+            _, i, part, _ = name.split(".")
+            t[f"layers.{i}.{_DF_BLOCK[part]}.weight"] = a
+        else:
+            t[{"fc.weight": "fc.weight", "enc.output_norm.weight": "hidden_norm.weight",
+               "output_norm.weight": "norm.weight",
+               "markov_w1.weight": "markov_head.markov_w1.weight",
+               "markov_w2.weight": "markov_head.markov_w2.weight"}[name]] = a
+    ids = [int(i) - 1 for i in kv["dflash.target_layers"]]  # the converter adds one
+    layer = {"hidden_size": kv["dflash.embedding_length"],
+             "intermediate_size": kv["dflash.feed_forward_length"],
+             "num_attention_heads": kv["dflash.attention.head_count"],
+             "num_key_value_heads": kv["dflash.attention.head_count_kv"],
+             "num_hidden_layers": kv["dflash.block_count"],
+             "max_position_embeddings": kv["dflash.context_length"],
+             "rms_norm_eps": float(kv["dflash.attention.layer_norm_rms_epsilon"]),
+             "rope_theta": float(kv["dflash.rope.freq_base"]), "vocab_size": _n_vocab(src),
+             "hidden_act": "silu", "model_type": "qwen3"}
+    mask, block = int(kv["tokenizer.ggml.mask_token_id"]), int(kv["dflash.block_size"])
+    config: dict = {"architectures": [spec["arch"]]}
+    if layout == "dflash":
+        config |= layer | {"block_size": block,
+                           "dflash_config": {"mask_token_id": mask, "target_layer_ids": ids}}
+    elif layout == "dspark":
+        config |= layer | {"block_size": block, "mask_token_id": mask, "target_layer_ids": ids,
+                           "markov_head_type": "vanilla"}
+    else:
+        config |= {"transformer_layer_config": layer, "block_size": block,
+                   "mask_token_id": mask, "aux_hidden_state_layer_ids": [i + 1 for i in ids]}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    save_file(t, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 G_SWA = (True, True, True, False)  # gemma4: sliding-window layers, the last one global

@@ -33,9 +33,11 @@ EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Specu
 # plain llama architecture strings under which the converter still finds an EAGLE-3 head
 LLAMA_ARCHS = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel")
 # known to llama.cpp's converter, not converted here yet
-LATER_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel", "Qwen3DSparkModel", "DSparkDraftModel",
-               "DSparkSpeculator", "Lfm2DSparkDraftModel", "LingDSparkModel",
-               "DeepseekV4DSparkModel", "Gemma4DSparkModel")
+# block-diffusion drafters on Qwen3 blocks (conversion/qwen.py: DFlashModel, DSparkModel)
+DFLASH_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel")
+DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator")
+LATER_ARCHS = ("Lfm2DSparkDraftModel", "LingDSparkModel", "DeepseekV4DSparkModel",
+               "Gemma4DSparkModel")
 CONFIG_MAX = 4 << 20  # bytes of config.json (published ones are a few KB)
 INDEX_MAX = 64 << 20  # bytes of model.safetensors.index.json
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
@@ -258,6 +260,7 @@ class _Target:
     n_layer: int
     n_vocab: int
     tokenizer: list  # (key, value, GGUFValueType, array item type or None)
+    keys: frozenset = frozenset()
 
 
 def _target(path: str):
@@ -284,7 +287,7 @@ def _target(path: str):
             tok.append((k, h.kv[k], T.ARRAY, T[info.element_type]))
         else:
             tok.append((k, h.kv[k], T[h.types[k]], None))
-    return h, _Target(path, arch, width, n_layer, len(tokens), tok)
+    return h, _Target(path, arch, width, n_layer, len(tokens), tok, frozenset(h.types))
 
 
 @dataclass
@@ -297,6 +300,67 @@ class _Plan:
     kv: list = field(default_factory=list)  # (key, value, GGUFValueType, sub type)
     tensors: dict = field(default_factory=dict)  # gguf name -> _Source | np.ndarray
     permute: dict = field(default_factory=dict)  # gguf name -> (n_head, n_head_kv)
+    interleaved: dict = field(default_factory=dict)  # gguf name -> head dim (to NeoX order)
+    mask: int | None = None  # tokenizer.ggml.mask_token_id
+
+
+@dataclass(frozen=True)
+class _Dims:
+    """A head's own sizes, from its config."""
+
+    E: int
+    n_head: int
+    n_kv: int
+    hd: int
+    ff: int
+    n_layer: int
+    n_vocab: int
+    n_draft: int
+
+
+def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
+    E = _int(cfg, "hidden_size", what)
+    n_head = _int(cfg, "num_attention_heads", what)
+    n_kv = _int(cfg, "num_key_value_heads", what, n_head)
+    hd = _int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
+    ff = _int(cfg, "intermediate_size", what)
+    n_layer = _int(cfg, "num_hidden_layers", what, 1, hi=256)
+    n_vocab = _int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
+    n_draft = _int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
+    if n_head % n_kv:
+        raise _fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
+    if n_draft > n_vocab:
+        raise _fail(f"{what}: draft_vocab_size {n_draft:,} is more than vocab_size {n_vocab:,}")
+    if n_vocab != tgt.n_vocab:
+        raise _mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
+                        f"{tgt.n_vocab:,}", _OTHER)
+    return _Dims(E, n_head, n_kv, hd, ff, n_layer, n_vocab, n_draft)
+
+
+def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray | None]:
+    """The keys llama.cpp's converter writes for any text model (TextModel's), and llama3's
+    rope factors if the config asks for them."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    ctx = cfg.get("max_position_embeddings")
+    kv = [("general.type", "model", T.STRING)]
+    if isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx < 1 << 31:
+        kv.append((f"{a}.context_length", ctx, T.UINT32))
+    kv += [(f"{a}.embedding_length", d.E, T.UINT32), (f"{a}.block_count", d.n_layer, T.UINT32),
+           (f"{a}.feed_forward_length", d.ff, T.UINT32),
+           (f"{a}.attention.head_count", d.n_head, T.UINT32),
+           (f"{a}.attention.head_count_kv", d.n_kv, T.UINT32)]
+    if cfg.get("is_causal") is False:
+        kv.append((f"{a}.attention.causal", False, T.BOOL))
+    rope = _rope(cfg, what, d.hd)
+    kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
+    kv.append((f"{a}.attention.layer_norm_rms_epsilon",
+               _float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
+    if "head_dim" in cfg:
+        kv += [(f"{a}.attention.key_length", d.hd, T.UINT32),
+               (f"{a}.attention.value_length", d.hd, T.UINT32)]
+    return [(k, v, t, None) for k, v, t in kv], rope[1]
 
 
 def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
@@ -304,25 +368,16 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
 
     T = gguf.GGUFValueType
     cfg, raw, what = ck.config, ck.raw, f"{ck.architecture} head"
-    if _int(cfg, "num_hidden_layers", what, 1) != 1:
+    if _int(cfg, "num_hidden_layers", what, 1, hi=256) != 1:
         raise _fail(f"{what}: {cfg['num_hidden_layers']} layers; an EAGLE-3 head has one")
-    E = _int(cfg, "hidden_size", what)
-    n_head = _int(cfg, "num_attention_heads", what)
-    n_kv = _int(cfg, "num_key_value_heads", what, n_head)
-    hd = _int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
-    ff = _int(cfg, "intermediate_size", what)
-    n_vocab = _int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
-    n_draft = _int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
-    if n_head % n_kv:
-        raise _fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
+    d = _dims(cfg, what, tgt)
+    E, n_head, n_kv, hd, ff, n_vocab, n_draft = (d.E, d.n_head, d.n_kv, d.hd, d.ff, d.n_vocab,
+                                                 d.n_draft)
     width = raw.get("target_hidden_size")
     width = tgt.width if width is None else _int(raw, "target_hidden_size", what)
     if width != tgt.width:
         raise _mismatch(f"{what} reads a target {width} wide; {tgt.path} ({tgt.arch}) is "
-                    f"{tgt.width} wide", _OTHER)
-    if n_vocab != tgt.n_vocab:
-        raise _mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
-                    f"{tgt.n_vocab:,}", _OTHER)
+                        f"{tgt.width} wide", _OTHER)
     layers = raw.get("eagle_aux_hidden_state_layer_ids")
     if layers:
         if not isinstance(layers, list) or len(layers) != 3 or not all(
@@ -333,36 +388,21 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         layers = [2, tgt.n_layer // 2, tgt.n_layer - 3]
     if not all(0 <= i < tgt.n_layer for i in layers):
         raise _mismatch(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
-                    _OTHER)
+                        _OTHER)
     before_fc = _flag(raw, "norm_before_fc", what)
     plan = _Plan("eagle3", "draft-eagle3")
     a = "eagle3"
-    ctx = cfg.get("max_position_embeddings")
-    kv = [("general.type", "model", T.STRING)]
-    if isinstance(ctx, int) and not isinstance(ctx, bool) and 0 < ctx < 1 << 31:
-        kv.append((f"{a}.context_length", ctx, T.UINT32))
-    kv += [(f"{a}.embedding_length", E, T.UINT32), (f"{a}.block_count", 1, T.UINT32),
-           (f"{a}.feed_forward_length", ff, T.UINT32),
-           (f"{a}.attention.head_count", n_head, T.UINT32),
-           (f"{a}.attention.head_count_kv", n_kv, T.UINT32)]
-    rope = _rope(cfg, what, hd)
-    kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
-    kv.append((f"{a}.attention.layer_norm_rms_epsilon",
-               _float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
-    if "head_dim" in cfg:
-        kv += [(f"{a}.attention.key_length", hd, T.UINT32),
-               (f"{a}.attention.value_length", hd, T.UINT32)]
-    kv += [(f"{a}.vocab_size", n_vocab, T.UINT32),
-           (f"{a}.rope.dimension_count", hd, T.UINT32)]
-    plan.kv = [(k, v, t, None) for k, v, t in kv]
-    plan.kv += [(f"{a}.target_layers", list(layers), T.ARRAY, T.INT32),
+    plan.kv, freqs = _base_keys(a, cfg, d, what)
+    plan.kv += [(f"{a}.vocab_size", n_vocab, T.UINT32, None),  # LlamaModel's own
+                (f"{a}.rope.dimension_count", hd, T.UINT32, None),
+                (f"{a}.target_layers", list(layers), T.ARRAY, T.INT32),
                 (f"{a}.target_hidden_size", width, T.UINT32, None),
                 (f"{a}.norm_before_residual", _flag(raw, "norm_before_residual", what),
                  T.BOOL, None),
                 (f"{a}.norm_before_fc", before_fc, T.BOOL, None)]
 
-    if rope[1] is not None:  # generated first, as the converter does
-        plan.tensors["rope_freqs.weight"] = rope[1]
+    if freqs is not None:  # generated first, as the converter does
+        plan.tensors["rope_freqs.weight"] = freqs
     for key, s in src.items():
         name = _eagle3_name(key)
         if name is None:
@@ -394,6 +434,165 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     plan.permute = {"blk.0.attn_q.weight": (n_head, n_head),
                     "blk.0.attn_k.weight": (n_head, n_kv)}
     return plan
+
+
+# a DFlash block's tensors beyond EAGLE-3's (Qwen3's per-head q/k norms)
+_DFLASH_BLOCK = {k: v for k, v in _BLOCK.items() if k != "hidden_norm.weight"} | {
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight"}
+_DFLASH_TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
+               "norm.weight": "output_norm.weight", "lm_head.weight": "output.weight",
+               "embed_tokens.weight": "token_embd.weight", "d2t": "d2t",
+               "markov_head.markov_w1.weight": "markov_w1.weight",
+               "markov_head.markov_w2.weight": "markov_w2.weight",
+               "confidence_head.proj.weight": "conf_proj.weight",
+               "confidence_head.proj.bias": "conf_proj.bias"}
+
+
+def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
+    """A DFlash or DSpark drafter on Qwen3 blocks (conversion/qwen.py's DFlashModel and
+    DSparkModel): the target's layer states through fc into a few non-causal blocks."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    raw, what = ck.raw, f"{ck.architecture} head"
+    dspark = ck.architecture in DSPARK_ARCHS
+    cfg = ck.config
+    dcfg = cfg.get("dflash_config", {})
+    if not isinstance(dcfg, dict):
+        raise _fail(f"{what}: dflash_config in config.json is not an object")
+    if dspark:  # both DSpark schemas as DFlash's nested dflash_config (the converter's)
+        anchor = raw.get("sample_from_anchor", "transformer_layer_config" not in raw
+                         and "aux_hidden_state_layer_ids" not in raw)
+        if not isinstance(anchor, bool):
+            raise _fail(f"{what}: sample_from_anchor = {anchor!r} is not true or false")
+        if "aux_hidden_state_layer_ids" in cfg:
+            aux = cfg["aux_hidden_state_layer_ids"]
+            if not isinstance(aux, list) or not all(isinstance(i, int) for i in aux):
+                raise _fail(f"{what}: aux_hidden_state_layer_ids = {aux!r} is not layer ids")
+            dcfg = {"mask_token_id": cfg.get("mask_token_id"),
+                    "target_layer_ids": [i - 1 for i in aux], **dcfg}
+        else:
+            dcfg = {k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg} | dcfg
+        if cfg.get("markov_head_type", "vanilla") != "vanilla":
+            raise _fail(f"{what}: markov_head_type {cfg.get('markov_head_type')!r}: llama.cpp "
+                        "runs the vanilla Markov head only")
+    for unsupported in ("conv_kernel_size", "attention_value_scale"):
+        if unsupported in dcfg:
+            raise _fail(f"{what}: dflash_config.{unsupported} (DFlash2's convolution and "
+                        "selector) is not converted by specli yet",
+                        "llama.cpp's convert_hf_to_gguf.py converts it")
+    for pickle in ("mask_embedding.pt",):
+        if (ck.root / pickle).exists():
+            raise _fail(f"{what}: {pickle} is a PyTorch pickle, which specli does not unpickle",
+                        "llama.cpp's convert_hf_to_gguf.py converts it")
+    d = _dims(cfg, what, tgt)
+    if d.E != tgt.width:
+        raise _mismatch(f"{what} is {d.E} wide and reads the target's states; {tgt.path} "
+                        f"({tgt.arch}) is {tgt.width} wide", _OTHER)
+    ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids", []))
+    if not isinstance(ids, list) or not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise _fail(f"{what}: target_layer_ids = {ids!r} is not a list of layer ids")
+    layers = [i + 1 for i in ids]  # the converter's: the input of the layer after
+    if not all(0 <= i < tgt.n_layer for i in layers):
+        raise _mismatch(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
+                        _OTHER)
+    mask = dcfg.get("mask_token_id")
+    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)
+                             or not 0 <= mask < tgt.n_vocab):
+        raise _mismatch(f"{what}: mask token {mask!r} is not a token of {tgt.path}", _OTHER)
+    block = dcfg.get("block_size", cfg.get("block_size", 16))
+    if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 4096:
+        raise _fail(f"{what}: block_size = {block!r} is not a block size")
+    a = "dflash"
+    plan = _Plan(a, "draft-dspark" if dspark else "draft-dflash")
+    plan.kv, freqs = _base_keys(a, cfg, d, what)
+    partial = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get(
+        "partial_rotary_factor", cfg.get("partial_rotary_factor")) \
+        if isinstance(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}, dict) else None
+    if partial is not None:
+        plan.kv.append((f"{a}.rope.dimension_count",
+                        int(d.hd * _float({"p": partial}, "p", what, 1.0)), T.UINT32, None))
+    plan.kv.append((f"{a}.block_size", block, T.UINT32, None))
+    for key, gkey in (("output_multiplier", "logit_scale"),
+                      ("final_logit_softcapping", "final_logit_softcapping"),
+                      ("input_embedding_scale", "embedding_scale")):
+        v = dcfg.get(key, cfg.get(key))
+        if v is not None and (gkey != "final_logit_softcapping" or float(v) > 0):
+            plan.kv.append((f"{a}.{gkey}", _float({key: v}, key, what, 1.0), T.FLOAT32, None))
+    plan.kv.append((f"{a}.target_layers", layers, T.ARRAY, T.INT32))
+    swa = dcfg.get("swa_window_size") or cfg.get("sliding_window")
+    if (cfg.get("use_sliding_window") or dcfg.get("use_swa")) and swa:
+        kinds = cfg.get("layer_types") or []
+        pattern = [True] * d.n_layer if dcfg.get("use_swa") else [
+            k == "sliding_attention" for k in kinds]
+        plan.kv += [(f"{a}.attention.sliding_window",
+                     _int({"w": swa}, "w", what, hi=1 << 24), T.UINT32, None),
+                    (f"{a}.attention.sliding_window_pattern", pattern, T.ARRAY, T.BOOL)]
+    causal = cfg.get("is_causal", dcfg.get("causal"))
+    if causal is not None and cfg.get("is_causal") is None:
+        plan.kv.append((f"{a}.attention.causal", bool(causal), T.BOOL, None))
+    if f"{tgt.arch}.rope.dimension_sections" in tgt.keys:  # an M-RoPE target: temporal only
+        plan.kv.append((f"{a}.rope.dimension_sections", [d.hd // 2, 0, 0, 0], T.ARRAY, T.INT32))
+    if dspark:
+        plan.kv += [(f"{a}.sample_from_anchor", anchor, T.BOOL, None),
+                    (f"{a}.has_confidence_head", any("confidence_head.proj" in k for k in src),
+                     T.BOOL, None)]
+    if mask is not None:
+        plan.mask = mask
+    if freqs is not None:
+        plan.tensors["rope_freqs.weight"] = freqs
+    own_head = not dspark or d.n_draft < d.n_vocab  # a full-vocabulary DSpark shares the
+    for key, s in src.items():  # target's output rows: its lm_head is dropped
+        if key == "t2d" and dspark:
+            continue
+        name = _dflash_name(key.removeprefix("model."), d.n_layer, what)
+        if name is None or (name == "output.weight" and not own_head):
+            continue
+        if name in plan.tensors:
+            raise _fail(f"{what}: {key} and another tensor both map to {name}")
+        plan.tensors[name] = s
+    if dspark and d.n_draft < d.n_vocab and "d2t" not in plan.tensors:
+        raise _fail(f"{what}: draft_vocab_size {d.n_draft:,} < vocab_size {d.n_vocab:,} but no "
+                    "d2t map")
+    E, hd = d.E, d.hd
+    want = {"fc.weight": (E, len(layers) * E), "enc.output_norm.weight": (E,),
+            "output_norm.weight": (E,)}
+    for i in range(d.n_layer):
+        b = f"blk.{i}."
+        want |= {b + "attn_norm.weight": (E,), b + "attn_q.weight": (d.n_head * hd, E),
+                 b + "attn_k.weight": (d.n_kv * hd, E),
+                 b + "attn_output.weight": (E, d.n_head * hd),
+                 b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
+                 b + "ffn_norm.weight": (E,), b + "ffn_gate.weight": (d.ff, E),
+                 b + "ffn_up.weight": (d.ff, E), b + "ffn_down.weight": (E, d.ff)}
+    optional = {f"blk.{i}.attn_v.weight": (d.n_kv * hd, E) for i in range(d.n_layer)} | {
+        "output.weight": (d.n_draft, E), "token_embd.weight": (d.n_vocab, E),
+        "d2t": (d.n_draft,), "rope_freqs.weight": (hd // 2,)}
+    w1 = plan.tensors.get("markov_w1.weight")
+    if dspark:
+        rank = w1.shape[1] if w1 is not None and len(w1.shape) == 2 else 0
+        want |= {"markov_w1.weight": (d.n_vocab, rank), "markov_w2.weight": (d.n_draft, rank)}
+        optional |= {"conf_proj.weight": (1, E + rank), "conf_proj.bias": (1,)}
+    _check_shapes(plan.tensors, want, optional, what)
+    if not cfg.get("rope_is_neox_style", True):  # interleaved rope: per head, even dims first
+        plan.interleaved = {n: hd for n in plan.tensors if n.endswith(
+            ("attn_q.weight", "attn_k.weight", "attn_q_norm.weight", "attn_k_norm.weight"))}
+    return plan
+
+
+def _dflash_name(key: str, n_layer: int, what: str) -> str | None:
+    if key.endswith(".rotary_emb.inv_freq"):
+        return None
+    if key in _DFLASH_TOP:
+        return _DFLASH_TOP[key]
+    parts = key.split(".", 2)
+    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and \
+            int(parts[1]) < n_layer and parts[2] in _DFLASH_BLOCK:
+        return f"blk.{int(parts[1])}.{_DFLASH_BLOCK[parts[2]]}"
+    raise _fail(f"{what}: cannot map tensor {key!r} to llama.cpp's DFlash graph",
+                "a layout llama.cpp's converter does not read either")
 
 
 def _eagle3_name(key: str) -> str | None:
@@ -539,6 +738,9 @@ def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
         raise _fail(f"{t.file.name}: tensor {t.key} is {t.dtype}, not floating point")
     if name in plan.permute:
         a = _permute(a, *plan.permute[name])
+    if name in plan.interleaved:  # per head, the even dims first, then the odd
+        hd = plan.interleaved[name]
+        a = a.reshape(-1, hd // 2, 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
     q = _qtype(name, a.ndim, ftype)
     Q = gguf.GGMLQuantizationType
     if q == Q.BF16 and a.dtype.name == "bfloat16":  # bf16 -> f32 -> bf16 is the identity
@@ -597,11 +799,14 @@ def _kind(ck: Checkpoint) -> str:
             arch in LLAMA_ARCHS and "draft_vocab_size" in ck.config
             and ck.config.get("num_hidden_layers") == 1):
         return "draft-eagle3"
+    if arch in DFLASH_ARCHS or arch in DSPARK_ARCHS:
+        return "draft-dspark" if arch in DSPARK_ARCHS else "draft-dflash"
     if arch in LATER_ARCHS:
-        raise _fail(f"{arch}: specli converts EAGLE-3 heads only, not yet this one",
+        raise _fail(f"{arch}: specli does not convert this head yet",
                     "llama.cpp's convert_hf_to_gguf.py --target-model-dir converts it")
     raise _fail(f"{arch}: not a draft-head architecture specli knows",
-                "EAGLE-3: " + ", ".join(EAGLE3_ARCHS))
+                "EAGLE-3: " + ", ".join(EAGLE3_ARCHS) + "; DFlash and DSpark: "
+                + ", ".join(DFLASH_ARCHS + DSPARK_ARCHS))
 
 
 def describe(checkpoint: str | os.PathLike, within=None) -> CheckpointInfo:
@@ -615,15 +820,23 @@ def describe(checkpoint: str | os.PathLike, within=None) -> CheckpointInfo:
         v = d.get(k)
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-    layers = raw.get("eagle_aux_hidden_state_layer_ids")
+    if kind == "draft-eagle3":
+        layers = raw.get("eagle_aux_hidden_state_layer_ids")
+    else:  # DFlash's ids name the layer before the one whose input is read
+        dcfg = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+        aux = cfg.get("aux_hidden_state_layer_ids")
+        ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))
+        layers = aux if isinstance(aux, list) else (
+            [i + 1 for i in ids if isinstance(i, int)] if isinstance(ids, list) else None)
     layers = tuple(layers) if isinstance(layers, list) and all(
         isinstance(i, int) for i in layers) and layers else None
     variants = tuple(k for k in ("norm_before_residual", "norm_before_fc") if raw.get(k) is True)
     if "embed_tokens.weight" in src or "model.embed_tokens.weight" in src:
         variants += ("its own token embeddings",)
     n = sum(math.prod(t.shape) * _BYTES.get(t.dtype, 4) for t in src.values())
+    width = num(raw, "target_hidden_size") if kind == "draft-eagle3" else num(cfg, "hidden_size")
     return CheckpointInfo(str(ck.root), ck.architecture, kind, num(cfg, "hidden_size"),
-                          num(raw, "target_hidden_size"), layers, num(cfg, "vocab_size"),
+                          width, layers, num(cfg, "vocab_size"),
                           num(cfg, "draft_vocab_size"), variants,
                           tuple((t.key, t.dtype, t.shape) for t in src.values()), n)
 
@@ -637,9 +850,9 @@ def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
     weight read. HeadCheckpointError naming the first problem."""
     ck = read_checkpoint(checkpoint, within)
     h, tgt = _target(target)
-    _kind(ck)
+    kind = _kind(ck)
     src = _index(ck.files)
-    return ck, _eagle3(ck, src, tgt), h, tgt
+    return ck, (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt), h, tgt
 
 
 def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathLike, *,
@@ -672,7 +885,10 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
         w.add_uint32("general.file_type", _FILE_TYPES[ftype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for k, v, t, sub in tgt.tokenizer:
-            w.add_key_value(k, v, t, sub_type=sub)
+            if not (plan.mask is not None and k == "tokenizer.ggml.mask_token_id"):
+                w.add_key_value(k, v, t, sub_type=sub)
+        if plan.mask is not None:
+            w.add_uint32("tokenizer.ggml.mask_token_id", plan.mask)
         total = len(plan.tensors)
         for i, (tname, t) in enumerate(plan.tensors.items()):
             data, q = _data(tname, t, plan, ftype, tgt.n_vocab)

@@ -22,7 +22,7 @@ from test_cli import one_line_error
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "scripts"))
 import head_models  # noqa: E402
-from head_models import EAGLE3_LAYOUTS  # noqa: E402
+from head_models import DFLASH_LAYOUTS, EAGLE3_LAYOUTS  # noqa: E402
 
 # what the converter writes beyond what a hand-written head carries (llama.cpp's converter
 # writes them too: general.*, the vocabulary size, the rope width, the variant flags)
@@ -148,7 +148,8 @@ def _config(ckpt: Path, **change) -> None:
 
 @pytest.mark.parametrize("change,needles", [
     ({"architectures": ["MambaForCausalLM"]}, ("MambaForCausalLM",)),
-    ({"architectures": ["DFlashDraftModel"]}, ("DFlashDraftModel", "not yet")),
+    ({"architectures": ["LingDSparkModel"]}, ("LingDSparkModel", "does not convert")),
+    ({"architectures": ["DFlashDraftModel"]}, ("DFlashDraftModel", "target_layer_ids")),
     ({"architectures": None}, ("architectures",)),
     ({"target_hidden_size": 128}, ("128", "64 wide")),
     ({"vocab_size": 32000}, ("32,000",)),
@@ -341,6 +342,88 @@ def test_info_and_check_pair_read_a_checkpoint(made, heads, gemma):
     r = cli("check-pair", gemma, str(ckpt), "--json")
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["compatible"] is False and "640 wide" in doc["message"]
+    assert doc["compatible"] is False and "262,144" in doc["message"]
     r = cli("check-pair", heads["llama"], str(ckpt.parent / "nowhere"))
     assert r.returncode == 2
+
+
+# --- DFlash and DSpark ----------------------------------------------------------------------
+
+DFLASH_KEYS = {"general.type", "general.file_type", "general.quantization_version",
+               "dflash.sample_from_anchor", "dflash.has_confidence_head"}
+
+
+@pytest.fixture(scope="module")
+def dflash_made(tmp_path_factory, q4_1):
+    where, done = tmp_path_factory.mktemp("dflash"), {}
+
+    def make(layout: str) -> tuple[str, Path]:
+        if layout not in done:
+            spec = DFLASH_LAYOUTS[layout]
+            direct = head_models.dflash_head(where / f"direct-{layout}.gguf", q4_1,
+                                             markov=spec["markov"],
+                                             sample_from_anchor=spec.get("sample_from_anchor"))
+            done[layout] = direct, head_models.dflash_checkpoint(
+                where / f"ckpt-{layout}", direct, layout, q4_1)
+        return done[layout]
+    return make
+
+
+@pytest.mark.parametrize("layout", sorted(DFLASH_LAYOUTS))
+def test_each_dflash_layout_converts_to_the_head_written_directly(tmp_path, dflash_made, heads,
+                                                                  layout):
+    direct, ckpt = dflash_made(layout)
+    out = tmp_path / "head.gguf"
+    r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["type"] == ("draft-dflash" if layout == "dflash"
+                                            else "draft-dspark")
+    kv_d, ts_d = _fields(direct)
+    kv_c, ts_c = _fields(str(out))
+    for k, v in kv_d.items():
+        if k != "general.name":
+            assert kv_c.get(k) == pytest.approx(v) if isinstance(v, float) else kv_c.get(k) == v, k
+    assert set(kv_c) - set(kv_d) <= DFLASH_KEYS
+    assert set(ts_c) == set(ts_d)
+    for name, (kind, a) in ts_d.items():
+        assert ts_c[name][0] == kind and np.array_equal(ts_c[name][1], a), name
+
+
+@pytest.mark.parametrize("layout", ["dflash", "dspark-speculators"])
+def test_a_converted_dflash_head_drafts_as_the_direct_one(tmp_path, dflash_made, heads, layout):
+    direct, ckpt = dflash_made(layout)
+    out = tmp_path / "head.gguf"
+    assert cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out)).returncode == 0
+    kind = "draft-dflash" if layout == "dflash" else "draft-dspark"
+    runs = []
+    for head in (direct, str(out)):
+        r = cli("run", "-m", heads["llama"], "-md", head, "--spec-type", kind,
+                "-p", "The history of the city is", "-n", "40", "--temp", "0", "--draft", "4",
+                "--json")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        runs.append((doc["text"], doc["stats"]["n_drafted"], doc["stats"]["n_accept"]))
+    assert runs[0] == runs[1] and runs[0][1] > 0
+
+
+@pytest.mark.parametrize("change,needles", [
+    ({"dflash_config": {"mask_token_id": 10**9, "target_layer_ids": [0, 2]}}, ("mask token",)),
+    ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 7]}}, ("layers [1, 8]",)),
+    ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 2],
+                        "conv_kernel_size": 4}}, ("conv_kernel_size",)),
+    ({"hidden_size": 128}, ("128 wide",)),
+    ({"architectures": ["Gemma4DSparkModel"]}, ("Gemma4DSparkModel", "not convert")),
+])
+def test_a_dflash_checkpoint_that_does_not_fit_is_one_line(tmp_path, dflash_made, heads,
+                                                           change, needles):
+    _, made_ckpt = dflash_made("dflash")
+    ckpt = Path(shutil.copytree(made_ckpt, tmp_path / "ckpt"))
+    _config(ckpt, **change)
+    _refused(tmp_path, ckpt, heads["llama"], *needles)
+
+
+def test_a_mask_embedding_pickle_is_refused(tmp_path, dflash_made, heads):
+    _, made_ckpt = dflash_made("dflash")
+    ckpt = Path(shutil.copytree(made_ckpt, tmp_path / "ckpt"))
+    (ckpt / "mask_embedding.pt").write_bytes(b"PK\x03\x04 not unpickled")
+    _refused(tmp_path, ckpt, heads["llama"], "mask_embedding.pt", "pickle")

@@ -12,7 +12,6 @@ import typer
 
 from specli.cli import options as o
 from specli.cli.console import err, safe
-from specli.errors import UsageError
 
 
 def convert_head(
@@ -39,7 +38,9 @@ def convert_head(
     Reads the head's safetensors with numpy (no torch, no transformers) and takes from the
     target GGUF what llama.cpp's convert_hf_to_gguf.py --target-model-dir reads from the
     target's Hugging Face folder. EAGLE-3 layouts: SpecForge LlamaForCausalLMEagle3, vLLM /
-    AngelSlim Eagle3LlamaForCausalLM, RedHat Eagle3Speculator, Eagle3DraftModel.
+    AngelSlim Eagle3LlamaForCausalLM, RedHat Eagle3Speculator, Eagle3DraftModel. DFlash and
+    DSpark on Qwen3 blocks: DFlashDraftModel, Qwen3DSparkModel, DSparkDraftModel,
+    DSparkSpeculator.
 
     Exit code 0: written; 2: the checkpoint or target cannot be converted (one line says why).
     """
@@ -66,43 +67,3 @@ def convert_head(
               f"{r.n_bytes / 2**20:.1f} MiB ({r.outtype}) in {r.seconds:.2f} s", markup=False)
     print(r.path)
 
-
-def _bar(quiet: bool):
-    """A transient progress bar on stderr (a terminal only), or None."""
-    if quiet or not err.is_terminal:
-        return None
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    console=err, transient=True)
-
-
-def head_from_hub(ref, target: str, token: str | None, kinds=(), quiet: bool = False,
-                  revision: str | None = None) -> str:
-    """A repository's safetensors head checkpoint (-hfd, `download --eagle3`), fetched and
-    converted against the target GGUF, or found converted in the cache: its path. kinds:
-    the head types asked for (empty: any)."""
-    from specli import hub
-    from specli.headconvert import cached_head, plan_head
-
-    progress = not quiet and err.is_terminal
-    snapshot, commit, within = hub.fetch_checkpoint(ref, revision, token, progress)
-    _, plan, _, _ = plan_head(snapshot, target, within)  # checked before any hashing
-    if kinds and plan.spec_type not in kinds:
-        raise UsageError(f"{ref.repo} is a {plan.spec_type} head, not "
-                         f"{' or '.join(kinds)}", hint="ask for its type, or another repository")
-    bar = _bar(quiet)
-    if bar is None:
-        path, fresh = cached_head(snapshot, within, ref.repo, commit, target)
-    else:
-        with bar:
-            hashing = bar.add_task(f"sha256 {Path(target).name}", total=None)
-            task = bar.add_task(f"converting {ref.repo}", total=None)
-            path, fresh = cached_head(
-                snapshot, within, ref.repo, commit, target,
-                progress=lambda d, t, _n: bar.update(task, completed=d, total=t),
-                hashing=lambda d, t: bar.update(hashing, completed=d, total=t))
-    if fresh and not quiet:
-        err.print(f"converted {ref.repo}@{commit[:12]} against {Path(target).name}: {path}",
-                  markup=False)
-    return str(path)

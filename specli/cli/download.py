@@ -103,7 +103,7 @@ def download(
             raise UsageError(f"{r.repo} publishes its head as safetensors: give the target "
                              "GGUF to convert it against with -m", hint="specli download "
                              f"--{missing[0].removeprefix('draft-')} {r.repo} -m target.gguf")
-        from specli.cli.convert_head import head_from_hub
+        from specli.cli.models import head_from_hub
 
         path = head_from_hub(r, str(model), hf_token, missing, quiet or json_out, revision)
         from specli.ggufmeta import read_header

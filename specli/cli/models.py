@@ -4,6 +4,7 @@ embedded pair."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from specli.cli.console import err, spinner
 from specli.errors import UsageError
@@ -42,8 +43,6 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             if model is None:
                 raise UsageError(f"-hfd {ref.repo} is a safetensors head checkpoint: give the "
                                  "target to convert it against with -m or -hf")
-            from specli.cli.convert_head import head_from_hub
-
             model_draft = head_from_hub(ref, model, token, [t for t in heads if t in
                                                             spec_types], quiet)
         else:
@@ -58,3 +57,43 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             model, model_draft = default_pair()
     return model, model_draft
 
+
+def _bar(quiet: bool):
+    """A transient progress bar on stderr (a terminal only), or None."""
+    if quiet or not err.is_terminal:
+        return None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    console=err, transient=True)
+
+
+def head_from_hub(ref, target: str, token: str | None, kinds=(), quiet: bool = False,
+                  revision: str | None = None) -> str:
+    """A repository's safetensors head checkpoint (-hfd, `download --eagle3`), fetched and
+    converted against the target GGUF, or found converted in the cache: its path. kinds:
+    the head types asked for (empty: any)."""
+    from specli import hub
+    from specli.headconvert import cached_head, plan_head
+
+    progress = not quiet and err.is_terminal
+    snapshot, commit, within = hub.fetch_checkpoint(ref, revision, token, progress)
+    _, plan, _, _ = plan_head(snapshot, target, within)  # checked before any hashing
+    if kinds and plan.spec_type not in kinds:
+        raise UsageError(f"{ref.repo} is a {plan.spec_type} head, not "
+                         f"{' or '.join(kinds)}", hint="ask for its type, or another repository")
+    bar = _bar(quiet)
+    if bar is None:
+        path, fresh = cached_head(snapshot, within, ref.repo, commit, target)
+    else:
+        with bar:
+            hashing = bar.add_task(f"sha256 {Path(target).name}", total=None)
+            task = bar.add_task(f"converting {ref.repo}", total=None)
+            path, fresh = cached_head(
+                snapshot, within, ref.repo, commit, target,
+                progress=lambda d, t, _n: bar.update(task, completed=d, total=t),
+                hashing=lambda d, t: bar.update(hashing, completed=d, total=t))
+    if fresh and not quiet:
+        err.print(f"converted {ref.repo}@{commit[:12]} against {Path(target).name}: {path}",
+                  markup=False)
+    return str(path)
