@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ LATER_ARCHS = ("Lfm2DSparkDraftModel", "LingDSparkModel", "DeepseekV4DSparkModel
 CONFIG_MAX = 4 << 20  # bytes of config.json (published ones are a few KB)
 INDEX_MAX = 64 << 20  # bytes of model.safetensors.index.json
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
+CONVERT_VERSION = 1  # in the cache's file names: a change to the output makes new files
 WIDTH_MAX = 1 << 20  # any width, head count or vocabulary a config may state
 
 # an EAGLE-3 block's tensors, checkpoint name -> GGUF name (gguf-py's tensor map for llama
@@ -190,7 +192,7 @@ def _weights(d: Path, root: Path) -> tuple[Path, ...]:
             if Path(n).name != n or not n.endswith(".safetensors"):
                 raise _fail(f"{index}: names {n!r}, which is not a safetensors file beside it")
     else:
-        names = sorted(p.name for p in d.glob("*.safetensors"))
+        names = sorted(p.name for p in d.glob("model*.safetensors"))  # the converter's parts
     if not names:
         pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt"))
         raise _fail(f"{d}: no *.safetensors weights" + (
@@ -236,10 +238,17 @@ def _int(cfg: dict, key: str, what: str, default: int | None = None, lo: int = 1
     return v
 
 
-def _float(cfg: dict, key: str, what: str, default: float) -> float:
+def _float(cfg: dict, key: str, what: str, default: float, hi: float = 1e30) -> float:
+    """A positive finite number that fits the float32 GGUF stores (a 400-digit integer or
+    1e39 would not)."""
     v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
-        raise _fail(f"{what}: {key} = {v!r} in config.json is not a positive number")
+    try:
+        ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 < float(v) <= hi
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise _fail(f"{what}: {key} = {str(v)[:40]} in config.json is not a positive number "
+                    f"up to {hi:g}")
     return float(v)
 
 
@@ -319,6 +328,7 @@ class _Dims:
 
 
 def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
+    """Also: a head width that rope can rotate (even)."""
     E = _int(cfg, "hidden_size", what)
     n_head = _int(cfg, "num_attention_heads", what)
     n_kv = _int(cfg, "num_key_value_heads", what, n_head)
@@ -329,6 +339,9 @@ def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
     n_draft = _int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
     if n_head % n_kv:
         raise _fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
+    if hd % 2:
+        raise _fail(f"{what}: a head width of {hd} (head_dim, or hidden_size / "
+                    "num_attention_heads): rope rotates pairs")
     if n_draft > n_vocab:
         raise _fail(f"{what}: draft_vocab_size {n_draft:,} is more than vocab_size {n_vocab:,}")
     if n_vocab != tgt.n_vocab:
@@ -507,31 +520,38 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         raise _fail(f"{what}: block_size = {block!r} is not a block size")
     a = "dflash"
     plan = _Plan(a, "draft-dspark" if dspark else "draft-dflash")
-    plan.kv, freqs = _base_keys(a, cfg, d, what)
-    partial = (cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}).get(
-        "partial_rotary_factor", cfg.get("partial_rotary_factor")) \
-        if isinstance(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}, dict) else None
+    plan.kv, _ = _base_keys(a, cfg, d, what)  # Qwen3's converter makes no rope_freqs
+    plan.kv = [kv for kv in plan.kv if kv[0] != f"{a}.attention.causal"]  # DFlash's own below
+    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    partial = rope_params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
     if partial is not None:
         plan.kv.append((f"{a}.rope.dimension_count",
-                        int(d.hd * _float({"p": partial}, "p", what, 1.0)), T.UINT32, None))
+                        int(d.hd * _float({"partial_rotary_factor": partial},
+                                          "partial_rotary_factor", what, 1.0, hi=1.0)),
+                        T.UINT32, None))
     plan.kv.append((f"{a}.block_size", block, T.UINT32, None))
     for key, gkey in (("output_multiplier", "logit_scale"),
                       ("final_logit_softcapping", "final_logit_softcapping"),
                       ("input_embedding_scale", "embedding_scale")):
         v = dcfg.get(key, cfg.get(key))
-        if v is not None and (gkey != "final_logit_softcapping" or float(v) > 0):
+        if v is not None and not (gkey == "final_logit_softcapping" and v == 0):
             plan.kv.append((f"{a}.{gkey}", _float({key: v}, key, what, 1.0), T.FLOAT32, None))
     plan.kv.append((f"{a}.target_layers", layers, T.ARRAY, T.INT32))
     swa = dcfg.get("swa_window_size") or cfg.get("sliding_window")
     if (cfg.get("use_sliding_window") or dcfg.get("use_swa")) and swa:
-        kinds = cfg.get("layer_types") or []
+        kinds = cfg.get("layer_types")
+        if not dcfg.get("use_swa") and (not isinstance(kinds, list) or len(kinds) != d.n_layer):
+            raise _fail(f"{what}: sliding-window attention without layer_types naming each of "
+                        f"its {d.n_layer} layers")
         pattern = [True] * d.n_layer if dcfg.get("use_swa") else [
             k == "sliding_attention" for k in kinds]
         plan.kv += [(f"{a}.attention.sliding_window",
                      _int({"w": swa}, "w", what, hi=1 << 24), T.UINT32, None),
                     (f"{a}.attention.sliding_window_pattern", pattern, T.ARRAY, T.BOOL)]
-    causal = cfg.get("is_causal", dcfg.get("causal"))
-    if causal is not None and cfg.get("is_causal") is None:
+    causal = cfg.get("is_causal")
+    if causal is None:
+        causal = dcfg.get("causal")
+    if causal is not None:  # DFlashModel writes it either way
         plan.kv.append((f"{a}.attention.causal", bool(causal), T.BOOL, None))
     if f"{tgt.arch}.rope.dimension_sections" in tgt.keys:  # an M-RoPE target: temporal only
         plan.kv.append((f"{a}.rope.dimension_sections", [d.hd // 2, 0, 0, 0], T.ARRAY, T.INT32))
@@ -541,8 +561,6 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                      T.BOOL, None)]
     if mask is not None:
         plan.mask = mask
-    if freqs is not None:
-        plan.tensors["rope_freqs.weight"] = freqs
     own_head = not dspark or d.n_draft < d.n_vocab  # a full-vocabulary DSpark shares the
     for key, s in src.items():  # target's output rows: its lm_head is dropped
         if key == "t2d" and dspark:
@@ -550,6 +568,9 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         name = _dflash_name(key.removeprefix("model."), d.n_layer, what)
         if name is None or (name == "output.weight" and not own_head):
             continue
+        if name == "d2t" and not dspark:
+            raise _fail(f"{what}: a d2t map in a DFlash head (DSpark's only)",
+                        "llama.cpp's converter cannot map it either")
         if name in plan.tensors:
             raise _fail(f"{what}: {key} and another tensor both map to {name}")
         plan.tensors[name] = s
@@ -588,8 +609,8 @@ def _dflash_name(key: str, n_layer: int, what: str) -> str | None:
     if key in _DFLASH_TOP:
         return _DFLASH_TOP[key]
     parts = key.split(".", 2)
-    if len(parts) == 3 and parts[0] == "layers" and parts[1].isdigit() and \
-            int(parts[1]) < n_layer and parts[2] in _DFLASH_BLOCK:
+    if len(parts) == 3 and parts[0] == "layers" and parts[1].isascii() and \
+            parts[1].isdecimal() and int(parts[1]) < n_layer and parts[2] in _DFLASH_BLOCK:
         return f"blk.{int(parts[1])}.{_DFLASH_BLOCK[parts[2]]}"
     raise _fail(f"{what}: cannot map tensor {key!r} to llama.cpp's DFlash graph",
                 "a layout llama.cpp's converter does not read either")
@@ -634,6 +655,8 @@ def _rope(cfg: dict, what: str, hd: int):
     if not isinstance(params, dict):
         raise _fail(f"{what}: rope_scaling in config.json is not an object")
     params = params.get("full_attention", params)
+    if not isinstance(params, dict):
+        raise _fail(f"{what}: rope_scaling.full_attention in config.json is not an object")
     theta = params.get("rope_theta", cfg.get("rope_theta"))
     kind = params.get("rope_type", params.get("type"))
     keys, freqs = [], None
@@ -672,11 +695,10 @@ def _llama3_factors(p: dict, what: str, base: float, dim: int) -> np.ndarray:
     low = _float(p, "low_freq_factor", what, 1.0)
     high = _float(p, "high_freq_factor", what, 4.0)
     old = _float(p, "original_max_position_embeddings", what, 8192)
-    if low == high:
-        raise _fail(f"{what}: llama3 rope with low_freq_factor == high_freq_factor")
     freqs = 1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     wavelen = 2 * math.pi / freqs.astype(np.float64)
-    smooth = (old / wavelen - low) / (high - low)
+    with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no ramp to take
+        smooth = (old / wavelen - low) / (high - low)
     out = np.where(wavelen < old / high, 1.0,
                    np.where(wavelen > old / low, factor, 1 / ((1 - smooth) / factor + smooth)))
     return out.astype(np.float32)
@@ -694,9 +716,9 @@ def _outtype(plan: _Plan, outtype: str) -> str:
     """`auto`: the checkpoint's own type (its first matrix's, as the converter guesses)."""
     if outtype != "auto":
         return outtype
-    for t in plan.tensors.values():
-        if isinstance(t, _Source) and len(t.shape) >= 2:
-            return {"BF16": "bf16", "F16": "f16"}.get(t.dtype, "f16")
+    for t in plan.tensors.values():  # base.py's heuristic: the first bf16 or f16 matrix
+        if isinstance(t, _Source) and len(t.shape) >= 2 and t.dtype in ("BF16", "F16"):
+            return t.dtype.lower()
     return "f16"
 
 
@@ -778,7 +800,7 @@ class CheckpointInfo:
         layers = ", ".join(map(str, self.layers)) if self.layers else "the target's default"
         out = (f"{self.spec_type}: {self.architecture}, width {self.width}, target layers "
                f"{layers}, target width {self.target_width or 'the target' + chr(39) + 's'}")
-        if self.n_draft is not None and self.n_draft != self.n_vocab:
+        if self.n_draft is not None and self.n_vocab is not None and self.n_draft != self.n_vocab:
             out += f", {self.n_draft:,} of {self.n_vocab:,} tokens through d2t"
         return out + "".join(f", {v}" for v in self.variants)
 
@@ -852,7 +874,26 @@ def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
     h, tgt = _target(target)
     kind = _kind(ck)
     src = _index(ck.files)
-    return ck, (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt), h, tgt
+    plan = (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt)
+    _fits(plan, h, str(ck.root))
+    return ck, plan, h, tgt
+
+
+def _fits(plan: _Plan, target_h, path: str) -> None:
+    """headmeta's one head policy (what `run` checks before loading) on the head the plan
+    would write: before any byte is, not after."""
+    from specli.headmeta import HeadInfo, check_head
+
+    kv = {k: v for k, v, _, _ in plan.kv}
+    a = plan.arch
+    info = HeadInfo(plan.spec_type, path, tuple(kv.get(f"{a}.target_layers", ())),
+                    kv.get(f"{a}.target_hidden_size", kv.get(f"{a}.embedding_length")),
+                    kv.get(f"{a}.block_size", 16), plan.mask,
+                    kv.get(f"{a}.sample_from_anchor", True))
+    try:
+        check_head(target_h, info)
+    except IncompatiblePairError as e:
+        raise _mismatch(e.message, e.hint) from e
 
 
 def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathLike, *,
@@ -875,6 +916,8 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise _fail(f"-o {out}: the folder {parent} does not exist")
+    if out.exists() and any(out.resolve() == Path(p).resolve() for p in (target, *ck.files)):
+        raise _fail(f"-o {out} is an input of the conversion", "name a new file")
     tmp = parent / f".{out.name}.{os.getpid()}.part"
     written = 0
     try:
@@ -885,8 +928,9 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
         w.add_uint32("general.file_type", _FILE_TYPES[ftype])
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
         for k, v, t, sub in tgt.tokenizer:
-            if not (plan.mask is not None and k == "tokenizer.ggml.mask_token_id"):
-                w.add_key_value(k, v, t, sub_type=sub)
+            if (plan.mask is not None and k == "tokenizer.ggml.mask_token_id") or v == []:
+                continue  # our own mask token; an empty array gguf-py cannot write
+            w.add_key_value(k, v, t, sub_type=sub)
         if plan.mask is not None:
             w.add_uint32("tokenizer.ggml.mask_token_id", plan.mask)
         total = len(plan.tensors)
@@ -906,8 +950,14 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
         os.replace(tmp, out)
     except OSError as e:
         raise _fail(f"cannot write {out}: {e.strerror or e}") from e
+    except (ValueError, TypeError, OverflowError, struct.error) as e:  # a value the GGUF
+        # writer cannot store: a bug's net, as every value is checked before
+        raise _fail(f"cannot write {out}: {type(e).__name__}: {str(e)[:200]}") from e
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     return Converted(str(out), plan.spec_type, ck.architecture, len(plan.tensors), written,
                      time.perf_counter() - t0, ftype)
 
@@ -974,7 +1024,7 @@ def cached_head(checkpoint: Path, within: Path, repo: str, commit: str, target: 
     from specli.defaults import cache_dir
 
     sha = target_sha256(target, hashing)
-    name = f"{commit[:16]}-{sha[:16]}-{outtype}.gguf"
+    name = f"{commit[:16]}-{sha[:16]}-{outtype}-v{CONVERT_VERSION}.gguf"
     out = cache_dir() / "heads" / repo.replace("/", "--") / name
     if out.is_file():
         return out, False

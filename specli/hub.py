@@ -304,11 +304,11 @@ def checkpoint_files(files: Sequence[str]) -> list[str] | None:
     any, the weights at the repository's top level), or None for a repository that is not
     one: llama.cpp's converter reads nothing else (no tokenizer: the target's GGUF has it)."""
     top = {f for f in files if "/" not in f}
-    weights = sorted(f for f in top if f.endswith(".safetensors"))
+    weights = sorted(f for f in top if f.startswith("model") and f.endswith(".safetensors"))
     if "config.json" not in top or not weights:
         return None
-    index = ["model.safetensors.index.json"] if "model.safetensors.index.json" in top else []
-    return ["config.json", *index, *weights]
+    extra = [f for f in ("model.safetensors.index.json", "mask_embedding.pt") if f in top]
+    return ["config.json", *extra, *weights]  # a mask_embedding.pt only to be refused
 
 
 def is_checkpoint(ref: Ref, revision: str | None = None, token: str | None = None) -> bool:

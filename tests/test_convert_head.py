@@ -158,6 +158,10 @@ def _config(ckpt: Path, **change) -> None:
     ({"hidden_size": "64"}, ("hidden_size",)),
     ({"hidden_size": 10**30}, ("hidden_size",)),
     ({"rms_norm_eps": float("nan")}, ("rms_norm_eps",)),
+    ({"rms_norm_eps": 1e39}, ("rms_norm_eps",)),  # past float32: the writer would overflow
+    ({"rope_theta": 10**400}, ("rope_theta",)),
+    ({"rope_scaling": {"full_attention": 1}}, ("full_attention",)),
+    ({"head_dim": 5}, ("head width of 5",)),
     ({"num_hidden_layers": 2}, ("2 layers",)),
     ({"intermediate_size": 96}, ("ffn_gate", "[96, 64]")),
     ({"rope_scaling": {"rope_type": "mrope-xyz"}}, ("mrope-xyz",)),
@@ -412,6 +416,9 @@ def test_a_converted_dflash_head_drafts_as_the_direct_one(tmp_path, dflash_made,
     ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 2],
                         "conv_kernel_size": 4}}, ("conv_kernel_size",)),
     ({"hidden_size": 128}, ("128 wide",)),
+    ({"dflash_config": {"target_layer_ids": [0, 2]}}, ("mask token",)),
+    ({"final_logit_softcapping": "abc"}, ("final_logit_softcapping",)),
+    ({"use_sliding_window": True, "sliding_window": 64, "layer_types": 5}, ("layer_types",)),
     ({"architectures": ["Gemma4DSparkModel"]}, ("Gemma4DSparkModel", "not convert")),
 ])
 def test_a_dflash_checkpoint_that_does_not_fit_is_one_line(tmp_path, dflash_made, heads,
@@ -427,3 +434,13 @@ def test_a_mask_embedding_pickle_is_refused(tmp_path, dflash_made, heads):
     ckpt = Path(shutil.copytree(made_ckpt, tmp_path / "ckpt"))
     (ckpt / "mask_embedding.pt").write_bytes(b"PK\x03\x04 not unpickled")
     _refused(tmp_path, ckpt, heads["llama"], "mask_embedding.pt", "pickle")
+
+
+def test_the_output_is_never_an_input(tmp_path, checkpoint, heads):
+    _, ckpt = checkpoint("specforge")
+    target = tmp_path / "target.gguf"
+    shutil.copyfile(heads["llama"], target)
+    before = target.read_bytes()
+    one_line_error(cli("convert-head", str(ckpt), "-m", str(target), "-o", str(target)), 2,
+                   "is an input")
+    assert target.read_bytes() == before
