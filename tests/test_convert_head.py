@@ -66,6 +66,19 @@ def _fields(path: str) -> tuple[dict, dict]:
     return head_models.read_gguf(path)
 
 
+def _same_keys(direct: str, converted: str, extra: set[str]) -> tuple[dict, dict]:
+    """Every key of the direct head in the converted one with its value, no other key but
+    the converter's own extras, the same tensor names: both files' tensors."""
+    kv_d, ts_d = _fields(direct)
+    kv_c, ts_c = _fields(converted)
+    for k, v in kv_d.items():
+        if k != "general.name":
+            assert kv_c.get(k) == pytest.approx(v) if isinstance(v, float) else kv_c.get(k) == v, k
+    assert set(kv_c) - set(kv_d) <= extra
+    assert set(ts_c) == set(ts_d)
+    return ts_d, ts_c
+
+
 @pytest.mark.parametrize("layout", sorted(EAGLE3_LAYOUTS))
 def test_each_layout_converts_to_the_head_written_directly(tmp_path, checkpoint, heads, layout):
     direct, ckpt = checkpoint(layout)
@@ -74,13 +87,7 @@ def test_each_layout_converts_to_the_head_written_directly(tmp_path, checkpoint,
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["type"] == "draft-eagle3" and doc["architecture"] == EAGLE3_LAYOUTS[layout]["arch"]
-    kv_d, ts_d = _fields(direct)
-    kv_c, ts_c = _fields(str(out))
-    for k, v in kv_d.items():
-        if k != "general.name":
-            assert kv_c.get(k) == pytest.approx(v) if isinstance(v, float) else kv_c.get(k) == v, k
-    assert set(kv_c) - set(kv_d) <= CONVERTER_KEYS
-    assert set(ts_c) == set(ts_d)
+    ts_d, ts_c = _same_keys(direct, str(out), CONVERTER_KEYS)
     bf16 = EAGLE3_LAYOUTS[layout].get("dtype") == "bf16"
     for name, (kind, a) in ts_d.items():
         got_kind, got = ts_c[name]
@@ -382,13 +389,7 @@ def test_each_dflash_layout_converts_to_the_head_written_directly(tmp_path, dfla
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["type"] == ("draft-dflash" if layout == "dflash"
                                             else "draft-dspark")
-    kv_d, ts_d = _fields(direct)
-    kv_c, ts_c = _fields(str(out))
-    for k, v in kv_d.items():
-        if k != "general.name":
-            assert kv_c.get(k) == pytest.approx(v) if isinstance(v, float) else kv_c.get(k) == v, k
-    assert set(kv_c) - set(kv_d) <= DFLASH_KEYS
-    assert set(ts_c) == set(ts_d)
+    ts_d, ts_c = _same_keys(direct, str(out), DFLASH_KEYS)
     for name, (kind, a) in ts_d.items():
         assert ts_c[name][0] == kind and np.array_equal(ts_c[name][1], a), name
 
