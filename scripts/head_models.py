@@ -39,17 +39,12 @@ MASK = 49151  # DFlash's mask token (the last id; never live)
 def _tokenizer(src: str) -> tuple[list[tuple[str, object, T, T | None]], list[int]]:
     """SmolLM2's tokenizer keys (name, value, type, array item type) and the live ids."""
     from specli.ggufmeta import read_header  # seconds faster than gguf's GGUFReader
+    from specli.headconvert import typed_keys
 
     keys = [k for k in read_header(src).types
             if k.startswith("tokenizer.") and k != "tokenizer.chat_template"]
     h = read_header(src, keys)
-    kv = []
-    for key in keys:
-        info = h.arrays.get(key)
-        if info is not None:
-            kv.append((key, h.kv[key], T.ARRAY, T[info.element_type]))
-        else:
-            kv.append((key, h.kv[key], T[h.types[key]], None))
+    kv = typed_keys(h, keys)
     tokens = h.kv["tokenizer.ggml.tokens"]
     index = {t: i for i, t in enumerate(tokens)}
     live = sorted({index["Ġ" + w.strip()] for w in WORDS if "Ġ" + w.strip() in index})

@@ -9,8 +9,9 @@ q/k permutation, d2t as absolute ids, output types) so that the files match, and
 weights with the safetensors package's numpy API (bf16 through ml_dtypes): no torch.
 
 Everything is checked before a byte is written, from the checkpoint's headers and the
-target's metadata: the layout, every tensor's name and shape, the vocabulary and the widths.
-The file is written to a temporary name beside the output and renamed when complete.
+target's metadata: the layout, every tensor's name and shape, the vocabulary and widths, and
+headmeta's head policy (the one `run` applies); only d2t's values, as it is read. The file
+is written to a temporary name beside the output and renamed when complete.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Specu
                 "Eagle3DraftModel")
 # plain llama architecture strings under which the converter still finds an EAGLE-3 head
 LLAMA_ARCHS = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel")
-# known to llama.cpp's converter, not converted here yet
 # block-diffusion drafters on Qwen3 blocks (conversion/qwen.py: DFlashModel, DSparkModel)
 DFLASH_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel")
 DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator")
+# known to llama.cpp's converter, not converted here yet
 LATER_ARCHS = ("Lfm2DSparkDraftModel", "LingDSparkModel", "DeepseekV4DSparkModel",
                "Gemma4DSparkModel")
 CONFIG_MAX = 4 << 20  # bytes of config.json (published ones are a few KB)
@@ -91,7 +92,6 @@ class Converted:
     n_bytes: int
     seconds: float
     outtype: str
-    keys: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"path": self.path, "type": self.spec_type, "architecture": self.architecture,
@@ -264,39 +264,38 @@ class _Target:
     """What the converter would read from the target's Hugging Face directory, from its GGUF."""
 
     path: str
+    header: object  # ggufmeta.Header, its tokenizer arrays decoded
     arch: str
     width: int
     n_layer: int
     n_vocab: int
     tokenizer: list  # (key, value, GGUFValueType, array item type or None)
-    keys: frozenset = frozenset()
 
 
-def _target(path: str):
+def typed_keys(h, keys) -> list[tuple]:
+    """(key, value, GGUFValueType, array item type or None) of a header's keys, to write
+    them again with gguf's GGUFWriter.add_key_value (arrays decoded in full in h)."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    return [(k, h.kv[k], T.ARRAY, T[h.arrays[k].element_type]) if k in h.arrays
+            else (k, h.kv[k], T[h.types[k]], None) for k in keys]
+
+
+def _target(path: str) -> _Target:
     from specli.ggufmeta import read_header
+    from specli.headmeta import trunk_layers
 
     h = read_header(path)
     keys = [k for k in h.types if k.startswith("tokenizer.")]
     h = read_header(path, keys)
     arch = h.kv.get("general.architecture")
-    width, blocks = h.kv.get(f"{arch}.embedding_length"), h.kv.get(f"{arch}.block_count")
+    width, n_layer = h.kv.get(f"{arch}.embedding_length"), trunk_layers(h)
     tokens = h.kv.get("tokenizer.ggml.tokens")
-    if not isinstance(width, int) or not isinstance(blocks, int) or not isinstance(tokens, list):
+    if not isinstance(width, int) or n_layer is None or not isinstance(tokens, list):
         raise _fail(f"{path}: not a target model (no width, layer count or vocabulary in "
                     "its metadata)")
-    nextn = h.kv.get(f"{arch}.nextn_predict_layers")
-    n_layer = blocks - (nextn if isinstance(nextn, int) and 0 < nextn < blocks else 0)
-    import gguf
-
-    T = gguf.GGUFValueType
-    tok = []
-    for k in keys:
-        info = h.arrays.get(k)
-        if info is not None:
-            tok.append((k, h.kv[k], T.ARRAY, T[info.element_type]))
-        else:
-            tok.append((k, h.kv[k], T[h.types[k]], None))
-    return h, _Target(path, arch, width, n_layer, len(tokens), tok, frozenset(h.types))
+    return _Target(path, h, arch, width, n_layer, len(tokens), typed_keys(h, keys))
 
 
 @dataclass
@@ -364,8 +363,6 @@ def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray
            (f"{a}.feed_forward_length", d.ff, T.UINT32),
            (f"{a}.attention.head_count", d.n_head, T.UINT32),
            (f"{a}.attention.head_count_kv", d.n_kv, T.UINT32)]
-    if cfg.get("is_causal") is False:
-        kv.append((f"{a}.attention.causal", False, T.BOOL))
     rope = _rope(cfg, what, d.hd)
     kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
     kv.append((f"{a}.attention.layer_norm_rms_epsilon",
@@ -388,9 +385,6 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                                                  d.n_draft)
     width = raw.get("target_hidden_size")
     width = tgt.width if width is None else _int(raw, "target_hidden_size", what)
-    if width != tgt.width:
-        raise _mismatch(f"{what} reads a target {width} wide; {tgt.path} ({tgt.arch}) is "
-                        f"{tgt.width} wide", _OTHER)
     layers = raw.get("eagle_aux_hidden_state_layer_ids")
     if layers:
         if not isinstance(layers, list) or len(layers) != 3 or not all(
@@ -399,13 +393,12 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                         "layer ids")
     else:  # the converter's default: low, middle and high layers of the target
         layers = [2, tgt.n_layer // 2, tgt.n_layer - 3]
-    if not all(0 <= i < tgt.n_layer for i in layers):
-        raise _mismatch(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
-                        _OTHER)
     before_fc = _flag(raw, "norm_before_fc", what)
     plan = _Plan("eagle3", "draft-eagle3")
     a = "eagle3"
     plan.kv, freqs = _base_keys(a, cfg, d, what)
+    if cfg.get("is_causal") is False:  # TextModel's
+        plan.kv.append((f"{a}.attention.causal", False, T.BOOL, None))
     plan.kv += [(f"{a}.vocab_size", n_vocab, T.UINT32, None),  # LlamaModel's own
                 (f"{a}.rope.dimension_count", hd, T.UINT32, None),
                 (f"{a}.target_layers", list(layers), T.ARRAY, T.INT32),
@@ -413,6 +406,7 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                 (f"{a}.norm_before_residual", _flag(raw, "norm_before_residual", what),
                  T.BOOL, None),
                 (f"{a}.norm_before_fc", before_fc, T.BOOL, None)]
+    _fits(plan, tgt, str(ck.root))  # layers and width, before the tensors' shapes
 
     if freqs is not None:  # generated first, as the converter does
         plan.tensors["rope_freqs.weight"] = freqs
@@ -441,9 +435,6 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     optional = {"output.weight": (n_draft, E), "token_embd.weight": (tgt.n_vocab, E),
                 "d2t": (n_draft,), "rope_freqs.weight": (hd // 2,)}
     _check_shapes(plan.tensors, want, optional, what)
-    d2t = plan.tensors.get("d2t")
-    if d2t is not None and d2t.dtype not in ("I64", "I32", "I16", "U32", "U16"):
-        raise _fail(f"{what}: d2t is {d2t.dtype}, not an integer map")
     plan.permute = {"blk.0.attn_q.weight": (n_head, n_head),
                     "blk.0.attn_k.weight": (n_head, n_kv)}
     return plan
@@ -462,31 +453,39 @@ _DFLASH_TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.
                "confidence_head.proj.bias": "conf_proj.bias"}
 
 
+def _dflash_config(ck: Checkpoint, what: str) -> tuple[dict, bool]:
+    """(the head's dflash_config, whether its block's first token drafts): DSpark's two
+    flat schemas turned into DFlash's nested one, as DSparkModel.__init__ does."""
+    cfg, raw = ck.config, ck.raw
+    dcfg = cfg.get("dflash_config", {})
+    if not isinstance(dcfg, dict):
+        raise _fail(f"{what}: dflash_config in config.json is not an object")
+    if ck.architecture not in DSPARK_ARCHS:
+        return dcfg, True
+    anchor = raw.get("sample_from_anchor", "transformer_layer_config" not in raw
+                     and "aux_hidden_state_layer_ids" not in raw)
+    if not isinstance(anchor, bool):
+        raise _fail(f"{what}: sample_from_anchor = {anchor!r} is not true or false")
+    if "aux_hidden_state_layer_ids" in cfg:
+        aux = cfg["aux_hidden_state_layer_ids"]
+        if not isinstance(aux, list) or not all(isinstance(i, int) for i in aux):
+            raise _fail(f"{what}: aux_hidden_state_layer_ids = {aux!r} is not layer ids")
+        return {"mask_token_id": cfg.get("mask_token_id"),
+                "target_layer_ids": [i - 1 for i in aux], **dcfg}, anchor
+    return {k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg} | dcfg, anchor
+
+
 def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     """A DFlash or DSpark drafter on Qwen3 blocks (conversion/qwen.py's DFlashModel and
     DSparkModel): the target's layer states through fc into a few non-causal blocks."""
     import gguf
 
     T = gguf.GGUFValueType
-    raw, what = ck.raw, f"{ck.architecture} head"
+    what = f"{ck.architecture} head"
     dspark = ck.architecture in DSPARK_ARCHS
     cfg = ck.config
-    dcfg = cfg.get("dflash_config", {})
-    if not isinstance(dcfg, dict):
-        raise _fail(f"{what}: dflash_config in config.json is not an object")
-    if dspark:  # both DSpark schemas as DFlash's nested dflash_config (the converter's)
-        anchor = raw.get("sample_from_anchor", "transformer_layer_config" not in raw
-                         and "aux_hidden_state_layer_ids" not in raw)
-        if not isinstance(anchor, bool):
-            raise _fail(f"{what}: sample_from_anchor = {anchor!r} is not true or false")
-        if "aux_hidden_state_layer_ids" in cfg:
-            aux = cfg["aux_hidden_state_layer_ids"]
-            if not isinstance(aux, list) or not all(isinstance(i, int) for i in aux):
-                raise _fail(f"{what}: aux_hidden_state_layer_ids = {aux!r} is not layer ids")
-            dcfg = {"mask_token_id": cfg.get("mask_token_id"),
-                    "target_layer_ids": [i - 1 for i in aux], **dcfg}
-        else:
-            dcfg = {k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg} | dcfg
+    dcfg, anchor = _dflash_config(ck, what)
+    if dspark:
         if cfg.get("markov_head_type", "vanilla") != "vanilla":
             raise _fail(f"{what}: markov_head_type {cfg.get('markov_head_type')!r}: llama.cpp "
                         "runs the vanilla Markov head only")
@@ -500,30 +499,22 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
             raise _fail(f"{what}: {pickle} is a PyTorch pickle, which specli does not unpickle",
                         "llama.cpp's convert_hf_to_gguf.py converts it")
     d = _dims(cfg, what, tgt)
-    if d.E != tgt.width:
-        raise _mismatch(f"{what} is {d.E} wide and reads the target's states; {tgt.path} "
-                        f"({tgt.arch}) is {tgt.width} wide", _OTHER)
     ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids", []))
     if not isinstance(ids, list) or not ids or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids):
         raise _fail(f"{what}: target_layer_ids = {ids!r} is not a list of layer ids")
     layers = [i + 1 for i in ids]  # the converter's: the input of the layer after
-    if not all(0 <= i < tgt.n_layer for i in layers):
-        raise _mismatch(f"{what} reads target layers {layers}; {tgt.path} has {tgt.n_layer}",
-                        _OTHER)
-    mask = dcfg.get("mask_token_id")
-    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)
-                             or not 0 <= mask < tgt.n_vocab):
-        raise _mismatch(f"{what}: mask token {mask!r} is not a token of {tgt.path}", _OTHER)
+    mask = dcfg.get("mask_token_id")  # its range, with layers and width: _fits
+    if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)):
+        raise _fail(f"{what}: mask_token_id = {mask!r} is not a token id")
     block = dcfg.get("block_size", cfg.get("block_size", 16))
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 4096:
         raise _fail(f"{what}: block_size = {block!r} is not a block size")
     a = "dflash"
     plan = _Plan(a, "draft-dspark" if dspark else "draft-dflash")
     plan.kv, _ = _base_keys(a, cfg, d, what)  # Qwen3's converter makes no rope_freqs
-    plan.kv = [kv for kv in plan.kv if kv[0] != f"{a}.attention.causal"]  # DFlash's own below
-    rope_params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    partial = rope_params.get("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    partial = _rope_params(cfg, what).get("partial_rotary_factor",
+                                          cfg.get("partial_rotary_factor"))
     if partial is not None:
         plan.kv.append((f"{a}.rope.dimension_count",
                         int(d.hd * _float({"partial_rotary_factor": partial},
@@ -553,14 +544,14 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         causal = dcfg.get("causal")
     if causal is not None:  # DFlashModel writes it either way
         plan.kv.append((f"{a}.attention.causal", bool(causal), T.BOOL, None))
-    if f"{tgt.arch}.rope.dimension_sections" in tgt.keys:  # an M-RoPE target: temporal only
+    if f"{tgt.arch}.rope.dimension_sections" in tgt.header.types:  # an M-RoPE target: temporal only
         plan.kv.append((f"{a}.rope.dimension_sections", [d.hd // 2, 0, 0, 0], T.ARRAY, T.INT32))
     if dspark:
         plan.kv += [(f"{a}.sample_from_anchor", anchor, T.BOOL, None),
                     (f"{a}.has_confidence_head", any("confidence_head.proj" in k for k in src),
                      T.BOOL, None)]
-    if mask is not None:
-        plan.mask = mask
+    plan.mask = mask
+    _fits(plan, tgt, str(ck.root))  # layers, width and mask token, before the shapes
     own_head = not dspark or d.n_draft < d.n_vocab  # a full-vocabulary DSpark shares the
     for key, s in src.items():  # target's output rows: its lm_head is dropped
         if key == "t2d" and dspark:
@@ -629,6 +620,11 @@ def _eagle3_name(key: str) -> str | None:
 
 
 def _check_shapes(have: dict, want: dict, optional: dict, what: str) -> None:
+    """Every tensor wanted, of its shape; the optional ones of theirs; nothing else; a d2t
+    map of integers."""
+    d2t = have.get("d2t")
+    if isinstance(d2t, _Source) and d2t.dtype not in ("I64", "I32", "I16", "U32", "U16"):
+        raise _fail(f"{what}: d2t is {d2t.dtype}, not an integer map")
     for name, shape in {**want, **optional}.items():
         t = have.get(name)
         if t is None:
@@ -645,18 +641,25 @@ def _check_shapes(have: dict, want: dict, optional: dict, what: str) -> None:
                     f"{len(extra)} such" if len(extra) > 1 else None)
 
 
-def _rope(cfg: dict, what: str, hd: int):
-    """The rope keys ((name, value, type)...) and llama3's frequency factors (or None), as
-    the converter writes them (TextModel.set_gguf_parameters, LlamaModel)."""
-    import gguf
-
-    T = gguf.GGUFValueType
+def _rope_params(cfg: dict, what: str) -> dict:
+    """The config's rope section (rope_parameters, else rope_scaling; its full_attention
+    part where it has one), as the converter reads it."""
     params = cfg.get("rope_parameters", cfg.get("rope_scaling")) or {}
     if not isinstance(params, dict):
         raise _fail(f"{what}: rope_scaling in config.json is not an object")
     params = params.get("full_attention", params)
     if not isinstance(params, dict):
         raise _fail(f"{what}: rope_scaling.full_attention in config.json is not an object")
+    return params
+
+
+def _rope(cfg: dict, what: str, hd: int):
+    """The rope keys ((name, value, type)...) and llama3's frequency factors (or None), as
+    the converter writes them (TextModel.set_gguf_parameters, LlamaModel)."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    params = _rope_params(cfg, what)
     theta = params.get("rope_theta", cfg.get("rope_theta"))
     kind = params.get("rope_type", params.get("type"))
     keys, freqs = [], None
@@ -845,11 +848,9 @@ def describe(checkpoint: str | os.PathLike, within=None) -> CheckpointInfo:
     if kind == "draft-eagle3":
         layers = raw.get("eagle_aux_hidden_state_layer_ids")
     else:  # DFlash's ids name the layer before the one whose input is read
-        dcfg = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
-        aux = cfg.get("aux_hidden_state_layer_ids")
-        ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids"))
-        layers = aux if isinstance(aux, list) else (
-            [i + 1 for i in ids if isinstance(i, int)] if isinstance(ids, list) else None)
+        ids = _dflash_config(ck, f"{ck.architecture} head")[0].get(
+            "target_layer_ids", cfg.get("target_layer_ids"))
+        layers = [i + 1 for i in ids if isinstance(i, int)] if isinstance(ids, list) else None
     layers = tuple(layers) if isinstance(layers, list) and all(
         isinstance(i, int) for i in layers) and layers else None
     variants = tuple(k for k in ("norm_before_residual", "norm_before_fc") if raw.get(k) is True)
@@ -868,20 +869,18 @@ _BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, 
 
 
 def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
-    """(the checkpoint, its conversion plan, the target's header): every check made, no
-    weight read. HeadCheckpointError naming the first problem."""
+    """(the checkpoint, its conversion plan, the target): every check made, no weight
+    read. HeadCheckpointError naming the first problem."""
     ck = read_checkpoint(checkpoint, within)
-    h, tgt = _target(target)
+    tgt = _target(target)
     kind = _kind(ck)
     src = _index(ck.files)
-    plan = (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt)
-    _fits(plan, h, str(ck.root))
-    return ck, plan, h, tgt
+    return ck, (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt), tgt
 
 
-def _fits(plan: _Plan, target_h, path: str) -> None:
-    """headmeta's one head policy (what `run` checks before loading) on the head the plan
-    would write: before any byte is, not after."""
+def _fits(plan: _Plan, tgt: _Target, path: str) -> None:
+    """headmeta's one head policy (what `run` checks before loading: target layers, width,
+    mask token, block size) on the head the plan would write, before any byte is."""
     from specli.headmeta import HeadInfo, check_head
 
     kv = {k: v for k, v, _, _ in plan.kv}
@@ -891,7 +890,7 @@ def _fits(plan: _Plan, target_h, path: str) -> None:
                     kv.get(f"{a}.block_size", 16), plan.mask,
                     kv.get(f"{a}.sample_from_anchor", True))
     try:
-        check_head(target_h, info)
+        check_head(tgt.header, info)
     except IncompatiblePairError as e:
         raise _mismatch(e.message, e.hint) from e
 
@@ -903,12 +902,12 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
     (done, total, tensor name) after each tensor."""
     import gguf
 
-    from specli.headmeta import check_head, head_info
+    from specli import loadable
 
     if outtype not in OUTTYPES:
         raise _fail(f"--outtype {outtype}: one of {', '.join(OUTTYPES)}")
     t0 = time.perf_counter()
-    ck, plan, target_h, tgt = plan_head(checkpoint, target, within)
+    ck, plan, tgt = plan_head(checkpoint, target, within)
     ftype = _outtype(plan, outtype)
     out = Path(out)
     if out.is_dir():
@@ -946,7 +945,9 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
         w.close()
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        _verify(str(tmp), target_h, check_head, head_info)
+        why = loadable.problem(str(tmp))
+        if why:  # a bug's net: the plan was checked against headmeta's policy already
+            raise _fail(f"the converted head would not load: {why}")
         os.replace(tmp, out)
     except OSError as e:
         raise _fail(f"cannot write {out}: {e.strerror or e}") from e
@@ -962,28 +963,11 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
                      time.perf_counter() - t0, ftype)
 
 
-def _verify(path: str, target_h, check_head, head_info) -> None:
-    """The written file as `run` would see it: loadable by llama.cpp and a head that fits
-    the target (headmeta's one policy)."""
-    from specli import loadable
-    from specli.ggufmeta import read_header
-
-    why = loadable.problem(path)
-    if why:
-        raise _fail(f"the converted head would not load: {why}")
-    h = read_header(path, ("eagle3.target_layers", "dflash.target_layers"))
-    try:
-        check_head(target_h, head_info(h))
-    except IncompatiblePairError as e:
-        raise _mismatch(e.message, e.hint) from e
-
-
 def target_sha256(path: str, progress: Callable[[int, int], None] | None = None) -> str:
     """The target file's sha256, remembered by its size, modification time and inode in
     the cache (hashing a 20 GB target at each run would cost a minute)."""
-    import hashlib
-
     from specli.defaults import cache_dir
+    from specli.netguard import file_sha256
 
     real, st = os.path.realpath(path), os.stat(path)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
@@ -997,14 +981,15 @@ def target_sha256(path: str, progress: Callable[[int, int], None] | None = None)
     hit = memo.get(real)
     if isinstance(hit, list) and len(hit) == 4 and hit[:3] == stamp and isinstance(hit[3], str):
         return hit[3]
-    h, done = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-            done += len(block)
-            if progress:
-                progress(done, st.st_size)
-    memo[real] = [*stamp, h.hexdigest()]
+    done = [0]
+
+    def step(n: int) -> None:
+        done[0] += n
+        if progress:
+            progress(done[0], st.st_size)
+
+    sha = file_sha256(path, step)
+    memo[real] = [*stamp, sha]
     try:
         memo_path.parent.mkdir(parents=True, exist_ok=True)
         tmp = memo_path.with_name(f".{memo_path.name}.{os.getpid()}.tmp")
@@ -1012,7 +997,7 @@ def target_sha256(path: str, progress: Callable[[int, int], None] | None = None)
         os.replace(tmp, memo_path)
     except OSError:
         pass  # a read-only cache: hash again next time
-    return h.hexdigest()
+    return sha
 
 
 def cached_head(checkpoint: Path, within: Path, repo: str, commit: str, target: str, *,

@@ -121,6 +121,15 @@ def n_nextn(h: Header) -> int:
     return _uint(kv.get(f"{arch}.nextn_predict_layers")) or 1
 
 
+def trunk_layers(target: Header) -> int | None:
+    """The layers a head may read: llama.cpp's n_layer() takes the key's count of prediction
+    layers off, whether or not their tensors are there (None: no block count)."""
+    kv, arch = target.kv, target.kv.get("general.architecture")
+    blocks, key_nextn = kv.get(f"{arch}.block_count"), kv.get(f"{arch}.nextn_predict_layers")
+    return blocks - max(n_nextn(target), key_nextn if isinstance(key_nextn, int) else 0) \
+        if isinstance(blocks, int) else None
+
+
 def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> None:
     """IncompatiblePairError (exit 1) naming what does not fit: an EAGLE-3 head needs three
     target layers, and its layers and width must be the target's; a DFlash head's too, and a
@@ -172,12 +181,7 @@ def check_head(target: Header, head: HeadInfo, draft: Header | None = None) -> N
                                         f"{why}", "mtp", hint="the file needs fixing, or "
                                         "another download")
         return
-    blocks = kv.get(f"{arch}.block_count")
-    # the layers a head may read: llama.cpp's n_layer() takes the key's count of prediction
-    # layers off, whether or not their tensors are there
-    key_nextn = kv.get(f"{arch}.nextn_predict_layers")
-    n_layer = blocks - max(n_nextn(target), key_nextn if isinstance(key_nextn, int) else 0) \
-        if isinstance(blocks, int) else None
+    n_layer = trunk_layers(target)
     width = kv.get(f"{arch}.embedding_length")
     kind = head.spec_type.removeprefix("draft-")
     if arch not in LAYER_INPUT_ARCHS:

@@ -311,20 +311,23 @@ def checkpoint_files(files: Sequence[str]) -> list[str] | None:
     return ["config.json", *extra, *weights]  # a mask_embedding.pt only to be refused
 
 
-def is_checkpoint(ref: Ref, revision: str | None = None, token: str | None = None) -> bool:
-    """Whether the repository publishes a head as a safetensors checkpoint, with no GGUF
-    model to take instead."""
-    names = [f.path for f in list_files(ref.repo, revision, token)]
-    return checkpoint_files(names) is not None and not any(map(is_model, names))
+def checkpoint_listing(ref: Ref, revision: str | None = None, token: str | None = None
+                       ) -> dict[str, RemoteFile] | None:
+    """The repository's files if it publishes a head as a safetensors checkpoint, with no
+    GGUF model to take instead (for fetch_checkpoint, which then lists nothing again)."""
+    by_path = {f.path: f for f in list_files(ref.repo, revision, token)}
+    names = list(by_path)
+    return by_path if checkpoint_files(names) is not None and not any(
+        map(is_model, names)) else None
 
 
 def fetch_checkpoint(ref: Ref, revision: str | None = None, token: str | None = None,
-                     progress: bool = True, on_file: Callable[[str], None] | None = None
-                     ) -> tuple[Path, str, Path]:
+                     progress: bool = True, on_file: Callable[[str], None] | None = None,
+                     listing: dict[str, RemoteFile] | None = None) -> tuple[Path, str, Path]:
     """A head checkpoint's files, downloaded into the cache (or found there offline):
     (its snapshot folder, the commit it is, the repository's folder in the cache, which the
     snapshot's links lead into)."""
-    by_path = {f.path: f for f in list_files(ref.repo, revision, token)}
+    by_path = listing or {f.path: f for f in list_files(ref.repo, revision, token)}
     names = checkpoint_files(list(by_path))
     if names is None:
         raise HubError(f"{ref.repo} has no draft head: no *.gguf sidecar, and no config.json "

@@ -121,7 +121,7 @@ def test_a_converted_head_drafts_as_the_direct_one(tmp_path, checkpoint, heads, 
     assert runs[0][1] > 0
 
 
-def test_outtype_and_progress(tmp_path, checkpoint, heads):
+def test_outtype(tmp_path, checkpoint, heads):
     _, ckpt = checkpoint("specforge")
     out = tmp_path / "head-f32.gguf"
     r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out), "--outtype", "f32")
@@ -158,9 +158,9 @@ def _config(ckpt: Path, **change) -> None:
     ({"architectures": ["LingDSparkModel"]}, ("LingDSparkModel", "does not convert")),
     ({"architectures": ["DFlashDraftModel"]}, ("DFlashDraftModel", "target_layer_ids")),
     ({"architectures": None}, ("architectures",)),
-    ({"target_hidden_size": 128}, ("128", "64 wide")),
+    ({"target_hidden_size": 128}, ("target width of 128", "is 64")),
     ({"vocab_size": 32000}, ("32,000",)),
-    ({"eagle_aux_hidden_state_layer_ids": [0, 2, 9]}, ("layers [0, 2, 9]",)),
+    ({"eagle_aux_hidden_state_layer_ids": [0, 2, 9]}, ("reads target layer 9", "layers 0 to 3")),
     ({"eagle_aux_hidden_state_layer_ids": [0, 2]}, ("three",)),
     ({"hidden_size": "64"}, ("hidden_size",)),
     ({"hidden_size": 10**30}, ("hidden_size",)),
@@ -308,6 +308,8 @@ def test_hfd_converts_a_safetensors_head_once_and_reuses_it_offline(ckpt_hub, tm
     assert r.returncode == 0, r.stderr
     assert "statistics draft-eagle3: " in r.stderr and "converted acme/tiny-eagle3@" in r.stderr
     assert _fetched(ckpt_hub) == {"config.json", "model.safetensors"}  # nothing else
+    # listed twice: for GGUF sidecars, then as a checkpoint (the listing is passed on)
+    assert sum("/tree/" in p for _, p, _ in ckpt_hub.requests) == 2
     made_files = list((tmp_path / "specli" / "heads" / "acme--tiny-eagle3").glob("*.gguf"))
     assert len(made_files) == 1
     stamp = made_files[0].stat().st_mtime_ns
@@ -413,10 +415,11 @@ def test_a_converted_dflash_head_drafts_as_the_direct_one(tmp_path, dflash_made,
 
 @pytest.mark.parametrize("change,needles", [
     ({"dflash_config": {"mask_token_id": 10**9, "target_layer_ids": [0, 2]}}, ("mask token",)),
-    ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 7]}}, ("layers [1, 8]",)),
+    ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 7]}},
+     ("reads target layer 8",)),
     ({"dflash_config": {"mask_token_id": 5, "target_layer_ids": [0, 2],
                         "conv_kernel_size": 4}}, ("conv_kernel_size",)),
-    ({"hidden_size": 128}, ("128 wide",)),
+    ({"hidden_size": 128}, ("target width of 128",)),
     ({"dflash_config": {"target_layer_ids": [0, 2]}}, ("mask token",)),
     ({"final_logit_softcapping": "abc"}, ("final_logit_softcapping",)),
     ({"use_sliding_window": True, "sliding_window": 64, "layer_types": 5}, ("layer_types",)),

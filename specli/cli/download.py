@@ -98,18 +98,18 @@ def download(
     heads = hub.fetch_sidecars(r, kinds, revision, hf_token, where, progress, say) \
         if kinds else {}
     missing = [k for k in kinds if k not in heads]
-    if missing and file is None and hub.is_checkpoint(r, revision, hf_token):
+    listing = hub.checkpoint_listing(r, revision, hf_token) if missing and file is None \
+        else None
+    if listing is not None:
         if model is None:
             raise UsageError(f"{r.repo} publishes its head as safetensors: give the target "
                              "GGUF to convert it against with -m", hint="specli download "
                              f"--{missing[0].removeprefix('draft-')} {r.repo} -m target.gguf")
         from specli.cli.models import head_from_hub
 
-        path = head_from_hub(r, str(model), hf_token, missing, quiet or json_out, revision)
-        from specli.ggufmeta import read_header
-        from specli.headmeta import head_info
-
-        heads[head_info(read_header(path, ("eagle3.target_layers",))).spec_type] = Path(path)
+        path, kind = head_from_hub(r, str(model), hf_token, missing, quiet or json_out,
+                                   revision, listing)
+        heads[kind] = Path(path)
     for kind in kinds:
         if kind not in heads:
             err.print(f"note: {r.repo} ships no {hub.SIDECARS[kind]}*.gguf sidecar",

@@ -39,12 +39,15 @@ def resolve_models(model: str | None, model_draft: str | None, hf: str | None,
             [] if "draft-simple" in spec_types else list(hub.SIDECARS))
         found = (hub.fetch_sidecars(ref, heads, token=token, progress=progress)
                  if heads and hf_file_draft is None else {})
-        if not found and heads and hf_file_draft is None and hub.is_checkpoint(ref, None, token):
+        listing = hub.checkpoint_listing(ref, None, token) if (
+            not found and heads and hf_file_draft is None) else None
+        if listing is not None:
             if model is None:
                 raise UsageError(f"-hfd {ref.repo} is a safetensors head checkpoint: give the "
                                  "target to convert it against with -m or -hf")
             model_draft = head_from_hub(ref, model, token, [t for t in heads if t in
-                                                            spec_types], quiet)
+                                                            spec_types], quiet,
+                                        listing=listing)[0]
         else:
             model_draft = str(next(iter(found.values()), None) or
                               hub.fetch(ref, hf_file_draft, token=token, progress=progress)[0])
@@ -69,16 +72,18 @@ def _bar(quiet: bool):
 
 
 def head_from_hub(ref, target: str, token: str | None, kinds=(), quiet: bool = False,
-                  revision: str | None = None) -> str:
+                  revision: str | None = None, listing=None) -> tuple[str, str]:
     """A repository's safetensors head checkpoint (-hfd, `download --eagle3`), fetched and
-    converted against the target GGUF, or found converted in the cache: its path. kinds:
-    the head types asked for (empty: any)."""
+    converted against the target GGUF, or found converted in the cache: (its path, its
+    head type). kinds: the head types asked for (empty: any); listing: the repository's
+    files, when the caller has listed them."""
     from specli import hub
     from specli.headconvert import cached_head, plan_head
 
     progress = not quiet and err.is_terminal
-    snapshot, commit, within = hub.fetch_checkpoint(ref, revision, token, progress)
-    _, plan, _, _ = plan_head(snapshot, target, within)  # checked before any hashing
+    snapshot, commit, within = hub.fetch_checkpoint(ref, revision, token, progress,
+                                                    listing=listing)
+    _, plan, _ = plan_head(snapshot, target, within)  # checked before any hashing
     if kinds and plan.spec_type not in kinds:
         raise UsageError(f"{ref.repo} is a {plan.spec_type} head, not "
                          f"{' or '.join(kinds)}", hint="ask for its type, or another repository")
@@ -96,4 +101,4 @@ def head_from_hub(ref, target: str, token: str | None, kinds=(), quiet: bool = F
     if fresh and not quiet:
         err.print(f"converted {ref.repo}@{commit[:12]} against {Path(target).name}: {path}",
                   markup=False)
-    return str(path)
+    return str(path), plan.spec_type
