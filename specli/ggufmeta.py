@@ -17,7 +17,7 @@ import os
 import struct
 import sys
 import types
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from specli.errors import ModelFileError
@@ -402,3 +402,16 @@ class _Walk:
             raise self.fail(f"tensor data ends at byte {data + end} but the file has "
                             f"{self.size} bytes: truncated (an interrupted download?)")
         return tuple(infos), data
+
+
+def file_sha256(path: str, progress: Callable[[int], None] | None = None,
+                chunk: int = 8 << 20) -> str:
+    """The file's sha256, read in chunks; `progress(n)` after each chunk of n bytes (a model
+    file's identity: the audit's report, a converted head's cache key)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+            if progress:
+                progress(len(block))
+    return h.hexdigest()

@@ -967,7 +967,7 @@ def target_sha256(path: str, progress: Callable[[int, int], None] | None = None)
     """The target file's sha256, remembered by its size, modification time and inode in
     the cache (hashing a 20 GB target at each run would cost a minute)."""
     from specli.defaults import cache_dir
-    from specli.netguard import file_sha256
+    from specli.ggufmeta import file_sha256
 
     real, st = os.path.realpath(path), os.stat(path)
     stamp = [st.st_size, st.st_mtime_ns, st.st_ino]

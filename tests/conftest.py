@@ -34,7 +34,8 @@ def _worker() -> None:
 
 _worker()  # before specli reads the CPUs it may use
 
-from specli import defaults  # noqa: E402
+# the backend: llama.cpp's libraries first, as the entry point loads them (specli/__main__.py)
+from specli import backend, defaults  # noqa: E402, F401
 
 PROMPTS = [  # code, prose, chat-style, structured
     "Write a binary search in Python",

@@ -13,7 +13,7 @@ import errno
 import os
 import sys
 
-from specli._audit_site import boot
+from specli.audit._site import boot
 
 
 def main() -> None:

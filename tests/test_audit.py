@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import specli
 
-from specli import netguard
-from specli._audit_site import boot
+from specli.audit import auditor, environment, events, poller, verdict
+from specli.audit._site import boot
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -317,9 +317,9 @@ def test_isolation_really_moves_the_run(small):
 def test_isolation_is_checked_from_outside():
     """The auditor reads the audited process's namespace itself: a process in this one (here,
     the test itself) is refused, whatever it would claim."""
-    with pytest.raises(netguard.AuditError, match="not isolated: the audited process's "
+    with pytest.raises(events.AuditError, match="not isolated: the audited process's "
                                                   "network namespace"):
-        netguard.Auditor._check_isolated(os.getpid())
+        auditor.Auditor._check_isolated(os.getpid())
 
 
 def test_audit_must_be_started_as_specli_audit(small):
@@ -340,28 +340,28 @@ def test_sockaddr_decoding():
 
     inet = struct.pack("=H", 2) + struct.pack(">H", 9) + socket.inet_aton("203.0.113.7") + \
         bytes(8)
-    assert netguard.sockaddr(inet) == ("external", NOWHERE, "inet")
+    assert events.sockaddr(inet) == ("external", NOWHERE, "inet")
     dns = struct.pack("=H", 2) + struct.pack(">H", 53) + socket.inet_aton("127.0.0.53") + \
         bytes(8)
-    assert netguard.sockaddr(dns) == ("external", "127.0.0.53:53 (DNS)", "inet")
+    assert events.sockaddr(dns) == ("external", "127.0.0.53:53 (DNS)", "inet")
     six = struct.pack("=H", 10) + struct.pack(">H", 80) + bytes(4) + \
         socket.inet_pton(socket.AF_INET6, "::1") + bytes(4)
-    assert netguard.sockaddr(six) == ("loopback", "[::1]:80", "inet6")
-    assert netguard.sockaddr(struct.pack("=H", 1) + b"/run/x.sock\0") == (
+    assert events.sockaddr(six) == ("loopback", "[::1]:80", "inet6")
+    assert events.sockaddr(struct.pack("=H", 1) + b"/run/x.sock\0") == (
         "local", "/run/x.sock", "unix")
-    assert netguard.sockaddr(struct.pack("=H", 0)) is None  # AF_UNSPEC: a disconnect
+    assert events.sockaddr(struct.pack("=H", 0)) is None  # AF_UNSPEC: a disconnect
     unspec = struct.pack("=H", 0) + inet[2:]  # but a datagram sent to it goes to sin_addr
-    assert netguard.sockaddr(unspec, connect=False) == ("external", NOWHERE, "inet")
-    assert netguard.sockaddr(struct.pack("=H", 17) + bytes(18))[0] == "external"  # packet
+    assert events.sockaddr(unspec, connect=False) == ("external", NOWHERE, "inet")
+    assert events.sockaddr(struct.pack("=H", 17) + bytes(18))[0] == "external"  # packet
 
 
 def test_unpeered_datagram_socket_is_judged_by_what_it_sent():
     def proc(pid):
-        return netguard.NetEvent("socket", "local", pid, 0.0, "0.0.0.0:5000 (bound, no peer)",
+        return events.NetEvent("socket", "local", pid, 0.0, "0.0.0.0:5000 (bound, no peer)",
                                  "udp", "", "unconnected", "proc")
-    loop = netguard.NetEvent("sendto", "loopback", 1, 0.0, "127.0.0.1:9", "inet", "", None,
+    loop = events.NetEvent("sendto", "loopback", 1, 0.0, "127.0.0.1:9", "inet", "", None,
                              "seccomp")
-    out = netguard._unpeered([proc(1), loop, proc(2)])
+    out = verdict.unpeered([proc(1), loop, proc(2)])
     assert [e.scope for e in out if e.source == "proc"] == ["local", "external"]
     assert "destination unknown" in out[2].address
 
@@ -372,7 +372,7 @@ def test_recorder_outcomes(tmp_path):
     log = tmp_path / "log.jsonl"
     code = f"""
 import socket
-from specli._audit_site import sitecustomize as rec
+from specli.audit._site import sitecustomize as rec
 rec.install({str(log)!r})
 s = socket.socket(); port = (s.bind(("127.0.0.1", 0)), s.getsockname()[1])[1]; s.close()
 try:
@@ -418,25 +418,25 @@ def test_poll_interval_must_be_positive(pair):
     (None, False, "local"),
 ])
 def test_host_scope(host, listening, scope):
-    assert netguard.host_scope(host, listening) == scope
+    assert events.host_scope(host, listening) == scope
 
 
 def test_proc_net_addresses():
-    assert netguard._hex_addr("0100007F:1F90") == ("127.0.0.1", 8080)
-    assert netguard._hex_addr("00000000000000000000000001000000:0050") == ("::1", 80)
-    mapped, port = netguard._hex_addr("0000000000000000FFFF00000100007F:0016")
+    assert poller._hex_addr("0100007F:1F90") == ("127.0.0.1", 8080)
+    assert poller._hex_addr("00000000000000000000000001000000:0050") == ("::1", 80)
+    mapped, port = poller._hex_addr("0000000000000000FFFF00000100007F:0016")
     assert ipaddress.ip_address(mapped).ipv4_mapped == ipaddress.ip_address("127.0.0.1")
-    assert port == 22 and netguard.host_scope(mapped) == "loopback"
+    assert port == 22 and events.host_scope(mapped) == "loopback"
 
 
 def test_verdict_counts_by_scope():
-    ev = [netguard.NetEvent("socket.connect", s, 1, 0.0) for s in ("loopback", "process")]
-    assert netguard.verdict(ev) == (0, [])
-    assert netguard.verdict(ev, strict=True)[0] == 1
-    inherited = netguard.NetEvent("socket", "external", 1, 0.0, inherited=True)
-    assert netguard.verdict([inherited], strict=True) == (0, [])
-    assert netguard.verdict([netguard.NetEvent("socket.sendto", "external", 1, 0.0)])[0] == 1
-    assert netguard.verdict([netguard.NetEvent("outlived the run", "outlived", 1, 0.0)])[0] == 1
+    ev = [events.NetEvent("socket.connect", s, 1, 0.0) for s in ("loopback", "process")]
+    assert verdict.verdict(ev) == (0, [])
+    assert verdict.verdict(ev, strict=True)[0] == 1
+    inherited = events.NetEvent("socket", "external", 1, 0.0, inherited=True)
+    assert verdict.verdict([inherited], strict=True) == (0, [])
+    assert verdict.verdict([events.NetEvent("socket.sendto", "external", 1, 0.0)])[0] == 1
+    assert verdict.verdict([events.NetEvent("outlived the run", "outlived", 1, 0.0)])[0] == 1
 
 
 def test_network_environment_redacts(tmp_path):
@@ -445,7 +445,7 @@ def test_network_environment_redacts(tmp_path):
            "ALL_PROXY": "socks5://tok@h:2", "FTP_PROXY": "u:p@h:3",
            "SPECLI_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
            "SPECLI_AUDIT_ROLE": "audited", "SPECLI_AUDIT_RESULT": str(tmp_path / "result.json")}
-    assert netguard.network_environment(env) == {
+    assert environment.network_environment(env) == {
         "HF_HUB_OFFLINE": "1", "HF_TOKEN": "(set, redacted)",
         "HUGGING_FACE_HUB_TOKEN": "(set, redacted)", "NO_PROXY": "localhost",
         "ALL_PROXY": "socks5://***@h:2", "FTP_PROXY": "***@h:3",
@@ -673,10 +673,11 @@ def test_root_without_user_namespaces_keeps_no_network_capability(small, tmp_pat
 
 
 def test_the_import_rule_knows_the_audited_role():
-    """specli/__init__ spells the audited run's role variable itself (it runs before any
-    other module): it must be boot's."""
+    """audit_boot spells the audited run's role variable itself (it runs before
+    site-packages are on the path, and the entry point asks it before loading anything):
+    it must be boot's."""
     import inspect
 
-    import specli
+    from specli.cli import audit_boot
 
-    assert f'os.environ.get("{boot.ROLE_ENV}") != "audited"' in inspect.getsource(specli)
+    assert f'os.environ.get("{boot.ROLE_ENV}") != "audited"' in inspect.getsource(audit_boot)

@@ -8,8 +8,7 @@ from pathlib import Path
 PKG = Path(__file__).parents[1] / "specli"
 CORE = ["engine.py", "generate.py", "loadable.py", "verify.py", "stats.py", "config.py",
         "pairing.py", "headmeta.py", "headconvert.py", "ggufmeta.py", "tuning.py", "cost.py",
-        "errors.py",
-        "netguard.py", "_audit_site", "backend", "batching.py", "chat.py", "defaults.py", "drafts",
+        "errors.py", "audit", "backend", "batching.py", "chat.py", "defaults.py", "drafts",
         "grammar_host.py", "plan.py", "prompt.py", "meter.py", "rules.py", "template_host.py",
         "child.py"]
 
@@ -56,9 +55,41 @@ def test_the_audit_recorder_is_self_contained():
     import sys
 
     for name in ("sitecustomize.py", "boot.py"):  # boot.py runs before site-packages exist
-        names = imports(PKG / "_audit_site" / name)
+        names = imports(PKG / "audit" / "_site" / name)
         assert {n.split(".")[0] for n in names} - {"__future__"} <= \
             set(sys.stdlib_module_names), name
+
+
+def test_the_audit_is_a_wing_of_its_own():
+    """specli/audit/ has nothing to do with speculation: only `specli audit`'s command
+    imports it, and it imports nothing of the engine's."""
+    users = {str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+             if not p.is_relative_to(PKG / "audit")
+             and any(n.startswith("specli.audit") for n in imports(p))}
+    assert users == {"cli/audit.py", "cli/audit_boot.py"}, users
+    for p in (PKG / "audit").rglob("*.py"):
+        outside = {n for n in imports(p) if n.startswith("specli.")
+                   and not n.startswith("specli.audit")} - {"specli.errors"}
+        assert not outside, f"{p.relative_to(PKG)} imports {outside}"
+
+
+def test_importing_specli_loads_nothing_native():
+    """`import specli` (and the modules that need no model) work without llama.cpp: the
+    entry point decides what a process loads (specli/__main__.py), the package does not."""
+    import subprocess
+    import sys
+
+    code = ("import importlib.abc, sys\n"
+            "class Deny(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name.split('.')[0] in ('llama_cpp', 'gguf'):\n"
+            "            raise ImportError(name)\n"
+            "sys.meta_path.insert(0, Deny())\n"
+            "import specli, specli.toolcall, specli.chat, specli.config, specli.audit.auditor\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('llama_cpp', 'gguf'))))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
 
 
 DOC = Path(__file__).parents[1] / "docs" / "architecture.md"

@@ -51,8 +51,10 @@ def fake_sentencepiece(tmp_path, monkeypatch):
 
 
 def test_llama_cpp_loads_before_sentencepiece_in_a_library_user(fake_sentencepiece, q4_1):
+    """A program that uses the engine imports specli.backend (or specli.Engine) first, as the
+    entry point does: `import specli` itself loads nothing (issue 58)."""
     env, record = fake_sentencepiece
-    code = ("import specli, specli.cli.app, gguf\n"
+    code = ("import specli.backend, specli.cli.app, gguf\n"
             "from specli.cli import run, serve, tune, audit, check_pair, download, info, lookup\n"
             "from specli.backend import Model\nfrom specli.config import ModelParams\n"
             f"Model(ModelParams({q4_1!r}, n_ctx=64)).close()\nprint('loaded')\n")
@@ -90,9 +92,10 @@ def test_a_header_read_leaves_gguf_unimported_and_whole_afterwards(q4_1):
 
 
 def test_the_fake_would_catch_the_wrong_order(fake_sentencepiece):
-    """The check above can fail: gguf imported on its own records llama.cpp as absent."""
+    """The check above can fail: gguf imported on its own, or after `import specli` (which
+    loads nothing), records llama.cpp as absent."""
     env, record = fake_sentencepiece
-    subprocess.run([sys.executable, "-c", "import gguf"], env={**os.environ, **env},
+    subprocess.run([sys.executable, "-c", "import specli, gguf"], env={**os.environ, **env},
                    check=True, timeout=60)
     assert record.read_text().split() == ["False", "False"]
 

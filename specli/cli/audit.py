@@ -10,14 +10,28 @@ from typing import Annotated
 
 import typer
 
-from specli import netguard
-from specli._audit_site import boot
+from specli.audit._site import boot
+from specli.audit.auditor import Auditor
+from specli.audit.environment import network_environment, standard_streams
+from specli.audit.events import (
+    EXTERNAL,
+    LOCAL,
+    LOOPBACK,
+    OUTLIVED,
+    PROCESS,
+    RESULT_ENV,
+    AuditError,
+    NetEvent,
+)
+from specli.audit.isolation import isolate_self, isolation_probe, stray_children
+from specli.audit.verdict import to_dict, verdict
 from specli.cli import audit_boot
 from specli.cli import options as o
 from specli.cli import run as run_cmd
 from specli.cli.console import err, safe
 from specli.errors import SpecliError
 from specli.generate import generate
+from specli.ggufmeta import file_sha256
 
 AUDIT = "Audit"
 BIG = 32 << 20  # files above this hash behind a progress bar
@@ -96,7 +110,7 @@ def _audit(**kw) -> None:
     if poll_ms < 1:
         raise SpecliError(f"--poll-ms must be at least 1, got {poll_ms}")
     if sys.argv[1:2] != ["audit"]:
-        raise netguard.AuditError("specli audit re-executes its command line, and this process "
+        raise AuditError("specli audit re-executes its command line, and this process "
                                   "was not started as `specli audit ...`")
     if not (sys.flags.isolated and sys.flags.no_site):  # first: the environment's code ends
         audit_boot.reexec(["specli", *sys.argv[1:]])  # here (exec), then never runs again
@@ -104,16 +118,16 @@ def _audit(**kw) -> None:
 
     t0 = time.time()
     cfg = json.loads(os.environ.pop(audit_boot.AUDITOR_ENV, "{}") or "{}")
-    before = netguard.stray_children(t0)  # started by that code, before the exec: killed
+    before = stray_children(t0)  # started by that code, before the exec: killed
     env_code = list(cfg.get("env_code") or [])
-    streams = netguard.standard_streams()
+    streams = standard_streams()
     unproven = []
     if env_code or before:
         unproven.append("code from the environment ran in specli audit before it could watch "
                         "it (" + "; ".join(env_code or [e.address for e in before]) + ")")
     unproven += [f"{e.address.split(':', 1)[0]} is a socket ({e.address.split(': ', 1)[1]}): "
                  "what the run writes there leaves the audit's reach" for e in streams]
-    how, refused = netguard.isolation_probe() if isolate else ("", "")
+    how, refused = isolation_probe() if isolate else ("", "")
     refused = refused or None
     landlock = bool(isolate and not refused and boot.landlock_abi())
     if isolate and not refused and not landlock and "user" not in how:
@@ -124,17 +138,17 @@ def _audit(**kw) -> None:
                         "/proc (their memory, their descriptors)")
     gpu = kw.get("gpu")
     if isolate and not refused and gpu is not None and gpu.rpc:
-        raise netguard.AuditError(
+        raise AuditError(
             "--rpc reaches its RPC servers over the network, which an isolated run does not "
             "have", hint="--no-isolate audits it with the network up: connections to the "
             "servers are listed, and counted unless they are on loopback (or with --strict)")
     if refused and not allow:
-        raise netguard.AuditError(
+        raise AuditError(
             f"network isolation is not permitted here ({refused}): a clean verdict could only "
             "be an observation", hint="--allow-unproven accepts that; --no-isolate never "
             "isolates; root or unprivileged user namespaces make it a proof")
     if isolate and not refused and unproven and not allow:
-        raise netguard.AuditError(
+        raise AuditError(
             f"{unproven[0]}: a clean verdict could only be an observation",
             hint="--allow-unproven accepts that" + (
                 "; start specli audit without that code (PYTHONPATH, sitecustomize, .pth, "
@@ -142,13 +156,13 @@ def _audit(**kw) -> None:
                 "; send stdin, stdout and stderr to a terminal, a file or a pipe for a proof"
                 if streams else "; a kernel with Landlock (Linux 5.13+) makes it a proof"))
     if isolate and not refused:  # the auditor needs no network either: whatever code runs
-        netguard.isolate_self()   # in it (a dependency's) has none from here on
+        isolate_self()   # in it (a dependency's) has none from here on
     try:
-        audit = netguard.Auditor(["specli", *sys.argv[1:]], isolate and not refused,
+        audit = Auditor(["specli", *sys.argv[1:]], isolate and not refused,
                                  poll_ms / 1000, grace, run_path=cfg.get("run_path"),
                                  user_site=cfg.get("user_site"), landlock=landlock).run()
     except KeyboardInterrupt:
-        raise netguard.AuditError("interrupted: no verdict") from None
+        raise AuditError("interrupted: no verdict") from None
     if audit.exit_code != 0 or audit.result is None:
         if audit.exit_code not in (0, 2):  # exit 2: the audited run said why, in one line
             err.print(f"error: the audited run ended abnormally (exit {audit.exit_code}): "
@@ -156,7 +170,7 @@ def _audit(**kw) -> None:
         raise typer.Exit(2)
     models = [_model(role, path) for role, path in audit.result["models"]]
     events = sorted(before + streams + audit.events, key=lambda e: e.t)
-    code, counted = netguard.verdict(events, strict)
+    code, counted = verdict(events, strict)
     if audit.isolated:
         mode, blind = "isolated", list(BLIND_ISOLATED)
     else:
@@ -187,9 +201,9 @@ def _audit(**kw) -> None:
         "outlived": audit.outlived,
         "poll": {"interval_ms": poll_ms, "polls": audit.polls},
         "models": models,
-        "environment": netguard.network_environment(),
-        "counted": [netguard.to_dict(e) for e in counted],
-        "events": [netguard.to_dict(e) for e in events],
+        "environment": network_environment(),
+        "counted": [to_dict(e) for e in counted],
+        "events": [to_dict(e) for e in events],
         "run": _run_figures(audit.result["stats"]),
     }
     if json_out:
@@ -213,11 +227,11 @@ def _audited(kw: dict) -> None:
     except (SpecliError, typer.Exit):
         raise
     except Exception as e:  # exit 1 means "network seen": anything unforeseen is 2
-        raise netguard.AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
+        raise AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
     doc = {"models": [(role, p.path) for role, p in (("target", req.target),
                                                       ("draft", req.draft)) if p is not None],
            "stats": gen.stats.to_dict()}
-    with open(os.environ[netguard.RESULT_ENV], "w", encoding="utf-8") as f:
+    with open(os.environ[RESULT_ENV], "w", encoding="utf-8") as f:
         json.dump(doc, f)
 
 
@@ -237,9 +251,9 @@ def _model(role: str, path: str) -> dict:
         with Progress(TextColumn("sha256 {task.description}"), BarColumn(), DownloadColumn(),
                       console=err, transient=True) as bar:
             task = bar.add_task(name, total=size)
-            digest = netguard.file_sha256(path, lambda n: bar.advance(task, n))
+            digest = file_sha256(path, lambda n: bar.advance(task, n))
     else:
-        digest = netguard.file_sha256(path)
+        digest = file_sha256(path)
     return {"role": role, "path": os.path.abspath(path), "size": size, "sha256": digest}
 
 
@@ -249,8 +263,8 @@ def _run_figures(stats: dict) -> dict:
     return {k: stats.get(k) for k in keys}
 
 
-def _print(report: dict, events: list[netguard.NetEvent],
-           counted: list[netguard.NetEvent]) -> None:
+def _print(report: dict, events: list[NetEvent],
+           counted: list[NetEvent]) -> None:
     w = sys.stdout.write
     w("=== specli network audit ===\n\n[ models loaded ]\n")
     for m in report["models"]:
@@ -271,14 +285,14 @@ def _print(report: dict, events: list[netguard.NetEvent],
     sc = report["seccomp"]
     w("  every connect and addressed send of the process tree recorded (seccomp)\n"
       if sc["active"] else f"  no seccomp listener ({safe(sc['reason'])})\n")
-    groups = [("external", [e for e in events if e.scope == netguard.EXTERNAL
+    groups = [("external", [e for e in events if e.scope == EXTERNAL
                             and not e.inherited]),
-              ("loopback and local", [e for e in events if e.scope in (netguard.LOOPBACK,
-                                                                       netguard.LOCAL)
+              ("loopback and local", [e for e in events if e.scope in (LOOPBACK,
+                                                                       LOCAL)
                                       and not e.inherited]),
-              ("processes started", [e for e in events if e.scope == netguard.PROCESS]),
+              ("processes started", [e for e in events if e.scope == PROCESS]),
               ("outlived the run (killed)", [e for e in events
-                                             if e.scope == netguard.OUTLIVED]),
+                                             if e.scope == OUTLIVED]),
               ("held before the audit began (not counted)", [e for e in events
                                                              if e.inherited])]
     if not groups[0][1]:
@@ -319,7 +333,7 @@ def _print(report: dict, events: list[netguard.NetEvent],
           f"{' (none at all: --strict)' if report['strict'] else ''}\n")
 
 
-def _line(e: netguard.NetEvent) -> str:
+def _line(e: NetEvent) -> str:
     what = f"{e.event} {safe(e.address)}"
     if e.proto:
         what += f" ({e.proto})"

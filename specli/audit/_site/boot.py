@@ -1,5 +1,5 @@
 """The audited process's first instructions: `specli audit` starts its generation as
-`python -I -S boot.py` (see specli/netguard.py, `Auditor`).
+`python -I -S boot.py` (see specli/audit/auditor.py, `Auditor`).
 
 With `-I -S` nothing of the environment runs before this file: no `site`, no `.pth` file, no
 `sitecustomize`, no PYTHONPATH. In order, it

@@ -1,6 +1,6 @@
 """The network recorder of `specli audit`, for this process and its Python children.
 
-`specli audit` (specli/netguard.py) installs it in its own process and puts this directory
+`specli audit` (specli/audit/auditor.py) installs it in its own process and puts this directory
 first on the children's PYTHONPATH, so that a Python child imports it at startup as its
 `sitecustomize` and records into the same log. It must stay self-contained: a child may be
 another interpreter that cannot import specli. Every record is one JSON line appended to
