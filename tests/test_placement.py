@@ -292,7 +292,7 @@ def test_cpu_placement_runs_and_keeps_the_output(f16, q4_1):
 
 
 def test_the_draft_follows_the_target_as_llama_cpp_does():
-    gpu = o._gpu_flags(device="CUDA0,CUDA1", device_draft=None, split_mode="row",
+    gpu = o.GPU_FLAGS.parse(device="CUDA0,CUDA1", device_draft=None, split_mode="row",
                        tensor_split="3/1", override_tensor=[r"a=CPU,b=CUDA1"], n_cpu_moe=1,
                        cpu_moe_draft=True)
     t, d = o.Resources().model_params("t.gguf", "d.gguf", gpu=gpu)
@@ -301,10 +301,10 @@ def test_the_draft_follows_the_target_as_llama_cpp_does():
     assert t.tensor_overrides == (("a", "CPU"), ("b", "CUDA1"),
                                   (r"blk\.0" + o.FFN_EXPS_REGEX, "CPU"))
     assert d.tensor_overrides == ((o.FFN_EXPS_REGEX, "CPU"),)  # -ot is the target's alone
-    pinned = o._gpu_flags(device="CUDA0,CUDA1", device_draft="CUDA1", split_mode="row")
+    pinned = o.GPU_FLAGS.parse(device="CUDA0,CUDA1", device_draft="CUDA1", split_mode="row")
     t, d = o.Resources().model_params("t.gguf", "d.gguf", gpu=pinned)
     assert d.devices == ("CUDA1",) and d.split_mode == "layer" and t.split_mode == "row"
-    assert o._gpu_flags(device="none").devices == ()
+    assert o.GPU_FLAGS.parse(device="none").devices == ()
 
 
 def test_devices_in_process():

@@ -434,13 +434,13 @@ def test_tune_drafts_best_command_keeps_the_placement():
     """tune-draft measured with --rpc, -ngl and -devd: its best command must run the same way."""
     from specli.cli import options as o
 
-    gpu = o._gpu_flags(rpc_servers="10.0.0.1:50052,10.0.0.2:50052", device_draft="none",
+    gpu = o.GPU_FLAGS.parse(rpc_servers="10.0.0.1:50052,10.0.0.2:50052", device_draft="none",
                        tensor_split="3,1", override_tensor=["a=CPU"])
     res = o.Resources(ngl=99)
     args = o.placement_args(res, gpu)
     assert args == ["-ngl", "99", "--rpc", "10.0.0.1:50052,10.0.0.2:50052", "-devd", "none",
                     "-ts", "3,1", "-ot", "a=CPU"]
-    assert o.placement_args(o.Resources(), o._gpu_flags()) == []
+    assert o.placement_args(o.Resources(), o.GPU_FLAGS.parse()) == []
 
 
 @needs_rpc

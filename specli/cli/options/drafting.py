@@ -1,0 +1,270 @@
+"""Drafting: what drafts (--spec-type, the n-gram settings) and how much (--draft and its
+neighbours), checked, and the plan they make.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specli import config
+from specli.errors import UsageError
+
+if TYPE_CHECKING:
+    from specli.plan import SpecPlan
+
+from specli.cli.options.group import DRAFTING, NGRAM, Group
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """--spec-type's list, the draft lengths (--draft, --draft-min, --draft-p-min) and the
+    n-gram settings."""
+
+    types: tuple[str, ...] = ()
+    params: config.DraftPolicy = config.DraftPolicy()
+    ngram: config.NgramParams = config.NgramParams()
+
+
+# what a flag says about each of a plan's fields (plan.PlanError.field)
+PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
+              "n_seq": f"-np/--draft-n-seq takes 1 to {config.MAX_DRAFT_SEQ}",
+              "p_split": "--draft-p-split takes 0 to 1", "n_max": "give --draft N, not auto",
+              "slots": "fewer -np slots or a smaller --draft-n-seq"}
+
+
+def plan(drafting: Drafting, model_draft: str | None) -> SpecPlan:
+    """The drafting flags as one plan, checked before any model loads; its errors name the
+    flags."""
+    from specli.plan import PlanError, SpecPlan, draft_head
+
+    try:
+        return SpecPlan.resolve(drafting.types, model_draft is not None, drafting.params,
+                                drafting.ngram, draft_head(model_draft))
+    except PlanError as e:
+        raise UsageError(e.message, hint=PLAN_HINTS[e.field]) from None
+
+
+def _ngram_opt(*names: str, help: str):
+    return typer.Option(*names, help=help, rich_help_panel=NGRAM, show_default=False)
+
+
+_NG = config.NgramParams
+
+
+def _drafting_flags(
+    spec_type: Annotated[str | None, typer.Option(
+        "--spec-type", help="Speculation types, comma-separated (llama.cpp names): "
+        + ", ".join(config.SPEC_TYPES) + ". n-gram drafts take precedence in that order; the "
+        "draft model (-md) fills in when none has a proposal. draft-translate: a draft model "
+        "with another tokenizer, its drafts converted through text (as --draft-translate).",
+        envvar="LLAMA_ARG_SPEC_TYPE",
+        rich_help_panel=DRAFTING, show_default=False)] = None,
+    ngram_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-size-n", help="Key n-gram length for ngram-simple, -map-k and -map-k4v "
+        "(llama.cpp's older spelling; the per-type flags below override it). Default: 12.")] = None,
+    ngram_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-size-m", help="Most tokens one match drafts, for the same types. "
+        "Default: 48.")] = None,
+    ngram_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-min-hits", help="Lookups of a key before ngram-map-k4v drafts from it. "
+        "Default: 1.")] = None,
+    simple_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-size-n", help="ngram-simple's n.")] = None,
+    simple_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-size-m", help="ngram-simple's m.")] = None,
+    simple_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-simple-min-hits", help="Accepted for llama.cpp compatibility; "
+        "ngram-simple does not use it.")] = None,
+    map_k_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-size-n", help="ngram-map-k's n.")] = None,
+    map_k_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-size-m", help="ngram-map-k's m.")] = None,
+    map_k_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k-min-hits", help="ngram-map-k's min hits (as in llama.cpp, map-k "
+        "drafts on the first hit).")] = None,
+    map_k4v_size_n: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-size-n", help="ngram-map-k4v's n.")] = None,
+    map_k4v_size_m: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-size-m", help="ngram-map-k4v's m.")] = None,
+    map_k4v_min_hits: Annotated[int | None, _ngram_opt(
+        "--spec-ngram-map-k4v-min-hits", help="ngram-map-k4v's min hits.")] = None,
+    ngram_mod_n_match: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-match", help="ngram-mod lookup length.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_match,
+    ngram_mod_n_max: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-max", help="Most tokens ngram-mod drafts.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_max,
+    ngram_mod_n_min: Annotated[int, typer.Option(
+        "--spec-ngram-mod-n-min", help="ngram-mod drops a draft shorter than this.",
+        rich_help_panel=NGRAM)] = _NG.mod_n_min,
+    lookup_cache_static: Annotated[str | None, typer.Option(
+        "-lcs", "--lookup-cache-static", help="Static lookup cache for ngram-cache (built by "
+        "`specli lookup create`; never written). Implies --spec-type ngram-cache.",
+        rich_help_panel=NGRAM, show_default=False)] = None,
+    lookup_cache_dynamic: Annotated[str | None, typer.Option(
+        "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if "
+        "it exists, updated atomically after the run. Implies --spec-type ngram-cache.",
+        rich_help_panel=NGRAM, show_default=False)] = None,
+    draft: Annotated[str | None, typer.Option(
+        "--draft", "--draft-max", "--draft-n", "--spec-draft-n-max", metavar="K|auto",
+        help="Most tokens drafted per step (k). Default: 8 for the draft model and "
+        "ngram-cache, while the other n-gram types draft up to their own m, as in llama.cpp; "
+        "given explicitly, K caps them too. `auto`: k chosen each step, per source, from the "
+        f"measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}, 0 included: the "
+        "target alone); on serve, for the whole batch of slots, and serve's default.",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
+        rich_help_panel=DRAFTING, show_default=False)] = None,
+    draft_min: Annotated[int, typer.Option(
+        "--draft-min", "--spec-draft-n-min", "--draft-n-min",
+        help="A draft shorter than this is not verified.",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_min,
+    draft_p_min: Annotated[float, typer.Option(
+        "--draft-p-min", "--spec-draft-p-min",
+        help="Stop drafting when the draft's top probability falls below this.",
+        envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_min,
+    draft_n_seq: Annotated[int, typer.Option(
+        "--draft-n-seq", "--spec-draft-n-seq",
+        help="Draft sequences: more than 1 drafts a tree, as llama-speculative's -np, a "
+        "branch splitting where the draft's next candidate is above --draft-p-split; the "
+        "target verifies every node in one batch. Needs a draft model alone (no n-gram "
+        "types) and a fixed --draft, which caps the tree's nodes.",
+        envvar="LLAMA_ARG_SPEC_DRAFT_N_SEQ",
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_seq,
+    draft_translate: Annotated[bool, typer.Option(
+        "--draft-translate", help="The draft model (-md) has another tokenizer: its drafts "
+        "are turned into text and the text into the target's tokens, which the target "
+        "verifies (a pair llama.cpp refuses; it accepts less than a same-family draft).",
+        rich_help_panel=DRAFTING)] = False,
+    draft_p_split: Annotated[float, typer.Option(
+        "--draft-p-split", "--spec-draft-p-split",
+        help="A draft tree branches where the draft's next candidate is more likely than "
+        "this (with --draft-n-seq or run's -np above 1).",
+        envvar="LLAMA_ARG_SPEC_DRAFT_P_SPLIT",
+        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_split,
+) -> Drafting:
+    """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
+    names = [t.strip() for t in (spec_type or "").split(",")]
+    if "draft-translate" in names:  # the draft model, through text
+        draft_translate = True
+        spec_type = ",".join(dict.fromkeys("draft-simple" if t == "draft-translate" else t
+                                           for t in names))
+    params = replace(draft_params(draft, draft_min, draft_p_min, draft_n_seq, draft_p_split),
+                     translate=draft_translate)
+    ngram = ngram_params(
+        size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
+        simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,
+        map_k_n=map_k_size_n, map_k_m=map_k_size_m, map_k_hits=map_k_min_hits,
+        k4v_n=map_k4v_size_n, k4v_m=map_k4v_size_m, k4v_hits=map_k4v_min_hits,
+        mod_match=ngram_mod_n_match, mod_max=ngram_mod_n_max, mod_min=ngram_mod_n_min,
+        lookup_static=lookup_cache_static, lookup_dynamic=lookup_cache_dynamic)
+    types = spec_types(spec_type, lookup_cache_static, lookup_cache_dynamic)
+    return Drafting(tuple(types), params, ngram)
+
+
+DRAFTING_FLAGS = Group(_drafting_flags)
+
+
+def parse_draft(value: str) -> tuple[int, bool]:
+    """--draft K or --draft auto -> (k or the auto cap, adaptive)."""
+    if value.strip().lower() == "auto":
+        return config.DRAFT_AUTO_MAX, True
+    try:
+        k = int(value)
+    except ValueError:
+        raise UsageError(f"--draft must be a whole number or auto, got {value!r}") from None
+    if k < 1:
+        raise UsageError(f"--draft must be at least 1 (got {k})",
+                         hint="use --no-spec to decode without a draft")
+    return k, False
+
+
+def ngram_params(*, size_n: int | None, size_m: int | None, min_hits: int | None,
+                 simple_n: int | None, simple_m: int | None, simple_hits: int | None,
+                 map_k_n: int | None, map_k_m: int | None, map_k_hits: int | None,
+                 k4v_n: int | None, k4v_m: int | None, k4v_hits: int | None, mod_match: int,
+                 mod_max: int, mod_min: int, lookup_static: str | None,
+                 lookup_dynamic: str | None) -> config.NgramParams:
+    """Resolve the seed-era shared flags and llama.cpp's per-type ones (the latter win)."""
+    d = config.NgramParams()
+    if simple_hits is not None and simple_hits < 1:  # ngram-simple uses no more than 1
+        raise UsageError(f"--spec-ngram-simple-min-hits must be at least 1, got {simple_hits}")
+    for flag, v in (("--spec-ngram-size-n", size_n), ("--spec-ngram-size-m", size_m),
+                    ("--spec-ngram-min-hits", min_hits), ("--spec-ngram-simple-size-n", simple_n),
+                    ("--spec-ngram-simple-size-m", simple_m),
+                    ("--spec-ngram-map-k-size-n", map_k_n), ("--spec-ngram-map-k-size-m", map_k_m),
+                    ("--spec-ngram-map-k-min-hits", map_k_hits),
+                    ("--spec-ngram-map-k4v-size-n", k4v_n),
+                    ("--spec-ngram-map-k4v-size-m", k4v_m),
+                    ("--spec-ngram-map-k4v-min-hits", k4v_hits),
+                    ("--spec-ngram-mod-n-match", mod_match), ("--spec-ngram-mod-n-max", mod_max)):
+        if v is not None and not 1 <= v <= 1024:
+            raise UsageError(f"{flag} must be between 1 and 1024, got {v}")
+    if not 0 <= mod_min <= mod_max:
+        raise UsageError(f"--spec-ngram-mod-n-min must be between 0 and --spec-ngram-mod-n-max "
+                         f"({mod_max}), got {mod_min}")
+
+    def pick(*values: int | None) -> int:
+        return next(v for v in values if v is not None)
+
+    return config.NgramParams(
+        size_n=pick(simple_n, size_n, d.size_n), size_m=pick(simple_m, size_m, d.size_m),
+        map_k_size_n=pick(map_k_n, size_n, d.map_k_size_n),
+        map_k_size_m=pick(map_k_m, size_m, d.map_k_size_m),
+        map_k_min_hits=pick(map_k_hits, min_hits, d.map_k_min_hits),
+        map_k4v_size_n=pick(k4v_n, size_n, d.map_k4v_size_n),
+        map_k4v_size_m=pick(k4v_m, size_m, d.map_k4v_size_m),
+        map_k4v_min_hits=pick(k4v_hits, min_hits, d.map_k4v_min_hits),
+        mod_n_match=mod_match, mod_n_max=mod_max, mod_n_min=mod_min,
+        lookup_static=lookup_static, lookup_dynamic=lookup_dynamic)
+
+
+def spec_types(value: str | None, lookup_static: str | None = None,
+               lookup_dynamic: str | None = None) -> list[str]:
+    """--spec-type's list; -lcs/-lcd alone mean ngram-cache, and need it in a given list."""
+    if value is None:
+        return ["ngram-cache"] if lookup_static or lookup_dynamic else []
+    try:
+        types = list(config.parse_spec_types(value))
+    except ValueError as e:
+        raise UsageError(f"unknown --spec-type {e}",
+                         hint="one or more of: " + ", ".join(config.SPEC_TYPES)) from None
+    if (lookup_static or lookup_dynamic) and "ngram-cache" not in types:
+        raise UsageError("-lcs/-lcd are lookup caches for --spec-type ngram-cache",
+                         hint="add ngram-cache to --spec-type")
+    return types
+
+
+def draft_params(draft: str | None, draft_min: int, p_min: float, n_seq: int = 1,
+                 p_split: float = config.DraftPolicy.p_split) -> config.DraftPolicy:
+    """--draft (K or auto), --draft-min, --draft-p-min, --draft-n-seq and --draft-p-split,
+    checked. An explicit K also caps the n-gram types' own lengths."""
+    k, adaptive = parse_draft(draft if draft is not None else str(config.DEFAULT_DRAFT_MAX))
+    if draft_min < 0 or draft_min > k:
+        raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
+    if not 0.0 <= p_min <= 1.0:
+        raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
+    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
+        raise UsageError(f"--draft-n-seq must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
+    if not 0.0 <= p_split <= 1.0:
+        raise UsageError(f"--draft-p-split must be between 0 and 1, got {p_split}")
+    if n_seq > 1 and adaptive:
+        raise UsageError("a draft tree (--draft-n-seq above 1) takes a fixed --draft",
+                         hint="give --draft N instead of auto")
+    return config.DraftPolicy(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
+                              cap_ngram=draft is not None and not adaptive, n_seq=n_seq,
+                              p_split=p_split)
+
+
+def with_n_seq(drafting: Drafting, n_seq: int, flag: str) -> Drafting:
+    """The drafting flags with another number of draft sequences (run's -np), checked."""
+    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
+        raise UsageError(f"{flag} must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
+    if n_seq > 1 and drafting.params.adaptive:
+        raise UsageError("a draft tree (-np above 1) takes a fixed --draft",
+                         hint="give --draft N instead of auto")
+    return replace(drafting, params=replace(drafting.params, n_seq=n_seq))

@@ -1,0 +1,205 @@
+"""Resources: contexts, threads, KV cache, offloaded layers, of the target and the draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from specli import config
+from specli.cli.console import err
+from specli.cli.options.gpu import GpuFlags
+from specli.cli.options.group import RESOURCES, Group
+from specli.errors import UsageError
+
+
+class FlashAttn(StrEnum):
+    on = "on"
+    off = "off"
+    auto = "auto"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The context, thread, KV-cache and layer flags of the target and the draft; a draft
+    value left out takes the target's, as in llama.cpp."""
+
+    ctx: int = config.DEFAULT_CTX
+    ctx_draft: int | None = None
+    ngl: int = 0
+    ngld: int = 0
+    threads: int = config.DEFAULT_THREADS
+    threads_draft: int | None = None
+    threads_batch: int | None = None
+    threads_batch_draft: int | None = None
+    ctk: str | None = None
+    ctv: str | None = None
+    ctkd: str | None = None
+    ctvd: str | None = None
+    flash_attn: str = "auto"
+    batch: int = 2048
+    ubatch: int = 512
+    mmap: bool = True
+    mlock: bool = False
+    warmup: bool = True
+
+    def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
+                     gpu: GpuFlags | None = None,
+                     ) -> tuple[config.ModelParams, config.ModelParams | None]:
+        """The target's and the draft's ModelParams."""
+        gpu = gpu or GpuFlags()
+        if (self.ngl or self.ngld) and not gpu.rpc:  # llama.cpp warns at its -ngl
+            from specli.backend import local_gpu
+
+            if not local_gpu():
+                for flag, n in (("-ngl", self.ngl), ("-ngld", self.ngld)):
+                    if n:
+                        err.print(f"warning: no usable GPU found, {flag} {n} is ignored "
+                                  "(this llama-cpp-python build, or this machine, has none)",
+                                  markup=False, soft_wrap=True)
+        if gpu.rpc and self.ngl == 0:
+            err.print("warning: --rpc with -ngl 0 offloads no layer: the RPC servers hold "
+                      "nothing (-ngl 99 puts every layer there)", markup=False, soft_wrap=True)
+        target = config.ModelParams(
+            path=model, n_ctx=self.ctx, n_gpu_layers=self.ngl, n_threads=self.threads,
+            n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
+            flash_attn=self.flash_attn, verbose=verbose, n_batch=self.batch,
+            n_ubatch=self.ubatch, use_mmap=self.mmap, use_mlock=self.mlock,
+            warmup=self.warmup)
+        if model_draft is None:
+            return gpu.apply(target, None)
+        td = self.threads_draft or self.threads
+        return gpu.apply(target, config.ModelParams(
+            path=model_draft, n_ctx=self.ctx_draft or self.ctx, n_gpu_layers=self.ngld,
+            n_threads=td, n_threads_batch=self.threads_batch_draft or td, type_k=self.ctkd,
+            type_v=self.ctvd, flash_attn=self.flash_attn, verbose=verbose,
+            use_mmap=self.mmap, use_mlock=self.mlock, warmup=self.warmup))
+
+
+def _res_opt(*names: str, help: str, envvar: str | None = None, **kw):
+    return typer.Option(*names, help=help, envvar=envvar, rich_help_panel=RESOURCES, **kw)
+
+
+def _resource_flags(
+    ctx_size: Annotated[int, _res_opt(
+        "-c", "--ctx-size", help="Target context size.",
+        envvar="LLAMA_ARG_CTX_SIZE")] = config.DEFAULT_CTX,
+    ctx_size_draft: Annotated[int | None, _res_opt(
+        "-cd", "--ctx-size-draft", help="Draft context size. Default: same as -c.",
+        show_default=False)] = None,
+    n_gpu_layers: Annotated[str, _res_opt(
+        "-ngl", "--n-gpu-layers", "--gpu-layers", metavar="N|auto|all",
+        help="Target layers to offload to the GPU: a number, all, or auto (all of them where "
+        "this machine has a GPU, else none; llama.cpp's auto also fits them to its free "
+        "memory).", envvar="LLAMA_ARG_N_GPU_LAYERS")] = "0",
+    n_gpu_layers_draft: Annotated[str, _res_opt(
+        "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
+        metavar="N|auto|all", help="Draft layers to offload to the GPU (as -ngl).",
+        envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT")] = "0",
+    threads: Annotated[int, _res_opt(
+        "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
+        envvar="LLAMA_ARG_THREADS", show_default=False)] = config.DEFAULT_THREADS,
+    threads_draft: Annotated[int | None, _res_opt(
+        "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
+        show_default=False)] = None,
+    threads_batch: Annotated[int | None, _res_opt(
+        "-tb", "--threads-batch", help="Threads for batches and prompts. Default: same as -t.",
+        show_default=False)] = None,
+    threads_batch_draft: Annotated[int | None, _res_opt(
+        "-tbd", "--threads-batch-draft", help="Draft batch threads. Default: same as -td.",
+        show_default=False)] = None,
+    cache_type_k: Annotated[str | None, _res_opt(
+        "-ctk", "--cache-type-k", help="Target KV cache type for K (f16, q8_0, q4_0, ...).",
+        envvar="LLAMA_ARG_CACHE_TYPE_K", show_default=False)] = None,
+    cache_type_v: Annotated[str | None, _res_opt(
+        "-ctv", "--cache-type-v", help="Target KV cache type for V.",
+        envvar="LLAMA_ARG_CACHE_TYPE_V", show_default=False)] = None,
+    cache_type_k_draft: Annotated[str | None, _res_opt(
+        "-ctkd", "--cache-type-k-draft", "--spec-draft-type-k",
+        help="Draft KV cache type for K.", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
+        show_default=False)] = None,
+    cache_type_v_draft: Annotated[str | None, _res_opt(
+        "-ctvd", "--cache-type-v-draft", "--spec-draft-type-v",
+        help="Draft KV cache type for V.", envvar="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
+        show_default=False)] = None,
+    flash_attn: Annotated[FlashAttn, _res_opt(
+        "-fa", "--flash-attn", help="Flash attention (llama.cpp's default: auto).",
+        envvar="LLAMA_ARG_FLASH_ATTN")] = FlashAttn.auto,
+    batch_size: Annotated[int, _res_opt(
+        "-b", "--batch-size", help="Logical batch size: the most tokens one decode takes.",
+        envvar="LLAMA_ARG_BATCH")] = 2048,
+    ubatch_size: Annotated[int, _res_opt(
+        "-ub", "--ubatch-size", help="Physical batch size.",
+        envvar="LLAMA_ARG_UBATCH")] = 512,
+    mmap: Annotated[bool, _res_opt(
+        "--mmap/--no-mmap", help="Map the model files into memory (the default), or read "
+        "them in (--no-mmap: slower to load, and no page cache shared between processes).",
+        envvar="LLAMA_ARG_MMAP")] = True,
+    mlock: Annotated[bool, _res_opt(
+        "--mlock", help="Keep the weights in RAM: the system may not swap them out.",
+        envvar="LLAMA_ARG_MLOCK")] = False,
+    warmup: Annotated[bool, _res_opt(
+        "--warmup/--no-warmup", help="Decode once at load (llama.cpp's warmup: the weights "
+        "paged in and the graph allocated before the first prompt is timed), or not.")
+    ] = True,
+) -> Resources:
+    if ctx_size < 16:
+        raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
+    if threads < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    if batch_size < 2 or ubatch_size < 1:  # a verification needs room for a drafted token
+        raise UsageError(f"-b/--batch-size must be at least 2 and -ub/--ubatch-size at least "
+                         f"1, got {batch_size} and {ubatch_size}")
+    return Resources(ctx_size, ctx_size_draft, parse_ngl(n_gpu_layers, "-ngl"),
+                     parse_ngl(n_gpu_layers_draft, "-ngld"), threads,
+                     threads_draft, threads_batch, threads_batch_draft, cache_type_k,
+                     cache_type_v, cache_type_k_draft, cache_type_v_draft,
+                     FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock,
+                     warmup)
+
+
+RESOURCE_FLAGS = Group(_resource_flags)
+
+
+ALL_LAYERS = 999  # more layers than any model has: every one of them
+
+
+def parse_ngl(value: str, flag: str) -> int:
+    """-ngl N|auto|all as llama.cpp takes it: all is every layer, auto every layer where
+    this machine has a GPU and none where it has not."""
+    v = value.strip().lower()
+    if v == "all":
+        return ALL_LAYERS
+    if v == "auto":
+        from specli.backend import local_gpu
+
+        return ALL_LAYERS if local_gpu() else 0
+    try:
+        return int(v)
+    except ValueError:
+        raise UsageError(f"{flag} takes a number of layers, auto or all, got {value!r}") \
+            from None
+
+
+def placement_args(resources: Resources, gpu: GpuFlags) -> list[str]:
+    """The flags that put the layers where they are (-ngl, --rpc, -dev, -ts...), to repeat
+    in a command line that should run the same way (tune-draft's best command)."""
+    def names(devs: tuple[str, ...]) -> str:
+        return ",".join(devs) or "none"
+
+    args = [*(["-ngl", str(resources.ngl)] if resources.ngl else []),
+            *(["-ngld", str(resources.ngld)] if resources.ngld else []),
+            *(["--rpc", ",".join(gpu.rpc)] if gpu.rpc else []),
+            *(["-dev", names(gpu.devices)] if gpu.devices is not None else []),
+            *(["-devd", names(gpu.devices_draft)] if gpu.devices_draft is not None else []),
+            *(["-sm", gpu.split_mode] if gpu.split_mode != "layer" else []),
+            *(["-ts", ",".join(f"{x:g}" for x in gpu.tensor_split)] if gpu.tensor_split
+              else []),
+            *(["-mg", str(gpu.main_gpu)] if gpu.main_gpu else [])]
+    for flag, overrides in (("-ot", gpu.overrides), ("-otd", gpu.overrides_draft)):
+        if overrides:
+            args += [flag, ",".join(f"{p}={b}" for p, b in overrides)]
+    return args
