@@ -27,24 +27,25 @@ from pathlib import Path
 
 import numpy as np
 
-from specli.errors import IncompatiblePairError, SpecliError
+from specli.errors import IncompatiblePairError
+from specli.headckpt import (
+    DSPARK_ARCHS,
+    OTHER,
+    Checkpoint,
+    Source,
+    cfg_flag,
+    cfg_float,
+    cfg_int,
+    dflash_settings,
+    fail,
+    head_kind,
+    mismatch,
+    read_checkpoint,
+    tensor_index,
+)
 
-# the EAGLE-3 layouts llama.cpp's converter reads (conversion/__init__.py, llama.py)
-EAGLE3_ARCHS = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM", "Eagle3Speculator",
-                "Eagle3DraftModel")
-# plain llama architecture strings under which the converter still finds an EAGLE-3 head
-LLAMA_ARCHS = ("LlamaForCausalLM", "LLaMAForCausalLM", "MistralForCausalLM", "LlamaModel")
-# block-diffusion drafters on Qwen3 blocks (conversion/qwen.py: DFlashModel, DSparkModel)
-DFLASH_ARCHS = ("DFlashDraftModel", "DFlash2DraftModel")
-DSPARK_ARCHS = ("Qwen3DSparkModel", "DSparkDraftModel", "DSparkSpeculator")
-# known to llama.cpp's converter, not converted here yet
-LATER_ARCHS = ("Lfm2DSparkDraftModel", "LingDSparkModel", "DeepseekV4DSparkModel",
-               "Gemma4DSparkModel")
-CONFIG_MAX = 4 << 20  # bytes of config.json (published ones are a few KB)
-INDEX_MAX = 64 << 20  # bytes of model.safetensors.index.json
 OUTTYPES = ("auto", "f32", "f16", "bf16", "q8_0")
 CONVERT_VERSION = 1  # in the cache's file names: a change to the output makes new files
-WIDTH_MAX = 1 << 20  # any width, head count or vocabulary a config may state
 
 # an EAGLE-3 block's tensors, checkpoint name -> GGUF name (gguf-py's tensor map for llama
 # blocks, plus EAGLE-3's hidden_norm)
@@ -75,11 +76,6 @@ _SKIP = ("t2d",)  # the target-to-draft map: llama.cpp does not use it
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama_ftype: general.file_type
 
 
-class HeadCheckpointError(SpecliError):
-    """A head checkpoint that cannot be converted: an unknown layout, a malformed or
-    hostile file, or a head made for another target. Exit code 2."""
-
-
 @dataclass(frozen=True)
 class Converted:
     """What convert_head wrote: the file, its head type, the checkpoint's architecture
@@ -97,166 +93,6 @@ class Converted:
         return {"path": self.path, "type": self.spec_type, "architecture": self.architecture,
                 "n_tensors": self.n_tensors, "bytes": self.n_bytes, "outtype": self.outtype,
                 "seconds": round(self.seconds, 3)}
-
-
-class HeadMismatch(HeadCheckpointError):
-    """A well-formed head made for another target (its width, vocabulary or layers):
-    convert-head's exit 2, check-pair's verdict "incompatible" (exit 1)."""
-
-
-_OTHER = "the head was trained for another target"
-
-
-def _fail(message: str, hint: str | None = None) -> HeadCheckpointError:
-    return HeadCheckpointError(message, hint)
-
-
-def _mismatch(message: str, hint: str | None = None) -> HeadMismatch:
-    return HeadMismatch(message, hint)
-
-
-def _inside(path: Path, root: Path, what: str) -> Path:
-    """path resolved, refused if it (or a link it follows) leads outside root."""
-    try:
-        real = path.resolve(strict=True)
-    except (OSError, RuntimeError) as e:  # missing, or a symlink loop
-        raise _fail(f"{what}: cannot open {path}: {getattr(e, 'strerror', None) or e}") from e
-    if not real.is_relative_to(root):
-        raise _fail(f"{what}: {path.name} leads outside the checkpoint ({real})",
-                    "a symlink out of the repository is refused")
-    if not real.is_file():
-        raise _fail(f"{what}: {path.name} is not a regular file")
-    return real
-
-
-def _read_json(path: Path, limit: int, what: str) -> dict:
-    if path.stat().st_size > limit:
-        raise _fail(f"{what} is {path.stat().st_size:,} bytes, more than the {limit:,} a "
-                    "checkpoint's needs")
-    try:
-        doc = json.loads(path.read_bytes())
-    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
-        raise _fail(f"{what} is not valid JSON: {str(e)[:200]}") from e
-    if not isinstance(doc, dict):
-        raise _fail(f"{what} is not a JSON object")
-    return doc
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A head checkpoint's directory: its config (nested configs merged, as the converter
-    does), the raw config.json, its architecture string and its safetensors files."""
-
-    root: Path
-    raw: dict
-    config: dict
-    architecture: str
-    files: tuple[Path, ...]
-
-
-def read_checkpoint(directory: str | os.PathLike, within: str | os.PathLike | None = None
-                    ) -> Checkpoint:
-    """The checkpoint in directory; every file it names must lie inside `within` (default:
-    the directory itself; a Hugging Face cache's snapshot links into the repository's
-    blobs, so the hub passes the repository's folder)."""
-    d = Path(directory)
-    if not d.is_dir():
-        raise _fail(f"head checkpoint not found: {d} is not a directory",
-                    "pass the folder that holds config.json and *.safetensors")
-    root = Path(within or d).resolve()
-    cfg_path = d / "config.json"
-    if not cfg_path.exists():
-        raise _fail(f"{d}: no config.json", "a published head's folder holds config.json "
-                    "and its *.safetensors")
-    raw = _read_json(_inside(cfg_path, root, str(d)), CONFIG_MAX, f"{cfg_path}")
-    archs = raw.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    config = dict(raw)
-    for nested in ("transformer_layer_config", "text_config"):  # speculators, multimodal
-        if isinstance(raw.get(nested), dict):
-            config = {**config, **raw[nested]}
-    if arch is None:
-        raise _fail(f"{cfg_path}: no architectures list naming the head's architecture")
-    return Checkpoint(d, raw, config, arch, _weights(d, root))
-
-
-def _weights(d: Path, root: Path) -> tuple[Path, ...]:
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        doc = _read_json(_inside(index, root, str(d)), INDEX_MAX, str(index))
-        wmap = doc.get("weight_map")
-        if not isinstance(wmap, dict) or not all(isinstance(v, str) for v in wmap.values()):
-            raise _fail(f"{index}: no weight_map of tensor names to files")
-        names = sorted(set(wmap.values()))
-        for n in names:
-            if Path(n).name != n or not n.endswith(".safetensors"):
-                raise _fail(f"{index}: names {n!r}, which is not a safetensors file beside it")
-    else:
-        names = sorted(p.name for p in d.glob("model*.safetensors"))  # the converter's parts
-    if not names:
-        pickles = sorted(p.name for p in d.glob("*.bin")) + sorted(p.name for p in d.glob("*.pt"))
-        raise _fail(f"{d}: no *.safetensors weights" + (
-            f" ({', '.join(pickles)} is a PyTorch pickle, which specli does not unpickle)"
-            if pickles else ""), "specli converts safetensors checkpoints only")
-    return tuple(_inside(d / n, root, str(d)) for n in names)
-
-
-@dataclass(frozen=True)
-class _Source:
-    file: Path
-    key: str
-    dtype: str  # safetensors dtype: BF16, F16, F32, I64, ...
-    shape: tuple[int, ...]
-
-
-def _index(files: tuple[Path, ...]) -> dict[str, _Source]:
-    """Every tensor's file, dtype and shape, from the files' headers (no data read; the
-    safetensors library checks the header's size, offsets and overlaps)."""
-    from safetensors import SafetensorError, safe_open
-
-    out: dict[str, _Source] = {}
-    for f in files:
-        try:
-            with safe_open(str(f), framework="np") as st:
-                for key in st.keys():
-                    sl = st.get_slice(key)
-                    if key in out:
-                        raise _fail(f"{f.name}: tensor {key} is also in {out[key].file.name}")
-                    out[key] = _Source(f, key, sl.get_dtype(), tuple(sl.get_shape()))
-        except SafetensorError as e:
-            raise _fail(f"{f}: not a valid safetensors file: {str(e)[:200]}") from e
-        except OSError as e:
-            raise _fail(f"{f}: cannot read: {e.strerror or e}") from e
-    return out
-
-
-def _int(cfg: dict, key: str, what: str, default: int | None = None, lo: int = 1,
-         hi: int = WIDTH_MAX) -> int:
-    v = cfg.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise _fail(f"{what}: {key} = {v!r} in config.json is not an integer in [{lo}, {hi}]")
-    return v
-
-
-def _float(cfg: dict, key: str, what: str, default: float, hi: float = 1e30) -> float:
-    """A positive finite number that fits the float32 GGUF stores (a 400-digit integer or
-    1e39 would not)."""
-    v = cfg.get(key, default)
-    try:
-        ok = not isinstance(v, bool) and isinstance(v, int | float) and 0 < float(v) <= hi
-    except OverflowError:
-        ok = False
-    if not ok:
-        raise _fail(f"{what}: {key} = {str(v)[:40]} in config.json is not a positive number "
-                    f"up to {hi:g}")
-    return float(v)
-
-
-def _flag(cfg: dict, key: str, what: str) -> bool:
-    v = cfg.get(key, False)
-    if not isinstance(v, bool):
-        raise _fail(f"{what}: {key} = {v!r} in config.json is not true or false")
-    return v
 
 
 @dataclass(frozen=True)
@@ -293,7 +129,7 @@ def _target(path: str) -> _Target:
     width, n_layer = h.kv.get(f"{arch}.embedding_length"), trunk_layers(h)
     tokens = h.kv.get("tokenizer.ggml.tokens")
     if not isinstance(width, int) or n_layer is None or not isinstance(tokens, list):
-        raise _fail(f"{path}: not a target model (no width, layer count or vocabulary in "
+        raise fail(f"{path}: not a target model (no width, layer count or vocabulary in "
                     "its metadata)")
     return _Target(path, h, arch, width, n_layer, len(tokens), typed_keys(h, keys))
 
@@ -306,7 +142,7 @@ class _Plan:
     arch: str
     spec_type: str
     kv: list = field(default_factory=list)  # (key, value, GGUFValueType, sub type)
-    tensors: dict = field(default_factory=dict)  # gguf name -> _Source | np.ndarray
+    tensors: dict = field(default_factory=dict)  # gguf name -> Source | np.ndarray
     permute: dict = field(default_factory=dict)  # gguf name -> (n_head, n_head_kv)
     interleaved: dict = field(default_factory=dict)  # gguf name -> head dim (to NeoX order)
     mask: int | None = None  # tokenizer.ggml.mask_token_id
@@ -328,24 +164,24 @@ class _Dims:
 
 def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
     """Also: a head width that rope can rotate (even)."""
-    E = _int(cfg, "hidden_size", what)
-    n_head = _int(cfg, "num_attention_heads", what)
-    n_kv = _int(cfg, "num_key_value_heads", what, n_head)
-    hd = _int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
-    ff = _int(cfg, "intermediate_size", what)
-    n_layer = _int(cfg, "num_hidden_layers", what, 1, hi=256)
-    n_vocab = _int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
-    n_draft = _int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
+    E = cfg_int(cfg, "hidden_size", what)
+    n_head = cfg_int(cfg, "num_attention_heads", what)
+    n_kv = cfg_int(cfg, "num_key_value_heads", what, n_head)
+    hd = cfg_int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
+    ff = cfg_int(cfg, "intermediate_size", what)
+    n_layer = cfg_int(cfg, "num_hidden_layers", what, 1, hi=256)
+    n_vocab = cfg_int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
+    n_draft = cfg_int(cfg, "draft_vocab_size", what, n_vocab, hi=1 << 24)
     if n_head % n_kv:
-        raise _fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
+        raise fail(f"{what}: {n_head} attention heads do not divide into {n_kv} key-value heads")
     if hd % 2:
-        raise _fail(f"{what}: a head width of {hd} (head_dim, or hidden_size / "
+        raise fail(f"{what}: a head width of {hd} (head_dim, or hidden_size / "
                     "num_attention_heads): rope rotates pairs")
     if n_draft > n_vocab:
-        raise _fail(f"{what}: draft_vocab_size {n_draft:,} is more than vocab_size {n_vocab:,}")
+        raise fail(f"{what}: draft_vocab_size {n_draft:,} is more than vocab_size {n_vocab:,}")
     if n_vocab != tgt.n_vocab:
-        raise _mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
-                        f"{tgt.n_vocab:,}", _OTHER)
+        raise mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
+                        f"{tgt.n_vocab:,}", OTHER)
     return _Dims(E, n_head, n_kv, hd, ff, n_layer, n_vocab, n_draft)
 
 
@@ -366,34 +202,34 @@ def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray
     rope = _rope(cfg, what, d.hd)
     kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
     kv.append((f"{a}.attention.layer_norm_rms_epsilon",
-               _float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
+               cfg_float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
     if "head_dim" in cfg:
         kv += [(f"{a}.attention.key_length", d.hd, T.UINT32),
                (f"{a}.attention.value_length", d.hd, T.UINT32)]
     return [(k, v, t, None) for k, v, t in kv], rope[1]
 
 
-def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
+def _eagle3(ck: Checkpoint, src: dict[str, Source], tgt: _Target) -> _Plan:
     import gguf
 
     T = gguf.GGUFValueType
     cfg, raw, what = ck.config, ck.raw, f"{ck.architecture} head"
-    if _int(cfg, "num_hidden_layers", what, 1, hi=256) != 1:
-        raise _fail(f"{what}: {cfg['num_hidden_layers']} layers; an EAGLE-3 head has one")
+    if cfg_int(cfg, "num_hidden_layers", what, 1, hi=256) != 1:
+        raise fail(f"{what}: {cfg['num_hidden_layers']} layers; an EAGLE-3 head has one")
     d = _dims(cfg, what, tgt)
     E, n_head, n_kv, hd, ff, n_vocab, n_draft = (d.E, d.n_head, d.n_kv, d.hd, d.ff, d.n_vocab,
                                                  d.n_draft)
     width = raw.get("target_hidden_size")
-    width = tgt.width if width is None else _int(raw, "target_hidden_size", what)
+    width = tgt.width if width is None else cfg_int(raw, "target_hidden_size", what)
     layers = raw.get("eagle_aux_hidden_state_layer_ids")
     if layers:
         if not isinstance(layers, list) or len(layers) != 3 or not all(
                 isinstance(i, int) and not isinstance(i, bool) for i in layers):
-            raise _fail(f"{what}: eagle_aux_hidden_state_layer_ids = {layers!r} is not three "
+            raise fail(f"{what}: eagle_aux_hidden_state_layer_ids = {layers!r} is not three "
                         "layer ids")
     else:  # the converter's default: low, middle and high layers of the target
         layers = [2, tgt.n_layer // 2, tgt.n_layer - 3]
-    before_fc = _flag(raw, "norm_before_fc", what)
+    before_fc = cfg_flag(raw, "norm_before_fc", what)
     plan = _Plan("eagle3", "draft-eagle3")
     a = "eagle3"
     plan.kv, freqs = _base_keys(a, cfg, d, what)
@@ -403,7 +239,7 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                 (f"{a}.rope.dimension_count", hd, T.UINT32, None),
                 (f"{a}.target_layers", list(layers), T.ARRAY, T.INT32),
                 (f"{a}.target_hidden_size", width, T.UINT32, None),
-                (f"{a}.norm_before_residual", _flag(raw, "norm_before_residual", what),
+                (f"{a}.norm_before_residual", cfg_flag(raw, "norm_before_residual", what),
                  T.BOOL, None),
                 (f"{a}.norm_before_fc", before_fc, T.BOOL, None)]
     _fits(plan, tgt, str(ck.root))  # layers and width, before the tensors' shapes
@@ -415,12 +251,12 @@ def _eagle3(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         if name is None:
             continue
         if name in plan.tensors:
-            raise _fail(f"{what}: {key} and another tensor both map to {name}")
+            raise fail(f"{what}: {key} and another tensor both map to {name}")
         plan.tensors[name] = s
     fc = plan.tensors.get("fc.weight")
     if fc is not None and len(fc.shape) == 2 and fc.shape[1] != 3 * width:
-        raise _mismatch(f"{what}'s fc reads {fc.shape[1]:,} features (3 layers x "
-                        f"{fc.shape[1] / 3:g}); {tgt.path} is {tgt.width} wide", _OTHER)
+        raise mismatch(f"{what}'s fc reads {fc.shape[1]:,} features (3 layers x "
+                        f"{fc.shape[1] / 3:g}); {tgt.path} is {tgt.width} wide", OTHER)
     # the shapes llama.cpp's EAGLE-3 loader creates (src/models/eagle3.cpp), numpy order
     want = {"fc.weight": (E, 3 * width), "output_norm.weight": (E,),
             "blk.0.attn_norm.weight": (E,), "blk.0.attn_norm_2.weight": (E,),
@@ -453,29 +289,7 @@ _DFLASH_TOP = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.
                "confidence_head.proj.bias": "conf_proj.bias"}
 
 
-def _dflash_config(ck: Checkpoint, what: str) -> tuple[dict, bool]:
-    """(the head's dflash_config, whether its block's first token drafts): DSpark's two
-    flat schemas turned into DFlash's nested one, as DSparkModel.__init__ does."""
-    cfg, raw = ck.config, ck.raw
-    dcfg = cfg.get("dflash_config", {})
-    if not isinstance(dcfg, dict):
-        raise _fail(f"{what}: dflash_config in config.json is not an object")
-    if ck.architecture not in DSPARK_ARCHS:
-        return dcfg, True
-    anchor = raw.get("sample_from_anchor", "transformer_layer_config" not in raw
-                     and "aux_hidden_state_layer_ids" not in raw)
-    if not isinstance(anchor, bool):
-        raise _fail(f"{what}: sample_from_anchor = {anchor!r} is not true or false")
-    if "aux_hidden_state_layer_ids" in cfg:
-        aux = cfg["aux_hidden_state_layer_ids"]
-        if not isinstance(aux, list) or not all(isinstance(i, int) for i in aux):
-            raise _fail(f"{what}: aux_hidden_state_layer_ids = {aux!r} is not layer ids")
-        return {"mask_token_id": cfg.get("mask_token_id"),
-                "target_layer_ids": [i - 1 for i in aux], **dcfg}, anchor
-    return {k: cfg[k] for k in ("target_layer_ids", "mask_token_id") if k in cfg} | dcfg, anchor
-
-
-def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
+def _dflash(ck: Checkpoint, src: dict[str, Source], tgt: _Target) -> _Plan:
     """A DFlash or DSpark drafter on Qwen3 blocks (conversion/qwen.py's DFlashModel and
     DSparkModel): the target's layer states through fc into a few non-causal blocks."""
     import gguf
@@ -484,32 +298,32 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
     what = f"{ck.architecture} head"
     dspark = ck.architecture in DSPARK_ARCHS
     cfg = ck.config
-    dcfg, anchor = _dflash_config(ck, what)
+    dcfg, anchor = dflash_settings(ck, what)
     if dspark:
         if cfg.get("markov_head_type", "vanilla") != "vanilla":
-            raise _fail(f"{what}: markov_head_type {cfg.get('markov_head_type')!r}: llama.cpp "
+            raise fail(f"{what}: markov_head_type {cfg.get('markov_head_type')!r}: llama.cpp "
                         "runs the vanilla Markov head only")
     for unsupported in ("conv_kernel_size", "attention_value_scale"):
         if unsupported in dcfg:
-            raise _fail(f"{what}: dflash_config.{unsupported} (DFlash2's convolution and "
+            raise fail(f"{what}: dflash_config.{unsupported} (DFlash2's convolution and "
                         "selector) is not converted by specli yet",
                         "llama.cpp's convert_hf_to_gguf.py converts it")
     for pickle in ("mask_embedding.pt",):
         if (ck.root / pickle).exists():
-            raise _fail(f"{what}: {pickle} is a PyTorch pickle, which specli does not unpickle",
+            raise fail(f"{what}: {pickle} is a PyTorch pickle, which specli does not unpickle",
                         "llama.cpp's convert_hf_to_gguf.py converts it")
     d = _dims(cfg, what, tgt)
     ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids", []))
     if not isinstance(ids, list) or not ids or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise _fail(f"{what}: target_layer_ids = {ids!r} is not a list of layer ids")
+        raise fail(f"{what}: target_layer_ids = {ids!r} is not a list of layer ids")
     layers = [i + 1 for i in ids]  # the converter's: the input of the layer after
     mask = dcfg.get("mask_token_id")  # its range, with layers and width: _fits
     if mask is not None and (isinstance(mask, bool) or not isinstance(mask, int)):
-        raise _fail(f"{what}: mask_token_id = {mask!r} is not a token id")
+        raise fail(f"{what}: mask_token_id = {mask!r} is not a token id")
     block = dcfg.get("block_size", cfg.get("block_size", 16))
     if isinstance(block, bool) or not isinstance(block, int) or not 1 <= block <= 4096:
-        raise _fail(f"{what}: block_size = {block!r} is not a block size")
+        raise fail(f"{what}: block_size = {block!r} is not a block size")
     a = "dflash"
     plan = _Plan(a, "draft-dspark" if dspark else "draft-dflash")
     plan.kv, _ = _base_keys(a, cfg, d, what)  # Qwen3's converter makes no rope_freqs
@@ -517,7 +331,7 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                                           cfg.get("partial_rotary_factor"))
     if partial is not None:
         plan.kv.append((f"{a}.rope.dimension_count",
-                        int(d.hd * _float({"partial_rotary_factor": partial},
+                        int(d.hd * cfg_float({"partial_rotary_factor": partial},
                                           "partial_rotary_factor", what, 1.0, hi=1.0)),
                         T.UINT32, None))
     plan.kv.append((f"{a}.block_size", block, T.UINT32, None))
@@ -526,18 +340,18 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
                       ("input_embedding_scale", "embedding_scale")):
         v = dcfg.get(key, cfg.get(key))
         if v is not None and not (gkey == "final_logit_softcapping" and v == 0):
-            plan.kv.append((f"{a}.{gkey}", _float({key: v}, key, what, 1.0), T.FLOAT32, None))
+            plan.kv.append((f"{a}.{gkey}", cfg_float({key: v}, key, what, 1.0), T.FLOAT32, None))
     plan.kv.append((f"{a}.target_layers", layers, T.ARRAY, T.INT32))
     swa = dcfg.get("swa_window_size") or cfg.get("sliding_window")
     if (cfg.get("use_sliding_window") or dcfg.get("use_swa")) and swa:
         kinds = cfg.get("layer_types")
         if not dcfg.get("use_swa") and (not isinstance(kinds, list) or len(kinds) != d.n_layer):
-            raise _fail(f"{what}: sliding-window attention without layer_types naming each of "
+            raise fail(f"{what}: sliding-window attention without layer_types naming each of "
                         f"its {d.n_layer} layers")
         pattern = [True] * d.n_layer if dcfg.get("use_swa") else [
             k == "sliding_attention" for k in kinds]
         plan.kv += [(f"{a}.attention.sliding_window",
-                     _int({"w": swa}, "w", what, hi=1 << 24), T.UINT32, None),
+                     cfg_int({"w": swa}, "w", what, hi=1 << 24), T.UINT32, None),
                     (f"{a}.attention.sliding_window_pattern", pattern, T.ARRAY, T.BOOL)]
     causal = cfg.get("is_causal")
     if causal is None:
@@ -560,13 +374,13 @@ def _dflash(ck: Checkpoint, src: dict[str, _Source], tgt: _Target) -> _Plan:
         if name is None or (name == "output.weight" and not own_head):
             continue
         if name == "d2t" and not dspark:
-            raise _fail(f"{what}: a d2t map in a DFlash head (DSpark's only)",
+            raise fail(f"{what}: a d2t map in a DFlash head (DSpark's only)",
                         "llama.cpp's converter cannot map it either")
         if name in plan.tensors:
-            raise _fail(f"{what}: {key} and another tensor both map to {name}")
+            raise fail(f"{what}: {key} and another tensor both map to {name}")
         plan.tensors[name] = s
     if dspark and d.n_draft < d.n_vocab and "d2t" not in plan.tensors:
-        raise _fail(f"{what}: draft_vocab_size {d.n_draft:,} < vocab_size {d.n_vocab:,} but no "
+        raise fail(f"{what}: draft_vocab_size {d.n_draft:,} < vocab_size {d.n_vocab:,} but no "
                     "d2t map")
     E, hd = d.E, d.hd
     want = {"fc.weight": (E, len(layers) * E), "enc.output_norm.weight": (E,),
@@ -603,7 +417,7 @@ def _dflash_name(key: str, n_layer: int, what: str) -> str | None:
     if len(parts) == 3 and parts[0] == "layers" and parts[1].isascii() and \
             parts[1].isdecimal() and int(parts[1]) < n_layer and parts[2] in _DFLASH_BLOCK:
         return f"blk.{int(parts[1])}.{_DFLASH_BLOCK[parts[2]]}"
-    raise _fail(f"{what}: cannot map tensor {key!r} to llama.cpp's DFlash graph",
+    raise fail(f"{what}: cannot map tensor {key!r} to llama.cpp's DFlash graph",
                 "a layout llama.cpp's converter does not read either")
 
 
@@ -615,7 +429,7 @@ def _eagle3_name(key: str) -> str | None:
     for p in _BLOCK_PREFIXES:
         if key.startswith(p) and key[len(p):] in _BLOCK:
             return "blk.0." + _BLOCK[key[len(p):]]
-    raise _fail(f"EAGLE-3 head: cannot map tensor {key!r} to llama.cpp's EAGLE-3 graph",
+    raise fail(f"EAGLE-3 head: cannot map tensor {key!r} to llama.cpp's EAGLE-3 graph",
                 "a layout llama.cpp's converter does not read either")
 
 
@@ -623,21 +437,21 @@ def _check_shapes(have: dict, want: dict, optional: dict, what: str) -> None:
     """Every tensor wanted, of its shape; the optional ones of theirs; nothing else; a d2t
     map of integers."""
     d2t = have.get("d2t")
-    if isinstance(d2t, _Source) and d2t.dtype not in ("I64", "I32", "I16", "U32", "U16"):
-        raise _fail(f"{what}: d2t is {d2t.dtype}, not an integer map")
+    if isinstance(d2t, Source) and d2t.dtype not in ("I64", "I32", "I16", "U32", "U16"):
+        raise fail(f"{what}: d2t is {d2t.dtype}, not an integer map")
     for name, shape in {**want, **optional}.items():
         t = have.get(name)
         if t is None:
             if name in want:
-                raise _fail(f"{what}: no {name} tensor in the checkpoint")
+                raise fail(f"{what}: no {name} tensor in the checkpoint")
             continue
         got = tuple(t.shape)
         if got != shape:
-            raise _fail(f"{what}: {name} is {list(got)}, llama.cpp expects {list(shape)} from "
+            raise fail(f"{what}: {name} is {list(got)}, llama.cpp expects {list(shape)} from "
                         "config.json and the target")
     extra = sorted(set(have) - set(want) - set(optional))
     if extra:
-        raise _fail(f"{what}: {extra[0]} is not a tensor llama.cpp's graph loads",
+        raise fail(f"{what}: {extra[0]} is not a tensor llama.cpp's graph loads",
                     f"{len(extra)} such" if len(extra) > 1 else None)
 
 
@@ -646,10 +460,10 @@ def _rope_params(cfg: dict, what: str) -> dict:
     part where it has one), as the converter reads it."""
     params = cfg.get("rope_parameters", cfg.get("rope_scaling")) or {}
     if not isinstance(params, dict):
-        raise _fail(f"{what}: rope_scaling in config.json is not an object")
+        raise fail(f"{what}: rope_scaling in config.json is not an object")
     params = params.get("full_attention", params)
     if not isinstance(params, dict):
-        raise _fail(f"{what}: rope_scaling.full_attention in config.json is not an object")
+        raise fail(f"{what}: rope_scaling.full_attention in config.json is not an object")
     return params
 
 
@@ -664,40 +478,40 @@ def _rope(cfg: dict, what: str, hd: int):
     kind = params.get("rope_type", params.get("type"))
     keys, freqs = [], None
     if theta is not None:
-        keys.append(("rope.freq_base", _float({"rope_theta": theta}, "rope_theta", what, 1.0),
+        keys.append(("rope.freq_base", cfg_float({"rope_theta": theta}, "rope_theta", what, 1.0),
                      T.FLOAT32))
     factor = params.get("factor")
     if kind in (None, "default"):
         pass
     elif kind == "linear" and factor is not None:
         keys += [("rope.scaling.type", "linear", T.STRING),
-                 ("rope.scaling.factor", _float(params, "factor", what, 1.0), T.FLOAT32)]
+                 ("rope.scaling.factor", cfg_float(params, "factor", what, 1.0), T.FLOAT32)]
     elif kind == "yarn" and factor is not None:
         keys += [("rope.scaling.type", "yarn", T.STRING),
-                 ("rope.scaling.factor", _float(params, "factor", what, 1.0), T.FLOAT32),
+                 ("rope.scaling.factor", cfg_float(params, "factor", what, 1.0), T.FLOAT32),
                  ("rope.scaling.original_context_length",
-                  _int(params, "original_max_position_embeddings", what, hi=1 << 30),
+                  cfg_int(params, "original_max_position_embeddings", what, hi=1 << 30),
                   T.UINT32)]
         for k, g in (("extrapolation_factor", "yarn_ext_factor"),
                      ("attention_factor", "yarn_attn_factor"),
                      ("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow")):
             if params.get(k) is not None:
-                keys.append((f"rope.scaling.{g}", _float(params, k, what, 1.0), T.FLOAT32))
+                keys.append((f"rope.scaling.{g}", cfg_float(params, k, what, 1.0), T.FLOAT32))
     elif isinstance(kind, str) and kind.lower() == "llama3":
-        base = _float({"t": theta if theta is not None else 10000.0}, "t", what, 1.0)
+        base = cfg_float({"t": theta if theta is not None else 10000.0}, "t", what, 1.0)
         freqs = _llama3_factors(params, what, base, hd)
     else:
-        raise _fail(f"{what}: rope type {kind!r} in config.json is not one specli converts")
+        raise fail(f"{what}: rope type {kind!r} in config.json is not one specli converts")
     return keys, freqs
 
 
 def _llama3_factors(p: dict, what: str, base: float, dim: int) -> np.ndarray:
     """Llama 3's rope frequency factors (the rope_freqs tensor): 1 for short wavelengths,
     `factor` for long ones, a smooth ramp between."""
-    factor = _float(p, "factor", what, 8.0)
-    low = _float(p, "low_freq_factor", what, 1.0)
-    high = _float(p, "high_freq_factor", what, 4.0)
-    old = _float(p, "original_max_position_embeddings", what, 8192)
+    factor = cfg_float(p, "factor", what, 8.0)
+    low = cfg_float(p, "low_freq_factor", what, 1.0)
+    high = cfg_float(p, "high_freq_factor", what, 4.0)
+    old = cfg_float(p, "original_max_position_embeddings", what, 8192)
     freqs = 1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
     wavelen = 2 * math.pi / freqs.astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):  # low == high: no ramp to take
@@ -720,7 +534,7 @@ def _outtype(plan: _Plan, outtype: str) -> str:
     if outtype != "auto":
         return outtype
     for t in plan.tensors.values():  # base.py's heuristic: the first bf16 or f16 matrix
-        if isinstance(t, _Source) and len(t.shape) >= 2 and t.dtype in ("BF16", "F16"):
+        if isinstance(t, Source) and len(t.shape) >= 2 and t.dtype in ("BF16", "F16"):
             return t.dtype.lower()
     return "f16"
 
@@ -734,14 +548,14 @@ def _qtype(name: str, ndim: int, ftype: str):
     return {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0}[ftype]
 
 
-def _load(s: _Source) -> np.ndarray:
+def _load(s: Source) -> np.ndarray:
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(s.file), framework="np") as st:
             return st.get_tensor(s.key)
     except (SafetensorError, OSError, ValueError, TypeError) as e:
-        raise _fail(f"{s.file}: cannot read tensor {s.key}: {str(e)[:200]}") from e
+        raise fail(f"{s.file}: cannot read tensor {s.key}: {str(e)[:200]}") from e
 
 
 def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
@@ -754,13 +568,13 @@ def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
     if name == "d2t":  # offsets in the checkpoint, absolute target ids in the GGUF
         ids = a.astype(np.int64).reshape(-1) + np.arange(a.size, dtype=np.int64)
         if np.any((ids < 0) | (ids >= n_vocab)):
-            raise _mismatch(f"d2t maps to target ids outside the target's {n_vocab:,} tokens",
-                            _OTHER)
+            raise mismatch(f"d2t maps to target ids outside the target's {n_vocab:,} tokens",
+                            OTHER)
         if np.unique(ids).size != ids.size:
-            raise _fail("d2t maps two draft tokens to one target token")
+            raise fail("d2t maps two draft tokens to one target token")
         return ids, gguf.GGMLQuantizationType.I64
     if a.dtype.kind != "f" and a.dtype.name != "bfloat16":
-        raise _fail(f"{t.file.name}: tensor {t.key} is {t.dtype}, not floating point")
+        raise fail(f"{t.file.name}: tensor {t.key} is {t.dtype}, not floating point")
     if name in plan.permute:
         a = _permute(a, *plan.permute[name])
     if name in plan.interleaved:  # per head, the even dims first, then the odd
@@ -782,99 +596,13 @@ def _data(name: str, t, plan: _Plan, ftype: str, n_vocab: int):
         return a.astype(np.float16), Q.F16
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What a head checkpoint is, from its config and headers alone (no target): `info`
-    and `check-pair` show it."""
-
-    path: str
-    architecture: str
-    spec_type: str
-    width: int | None  # the head's own
-    target_width: int | None  # None: the target's, whatever it is
-    layers: tuple[int, ...] | None  # None: the converter's default for the target
-    n_vocab: int | None
-    n_draft: int | None  # its own output vocabulary (through d2t), if it has one
-    variants: tuple[str, ...]
-    tensors: tuple[tuple[str, str, tuple[int, ...]], ...]  # (name, dtype, shape)
-    n_bytes: int
-
-    def text(self) -> str:
-        layers = ", ".join(map(str, self.layers)) if self.layers else "the target's default"
-        out = (f"{self.spec_type}: {self.architecture}, width {self.width}, target layers "
-               f"{layers}, target width {self.target_width or 'the target' + chr(39) + 's'}")
-        if self.n_draft is not None and self.n_vocab is not None and self.n_draft != self.n_vocab:
-            out += f", {self.n_draft:,} of {self.n_vocab:,} tokens through d2t"
-        return out + "".join(f", {v}" for v in self.variants)
-
-    def to_dict(self) -> dict:
-        return {"path": self.path, "architecture": self.architecture, "type": self.spec_type,
-                "hidden_size": self.width, "target_hidden_size": self.target_width,
-                "target_layers": list(self.layers) if self.layers else None,
-                "vocab_size": self.n_vocab, "draft_vocab_size": self.n_draft,
-                "variants": list(self.variants), "bytes": self.n_bytes,
-                "tensors": [{"name": n, "dtype": d, "shape": list(sh)}
-                            for n, d, sh in self.tensors]}
-
-
-def _kind(ck: Checkpoint) -> str:
-    """The head type a checkpoint's architecture is; HeadCheckpointError for another."""
-    arch = ck.architecture
-    if arch in EAGLE3_ARCHS or (  # the converter's test for a llama-named head
-            arch in LLAMA_ARCHS and "draft_vocab_size" in ck.config
-            and ck.config.get("num_hidden_layers") == 1):
-        return "draft-eagle3"
-    if arch in DFLASH_ARCHS or arch in DSPARK_ARCHS:
-        return "draft-dspark" if arch in DSPARK_ARCHS else "draft-dflash"
-    if arch in LATER_ARCHS:
-        raise _fail(f"{arch}: specli does not convert this head yet",
-                    "llama.cpp's convert_hf_to_gguf.py --target-model-dir converts it")
-    raise _fail(f"{arch}: not a draft-head architecture specli knows",
-                "EAGLE-3: " + ", ".join(EAGLE3_ARCHS) + "; DFlash and DSpark: "
-                + ", ".join(DFLASH_ARCHS + DSPARK_ARCHS))
-
-
-def describe(checkpoint: str | os.PathLike, within=None) -> CheckpointInfo:
-    """The checkpoint in a folder, from its config and safetensors headers."""
-    ck = read_checkpoint(checkpoint, within)
-    kind = _kind(ck)
-    src = _index(ck.files)
-    cfg, raw = ck.config, ck.raw
-
-    def num(d: dict, k: str) -> int | None:
-        v = d.get(k)
-        return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-    if kind == "draft-eagle3":
-        layers = raw.get("eagle_aux_hidden_state_layer_ids")
-    else:  # DFlash's ids name the layer before the one whose input is read
-        ids = _dflash_config(ck, f"{ck.architecture} head")[0].get(
-            "target_layer_ids", cfg.get("target_layer_ids"))
-        layers = [i + 1 for i in ids if isinstance(i, int)] if isinstance(ids, list) else None
-    layers = tuple(layers) if isinstance(layers, list) and all(
-        isinstance(i, int) for i in layers) and layers else None
-    variants = tuple(k for k in ("norm_before_residual", "norm_before_fc") if raw.get(k) is True)
-    if "embed_tokens.weight" in src or "model.embed_tokens.weight" in src:
-        variants += ("its own token embeddings",)
-    n = sum(math.prod(t.shape) * _BYTES.get(t.dtype, 4) for t in src.values())
-    width = num(raw, "target_hidden_size") if kind == "draft-eagle3" else num(cfg, "hidden_size")
-    return CheckpointInfo(str(ck.root), ck.architecture, kind, num(cfg, "hidden_size"),
-                          width, layers, num(cfg, "vocab_size"),
-                          num(cfg, "draft_vocab_size"), variants,
-                          tuple((t.key, t.dtype, t.shape) for t in src.values()), n)
-
-
-_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2,
-          "I16": 2, "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
 def plan_head(checkpoint: str | os.PathLike, target: str, within=None):
     """(the checkpoint, its conversion plan, the target): every check made, no weight
     read. HeadCheckpointError naming the first problem."""
     ck = read_checkpoint(checkpoint, within)
     tgt = _target(target)
-    kind = _kind(ck)
-    src = _index(ck.files)
+    kind = head_kind(ck)
+    src = tensor_index(ck.files)
     return ck, (_eagle3 if kind == "draft-eagle3" else _dflash)(ck, src, tgt), tgt
 
 
@@ -892,7 +620,7 @@ def _fits(plan: _Plan, tgt: _Target, path: str) -> None:
     try:
         check_head(tgt.header, info)
     except IncompatiblePairError as e:
-        raise _mismatch(e.message, e.hint) from e
+        raise mismatch(e.message, e.hint) from e
 
 
 def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathLike, *,
@@ -905,18 +633,18 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
     from specli import loadable
 
     if outtype not in OUTTYPES:
-        raise _fail(f"--outtype {outtype}: one of {', '.join(OUTTYPES)}")
+        raise fail(f"--outtype {outtype}: one of {', '.join(OUTTYPES)}")
     t0 = time.perf_counter()
     ck, plan, tgt = plan_head(checkpoint, target, within)
     ftype = _outtype(plan, outtype)
     out = Path(out)
     if out.is_dir():
-        raise _fail(f"-o {out} is a directory", "name the .gguf file to write")
+        raise fail(f"-o {out} is a directory", "name the .gguf file to write")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise _fail(f"-o {out}: the folder {parent} does not exist")
+        raise fail(f"-o {out}: the folder {parent} does not exist")
     if out.exists() and any(out.resolve() == Path(p).resolve() for p in (target, *ck.files)):
-        raise _fail(f"-o {out} is an input of the conversion", "name a new file")
+        raise fail(f"-o {out} is an input of the conversion", "name a new file")
     tmp = parent / f".{out.name}.{os.getpid()}.part"
     written = 0
     try:
@@ -947,13 +675,13 @@ def convert_head(checkpoint: str | os.PathLike, target: str, out: str | os.PathL
             os.fsync(f.fileno())
         why = loadable.problem(str(tmp))
         if why:  # a bug's net: the plan was checked against headmeta's policy already
-            raise _fail(f"the converted head would not load: {why}")
+            raise fail(f"the converted head would not load: {why}")
         os.replace(tmp, out)
     except OSError as e:
-        raise _fail(f"cannot write {out}: {e.strerror or e}") from e
+        raise fail(f"cannot write {out}: {e.strerror or e}") from e
     except (ValueError, TypeError, OverflowError, struct.error) as e:  # a value the GGUF
         # writer cannot store: a bug's net, as every value is checked before
-        raise _fail(f"cannot write {out}: {type(e).__name__}: {str(e)[:200]}") from e
+        raise fail(f"cannot write {out}: {type(e).__name__}: {str(e)[:200]}") from e
     finally:
         try:
             tmp.unlink(missing_ok=True)
@@ -1016,7 +744,7 @@ def cached_head(checkpoint: Path, within: Path, repo: str, commit: str, target: 
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise _fail(f"cannot create {out.parent}: {e.strerror or e}",
+        raise fail(f"cannot create {out.parent}: {e.strerror or e}",
                     "set SPECLI_CACHE_DIR to a writable folder") from e
     convert_head(checkpoint, target, out, outtype=outtype, within=within,
                  name=repo.rsplit("/", 1)[-1], progress=progress)

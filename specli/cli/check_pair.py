@@ -92,7 +92,8 @@ def check_pair(
 
 def _checkpoint(target: Path, checkpoint: Path, json_out: bool) -> None:
     """A head checkpoint against a target: everything convert-head checks, from headers."""
-    from specli.headconvert import HeadMismatch, describe, plan_head
+    from specli.headckpt import HeadMismatch, describe
+    from specli.headconvert import plan_head
 
     loadable.check_file(str(target))
     info = describe(checkpoint)

@@ -152,7 +152,7 @@ def _id(token: int | None, add: bool | None = None) -> str:
 
 
 def _checkpoint(path: Path, json_out: bool) -> None:
-    from specli.headconvert import describe
+    from specli.headckpt import describe
 
     c = describe(path)
     if json_out:
