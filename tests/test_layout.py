@@ -184,3 +184,10 @@ def test_the_scripts_import_what_exists():
                             f"{node.module}.{alias.name}") is None:
                         missing.append(f"{path.name}: {node.module}.{alias.name}")
     assert not missing, missing
+
+
+def test_no_module_over_800_lines():
+    """A module a newcomer can read through (issue 58): split one that grows past this."""
+    long = {str(p.relative_to(PKG)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 800}
+    assert not long, long
