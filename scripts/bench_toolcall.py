@@ -1,27 +1,37 @@
-"""How long reading a streamed answer takes, per tool-call family, on hostile answers.
+"""How long reading a streamed answer takes, per tool-call family, on long and hostile answers.
 
-    python scripts/bench_toolcall.py [--chars 16000] [--piece 4]
+    python scripts/bench_toolcall.py [--chars 16000 64000] [--piece 4]
 
-`specli serve` reads a streamed answer again as each piece arrives (toolcall.Splitter), so
-what one reading costs is paid once per token. Each answer here is what a model may be led
-to write (openers without closers, nesting, a JSON answer under way, markers on one long
-line); the table is the worst family's total seconds for the whole stream, fed `--piece`
-characters at a time. Everything runs in this process: no model, no server.
+`specli serve` reads a streamed answer as each piece arrives (toolstream.Splitter, which keeps
+its place: the total should grow linearly with the answer). Each answer here is either what
+models write at length (code as text, a call whose argument is a long file, a long GPT-OSS
+answer) or what a model may be led to write (openers without closers, nesting, a JSON answer
+under way, markers on one long line); the table is the worst family's total seconds for the
+whole stream, fed `--piece` characters at a time, at each length, and the last column the
+ratio of the longest to the shortest (4x the characters: linear reading gives about 4).
+Everything runs in this process: no model, no server.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 from specli import toolcall as tc
+from specli.toolstream import Splitter
 
 TOOLS = [{"type": "function", "function": {"name": "edit", "parameters": {"type": "object"}}}]
 
 
 def answers(n: int) -> dict[str, str]:
     ds = tc.DS_CALL + "function" + tc.DS_SEP
+    code = json.dumps("def f(x):\n    return x < 3 and [x, {'a': 1}]\n" * (n // 45))
     return {
+        "a call with a long argument": f'<tool_call>{{"name": "edit", "arguments": '
+                                        f'{{"text": {code}}}}}</tool_call>',
+        "a long GPT-OSS answer": "<|channel|>final<|message|>" + "Some words, and more. " * (
+            n // 22),
         "plain code": "def f(x):\n    return x < 3 and [x, {'a': 1}]\n" * (n // 45),
         "[ repeated": "[" * n,
         "unclosed objects": '{"a":' * (n // 5),
@@ -37,25 +47,34 @@ def answers(n: int) -> dict[str, str]:
     }
 
 
+def _worst(text: str, piece: int, fams: dict) -> tuple[float, str]:
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
+    worst = (0.0, "")
+    for name, fam in fams.items():
+        s = Splitter(fam, TOOLS)
+        t0 = time.perf_counter()
+        for p in pieces:
+            s.feed(p)
+        s.finish()
+        worst = max(worst, (time.perf_counter() - t0, name))
+    return worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--chars", type=int, default=16000)
+    ap.add_argument("--chars", type=int, nargs="+", default=[16000, 64000])
     ap.add_argument("--piece", type=int, default=4)
     a = ap.parse_args()
     fams = {f.name: f for _, f in tc.FAMILIES} | {"generic": tc.GENERIC}
-    print(f"| answer ({a.chars} characters, {a.piece} a piece) | worst family | seconds |")
-    print("|---|---|---:|")
-    for what, text in answers(a.chars).items():
-        pieces = [text[i:i + a.piece] for i in range(0, len(text), a.piece)]
-        worst = (0.0, "")
-        for name, fam in fams.items():
-            s = tc.Splitter(fam, TOOLS)
-            t0 = time.perf_counter()
-            for p in pieces:
-                s.feed(p)
-            s.finish()
-            worst = max(worst, (time.perf_counter() - t0, name))
-        print(f"| {what} | {worst[1]} | {worst[0]:.2f} |")
+    sizes = sorted(a.chars)
+    print(f"| answer ({a.piece} characters a piece) | worst family | "
+          + " | ".join(f"{n} chars, s" for n in sizes) + " | ratio |")
+    print("|---|---|" + "---:|" * (len(sizes) + 1))
+    for what in answers(sizes[0]):
+        got = [_worst(answers(n)[what], a.piece, fams) for n in sizes]
+        ratio = got[-1][0] / max(got[0][0], 1e-9)
+        print(f"| {what} | {got[-1][1]} | " + " | ".join(f"{t:.3f}" for t, _ in got)
+              + f" | {ratio:.1f} |")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ requires one. A template that never renders tool calls gets the generic format (
 older fallback): the tools listed in the system prompt and an answer in JSON, either
 {"tool_calls": [...]} or {"response": "..."}, kept to by a grammar.
 
-`parse` turns a finished answer into content, reasoning and calls; `Splitter` does the same for
-a stream, token by token, holding back any text that may still become a marker.
+`parse` turns a finished answer into content, reasoning and calls; toolstream.Splitter does the
+same for a stream, token by token, holding back any text that may still become a marker.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _lit(s: str) -> str:
     return out.replace("\\/", "/")
 
 
-def _json_at(text: str, at: int) -> tuple[object, int] | None:
+def json_at(text: str, at: int) -> tuple[object, int] | None:
     """The JSON value starting at `at` (after blanks) and where it ends; None if it is not
     complete there."""
     n = len(text)
@@ -119,12 +119,12 @@ def _json_text(value) -> str | None:
     Python reads (a complex number, a set, an Ellipsis), an integer past Python's limit on
     converting digits, NaN, or nesting past the encoder's depth."""
     try:
-        return _unicode(json.dumps(value, ensure_ascii=False, allow_nan=False))
+        return utf8_safe(json.dumps(value, ensure_ascii=False, allow_nan=False))
     except (TypeError, ValueError, RecursionError):
         return None
 
 
-def _unicode(text: str) -> str:
+def utf8_safe(text: str) -> str:
     """text with any lone UTF-16 surrogate (a model's JSON may spell one, "\\ud800") as
     U+FFFD: no UTF-8 encoder takes it, and a client's reply is UTF-8."""
     try:
@@ -134,7 +134,7 @@ def _unicode(text: str) -> str:
     return text
 
 
-def _args_text(value) -> str | None:
+def args_text(value) -> str | None:
     """A call's arguments as the JSON text of an object, from an object or from text that
     holds one (OpenAI's own form); None for anything else (a string that is no object, an
     array, a number, a value with no JSON form): no call, the answer stays text."""
@@ -158,7 +158,7 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
         out, at, brackets = [], 0, _OPENING
         while (m := brackets.search(region, at)) is not None:
             start = m.start()
-            got = _json_at(region, start)
+            got = json_at(region, start)
             if got is None:
                 if region[start] == "[":  # a marker's bracket ([TOOL_CALLS]), or a list
                     at, brackets = start + 1, _BRACE  # under way whose complete objects
@@ -167,7 +167,7 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
             value, at = got
             for v in value if isinstance(value, list) else [value]:
                 if isinstance(v, dict) and isinstance(v.get(name_key), str):
-                    args = _args_text(v.get(args_key, v.get("arguments",
+                    args = args_text(v.get(args_key, v.get("arguments",
                                                             v.get("parameters", {}))))
                     ident = v.get(id_key) if id_key else None
                     out.append((v[name_key], args, None if ident is None else
@@ -187,11 +187,11 @@ def _marked_calls(pattern: str, name: int = 1, ident: int | None = None) -> Call
     def calls(region: str, tools: Sequence[dict]) -> list:
         out, at = [], 0
         while (m := rx.search(region, at)) is not None:
-            got = _json_at(region, m.end())
+            got = json_at(region, m.end())
             if got is None:
                 return out
             value, at = got
-            out.append((m.group(name).strip(), _args_text(value),
+            out.append((m.group(name).strip(), args_text(value),
                         m.group(ident) if ident else None))
         return out
     return calls
@@ -326,10 +326,10 @@ def _literal(src: str, node: ast.expr):
 
 
 def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
-    got = _json_at(region, region.find("[") if "[" in region else 0)
+    got = json_at(region, region.find("[") if "[" in region else 0)
     if got is None or not isinstance(got[0], list):
         return []
-    return [(k, _args_text(v), None) for d in got[0] if isinstance(d, dict)
+    return [(k, args_text(v), None) for d in got[0] if isinstance(d, dict)
             for k, v in d.items()]
 
 
@@ -337,34 +337,35 @@ def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
 # final: the answer), a call where the header names `to=functions.NAME`. Read by a scan,
 # linear in the text: a lazy regex over the whole answer was cubic over a stream of an
 # answer without markers (18,000 characters took minutes)
-_HARMONY_END = re.compile(r"<\|(?:end|call|return|start)\|>")
+HARMONY_END = re.compile(r"<\|(?:end|call|return|start)\|>")
 
 
-def _harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
+def harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
     reasoning, content, calls = [], [], []
     pos = 0
     while (at := text.find("<|message|>", pos)) >= 0:
         header, start = text[pos:at], at + len("<|message|>")
-        end = _HARMONY_END.search(text, start)
+        end = HARMONY_END.search(text, start)
         pos = end.start() if end else len(text)
         body, done = text[start:pos], end is not None or final
         to = re.search(r"to=functions\.([\w.-]+)", header)
         if to is not None:
-            got = _json_at(body, 0) if done else None
-            args = _args_text(got[0]) if got and not body[got[1]:].strip() else None
+            got = json_at(body, 0) if done else None
+            args = args_text(got[0]) if got and not body[got[1]:].strip() else None
             if args is not None:
-                calls.append(ToolCall(to.group(1), args, ""))  # _named gives ids
+                calls.append(ToolCall(to.group(1), args, ""))  # named gives ids
             elif done:  # no call: its text, as written
                 content.append(body)
         elif "analysis" in header:
-            reasoning.append(body if done else _unmarked(body))
+            reasoning.append(body if done else unmarked(body))
         else:
-            content.append(body if done else _unmarked(body))
+            content.append(body if done else unmarked(body))
     if not calls and not reasoning and not content and "<|message|>" not in text:
-        # no channel written (yet: an answer that starts with a header is held until its
-        # <|message|>)
-        content.append(text if final else "" if text.lstrip().startswith("<|")
-                       else _unmarked(text))
+        # no channel written (yet: an answer that starts with a header, or blanks so far, is
+        # held until its <|message|>)
+        lead = text.lstrip()
+        content.append(text if final else "" if lead.startswith("<|") or "<|".startswith(lead)
+                       else unmarked(text))
     return Parsed("".join(content), "".join(reasoning), tuple(calls))
 
 
@@ -381,16 +382,16 @@ def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         head = text[pos:] if nl < 0 else text[pos:nl]
         if nl < 0 and not final and (not head or _RECIPIENT.fullmatch(head)):
             break  # `all` or a name still being written
-        got = _json_at(text, nl + 1) if nl >= 0 and tools and head != "all" and \
+        got = json_at(text, nl + 1) if nl >= 0 and tools and head != "all" and \
             _RECIPIENT.fullmatch(head) else None
-        args = _args_text(got[0]) if got is not None else None
+        args = args_text(got[0]) if got is not None else None
         if args is None:
             got = None  # arguments that are no JSON object: no call
         tail = text[got[1]:].lstrip() if got is not None else ""
         if head == "all" and nl >= 0:  # the answer's text, up to the next message
             end = text.find(">>>", nl + 1) if tools else -1
             body = text[nl + 1:] if end < 0 else text[nl + 1:end]
-            content.append(body if final or end >= 0 else _held(body, (">>>",)))
+            content.append(body if final or end >= 0 else held(body, (">>>",)))
         elif got is not None and (not tail or tail.startswith(">>>") or
                                   not final and ">>>".startswith(tail)):
             # a call: its JSON is read whole first, so a `>>>` inside it is its own
@@ -401,19 +402,19 @@ def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
         else:  # neither the answer's text nor a call: text as it was written
             end = text.find(">>>", pos) if tools else -1
             seg = lead + (text[pos:] if end < 0 else text[pos:end])
-            content.append(seg if final or end >= 0 else _held(seg, (">>>",)))
+            content.append(seg if final or end >= 0 else held(seg, (">>>",)))
         if end < 0:
             break
         pos, lead = end + 3, ">>>"
     return Parsed("".join(content), "", tuple(calls))
 
 
-def _unmarked(text: str) -> str:
+def unmarked(text: str) -> str:
     """text up to a special token still being written (`<|` without its `|>`)."""
     at = text.rfind("<|")
     if at >= 0 and text.find("|>", at + 2) < 0:
         return text[:at]
-    return _held(text, ("<|",))
+    return held(text, ("<|",))
 
 
 def _seq(*parts: str) -> Callable[[int, str], str]:
@@ -464,7 +465,7 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         think=("[THINK]", "[/THINK]"), call_gbnf=_seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
         wrap=_repeat())),
     (lambda t: "<|channel|>" in t, Family(
-        "gpt-oss", (), lambda r, t: [], think=None, parse_all=_harmony,
+        "gpt-oss", (), lambda r, t: [], think=None, parse_all=harmony,
         call_gbnf=_seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
                        "ARGS"), wrap=_repeat())),
     (lambda t: "<|tool_calls_section_begin|>" in t and "<|tool_call_begin|>" in t, Family(
@@ -559,7 +560,7 @@ def family(template: str, renders_calls: bool) -> Family:
 
 # -- reading an answer ---------------------------------------------------------------------
 
-def _held(text: str, markers: Sequence[str]) -> str:
+def held(text: str, markers: Sequence[str]) -> str:
     """text without a tail that may still grow into one of the markers."""
     cut = len(text)
     for m in markers:
@@ -589,13 +590,13 @@ def split_reasoning(text: str, think: tuple[str, str] | None, forced_open: bool,
         body = lead[len(start):]
     at = body.find(end)
     if at < 0:
-        return (body if final else _held(body, (end,))), "", False
+        return (body if final else held(body, (end,))), "", False
     return body[:at], body[at + len(end):], True
 
 
-def _generic(text: str, final: bool) -> Parsed:
+def read_generic(text: str, final: bool) -> Parsed:
     lead = text.lstrip()
-    got = _json_at(lead, 0) if lead.startswith("{") else None
+    got = json_at(lead, 0) if lead.startswith("{") else None
     if got is None:
         if lead.startswith("{") and not final:  # a JSON answer under way: its response so far
             m = re.match(r'\{\s*"response"\s*:\s*"', lead)
@@ -610,24 +611,24 @@ def _generic(text: str, final: bool) -> Parsed:
         return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
-        return Parsed(_unicode(r) if isinstance(r, str) else _json_text(r) or text)
+        return Parsed(utf8_safe(r) if isinstance(r, str) else _json_text(r) or text)
     return Parsed(text)
 
 
-_STRING_BODY = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\[^u])*')
+STRING_BODY = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\[^u])*')
 
 
 def _partial_string(s: str) -> str:
     """The decoded part of a JSON string's body that has arrived (up to its closing quote,
     not into an escape cut short)."""
-    i = _STRING_BODY.match(s).end()
+    i = STRING_BODY.match(s).end()
     try:
         out = json.loads('"' + s[:i] + '"')
     except ValueError:
         return ""
     if out and "\ud800" <= out[-1] <= "\udbff":  # a pair's first half: its second may come
         out = out[:-1]
-    return _unicode(out)
+    return utf8_safe(out)
 
 
 def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bool = False,
@@ -638,8 +639,8 @@ def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bo
     if fam.parse_all is not None:
         p = fam.parse_all(text, tools, final)
         if reasoning_format == "none" and p.reasoning:
-            p = Parsed(text if final else _held(text, ("<|",)), "", p.calls)
-        return _named(p, ids, fam) if parse_calls else Parsed(p.content, p.reasoning)
+            p = Parsed(text if final else held(text, ("<|",)), "", p.calls)
+        return named(p, ids, fam) if parse_calls else Parsed(p.content, p.reasoning)
     if reasoning_format == "none":
         reasoning, rest = "", (f"{fam.think[0]}{text}" if forced_open and fam.think
                                else text)
@@ -648,8 +649,8 @@ def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bo
         if not closed:
             return Parsed("", reasoning)
     if fam.name == "generic":
-        p = _generic(rest, final) if parse_calls else Parsed(rest)
-        return _named(Parsed(p.content, reasoning, p.calls), ids, fam)
+        p = read_generic(rest, final) if parse_calls else Parsed(rest)
+        return named(Parsed(p.content, reasoning, p.calls), ids, fam)
     at = min((i for i in (rest.find(o) for o in fam.openers) if i >= 0), default=-1) \
         if parse_calls and fam.openers else -1
     before, region = (rest, "") if at < 0 else (rest[:at], rest[at:])
@@ -659,15 +660,15 @@ def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bo
     if final and region and not calls:  # an opener that began no call: it was text
         before, region = rest, ""
     if not final and not region:
-        before = _held(before, (*fam.openers, *(fam.content_wrap or ())) if parse_calls
+        before = held(before, (*fam.openers, *(fam.content_wrap or ())) if parse_calls
                        else (fam.content_wrap or ()))
     if fam.content_wrap is not None:
         before = before.replace(fam.content_wrap[0], "").replace(fam.content_wrap[1], "")
     out = Parsed(before, reasoning, tuple(ToolCall(n, a, i or "") for n, a, i in calls))
-    return _named(out, ids, fam)
+    return named(out, ids, fam)
 
 
-def _named(p: Parsed, ids: list[str] | None, fam: Family) -> Parsed:
+def named(p: Parsed, ids: list[str] | None, fam: Family) -> Parsed:
     """Calls without an id of their own get one, the same one each time the stream is read
     again (ids: the ids given so far, by position)."""
     ids = [] if ids is None else ids
@@ -677,41 +678,6 @@ def _named(p: Parsed, ids: list[str] | None, fam: Family) -> Parsed:
             ids.append(c.id or new_id(fam.id_length))
         calls.append(ToolCall(c.name, c.arguments, ids[k]))
     return Parsed(p.content, p.reasoning, tuple(calls))
-
-
-@dataclass
-class Splitter:
-    """A streamed answer read as it comes: feed() each piece of text, get back the new
-    reasoning, the new content and the calls completed since (OpenAI's deltas)."""
-
-    fam: Family
-    tools: Sequence[dict] = ()
-    forced_open: bool = False
-    reasoning_format: str = "deepseek"
-    parse_calls: bool = True
-    text: str = ""
-    sent: Parsed = field(default_factory=lambda: Parsed(""))
-    ids: list[str] = field(default_factory=list)
-
-    def feed(self, piece: str, final: bool = False) -> Parsed:
-        self.text += piece
-        now = parse(self.fam, self.text, self.tools, forced_open=self.forced_open,
-                    reasoning_format=self.reasoning_format, parse_calls=self.parse_calls,
-                    final=final, ids=self.ids)
-        old = self.sent
-        delta = Parsed(_grown(old.content, now.content), _grown(old.reasoning, now.reasoning),
-                       now.calls[len(old.calls):])
-        self.sent = Parsed(old.content + delta.content, old.reasoning + delta.reasoning,
-                           old.calls + delta.calls)
-        return delta
-
-    def finish(self) -> Parsed:
-        return self.feed("", final=True)
-
-
-def _grown(old: str, new: str) -> str:
-    # what was sent is never taken back; a reading that is not an extension adds nothing
-    return new[len(old):] if new.startswith(old) else ""
 
 
 # -- the grammar of a required call --------------------------------------------------------

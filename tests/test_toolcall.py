@@ -9,7 +9,8 @@ import json
 import pytest
 
 from specli import toolcall
-from specli.toolcall import GENERIC, Splitter, family, parse
+from specli.toolcall import GENERIC, family, parse
+from specli.toolstream import Splitter
 
 TOOLS = [{"type": "function", "function": {
     "name": "special_function", "parameters": {
@@ -169,6 +170,47 @@ def test_a_stream_splits_the_same_token_by_token(name, text, content, reasoning,
     assert (got_content, got_reasoning) == (whole.content, whole.reasoning)
     assert [(c.name, c.arguments) for c in got_calls] == \
         [(c.name, c.arguments) for c in whole.calls]
+
+
+LONG = "x = [1, 2] if a < b else {'k': 3}\n" * 120  # past toolstream.SMALL
+
+
+def _streams(fam, text, sizes, **kw) -> tuple[str, str, list]:
+    s = Splitter(fam, TOOLS, **kw)
+    content, reasoning, calls, i, k = "", "", [], 0, 0
+    while i < len(text):
+        n = sizes[k % len(sizes)]
+        d = s.feed(text[i:i + n])
+        content, reasoning, calls, i, k = (content + d.content, reasoning + d.reasoning,
+                                           calls + list(d.calls), i + n, k + 1)
+    d = s.finish()
+    return content + d.content, reasoning + d.reasoning, calls + list(d.calls)
+
+
+@pytest.mark.parametrize("fmt,parse_calls", [("deepseek", True), ("none", True),
+                                             ("deepseek", False)])
+@pytest.mark.parametrize("name,text,content,reasoning,calls", CASES)
+def test_a_stream_in_any_pieces_adds_up_to_the_whole_reading(name, text, content, reasoning,
+                                                              calls, fmt, parse_calls):
+    """The stream's reader keeps its place (toolstream): in pieces of any size, with blanks
+    before the answer, long text before and inside it (past the size up to which a region is
+    read again whole at every piece), every reading option, its deltas add up to the
+    finished answer's reading, calls and their ids included."""
+    fam = _fam(name)
+    kw = dict(forced_open=_forced(name, text), reasoning_format=fmt, parse_calls=parse_calls)
+    variants = [text, "  \n" + text, text.replace("thinking", "thinking " + LONG)]
+    if name != "functionary-v3.2":  # (a call with text after it is none; a stream sends it
+        variants.append(text + LONG)  # once complete, before the text comes)
+    if name != "gpt-oss":  # (harmony: text before the first header is no message; a stream
+        variants.append(LONG + text)  # sends it as the answer before it knows)
+    for t in variants:
+        for sizes in ([1], [3], [2, 7, 1, 64], [5000]):
+            s_content, s_reasoning, s_calls = _streams(fam, t, sizes, **kw)
+            whole = parse(fam, t, TOOLS, final=True, **kw)
+            assert (s_content, s_reasoning) == (whole.content, whole.reasoning), (t[:60], sizes)
+            assert [(c.name, c.arguments) for c in s_calls] == \
+                [(c.name, c.arguments) for c in whole.calls], (t[:60], sizes)
+            assert all(c.id for c in s_calls) and len({c.id for c in s_calls}) == len(s_calls)
 
 
 def test_reasoning_format_none_keeps_the_thinking_in_the_content():

@@ -38,7 +38,8 @@ from specli.server.schemas import (
 )
 from specli.server.slots import Done, Generation, Piece, Progress
 from specli.server.tools import ChatPlan
-from specli.toolcall import Parsed, Splitter, ToolCall
+from specli.toolcall import Parsed, ToolCall
+from specli.toolstream import Splitter
 
 router = APIRouter(dependencies=[Depends(_auth)])
 

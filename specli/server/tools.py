@@ -15,12 +15,12 @@ from specli.toolcall import (
     ChatOptions,
     Family,
     Parsed,
-    Splitter,
     family,
     function_of,
     grammar_parts,
     parse,
 )
+from specli.toolstream import Splitter
 
 
 @dataclass
