@@ -170,7 +170,7 @@ class Splitter:
                      default=-1)
             if at < 0:
                 if openers:
-                    self._rscan = max(0, len(r) - max(map(len, openers)) + 1)
+                    self._rscan = max(self._rscan, len(r) - max(map(len, openers)) + 1)
                 piece = held(r[self._done:], (*openers, *(fam.content_wrap or ())))
             else:
                 piece, self._at = r[self._done:at], at

@@ -213,6 +213,17 @@ def test_a_stream_in_any_pieces_adds_up_to_the_whole_reading(name, text, content
             assert all(c.id for c in s_calls) and len({c.id for c in s_calls}) == len(s_calls)
 
 
+def test_an_opener_written_in_the_reasoning_is_no_call_in_a_stream():
+    """The call region is looked for after the reasoning only, however the pieces fall."""
+    fam = _fam("kimi-k2")  # (openers of two lengths: the shorter one just before </think>)
+    text = "<think>I could write <|tool_call_begin|></think>" + HELLO
+    for n in (1, 2, 5):
+        s = Splitter(fam, TOOLS)
+        got = [s.feed(text[i:i + n]) for i in range(0, len(text), n)]  # before finish
+        assert "".join(d.content for d in got) == HELLO, n
+        assert "".join(d.reasoning for d in got) == "I could write <|tool_call_begin|>"
+
+
 def test_reasoning_format_none_keeps_the_thinking_in_the_content():
     fam = _fam("hermes")
     text = "<think>I'm\nthinking</think>" + HELLO
