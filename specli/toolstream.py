@@ -108,7 +108,8 @@ class Splitter:
         if final:
             return self._final()
         if self._stage == "harmony":
-            return self._send(*self._h.read(self.text, self.tools, self.ids, self.fam))
+            content, reasoning = self._h.read(self.text)
+            return self._send(content, reasoning, self._new_calls(self._h.calls))
         if self._stage == "whole":
             return self._whole()
         reasoning = ""
@@ -287,8 +288,9 @@ class _Harmony:
         self.lscan = 0  # the body before this was looked at for them
         self.blank = 0
 
-    def read(self, text: str, tools, ids, fam) -> tuple[str, str, tuple]:
-        content, reasoning, calls = [], [], []
+    def read(self, text: str) -> tuple[str, str]:
+        """The new content and reasoning; the calls read so far are in `calls`."""
+        content, reasoning = [], []
         while True:
             if self.start < 0:
                 at = text.find(_MESSAGE, self.scan)
@@ -317,7 +319,6 @@ class _Harmony:
                 args = args_text(got[0]) if got and not body[got[1]:].strip() else None
                 if args is not None:
                     self.calls.append(ToolCall(self.to, args, ""))
-                    calls.append(self.calls[-1])
                 else:
                     content.append(body)
             else:
@@ -325,9 +326,7 @@ class _Harmony:
                     text[self.sent:end.start()])
             self.pos = self.scan = end.start()
             self.start = -1
-        new = named(Parsed("", "", tuple(self.calls)), ids, fam).calls[
-            len(self.calls) - len(calls):] if calls else ()
-        return "".join(content), "".join(reasoning), new
+        return "".join(content), "".join(reasoning)
 
     def _unmarked(self, text: str, start: int) -> str:
         """The body's new text up to a special token still being written (toolcall.unmarked,

@@ -236,6 +236,16 @@ def test_an_opener_written_in_the_reasoning_is_no_call_in_a_stream():
         assert "".join(d.reasoning for d in got) == "I could write <|tool_call_begin|>"
 
 
+def test_tool_choice_none_streams_no_gpt_oss_call():
+    """parse_calls off (tool_choice none): a GPT-OSS call's message, ended, is no call in a
+    stream either (it was sent as one, by the stream alone)."""
+    fam = _fam("gpt-oss")
+    text = ("<|channel|>commentary to=functions.special_function <|constrain|>json<|message|>"
+            '{"arg1": 1}<|call|>')
+    s = Splitter(fam, TOOLS, parse_calls=False)
+    assert all(d.calls == () for d in [*(s.feed(c) for c in text), s.finish()])
+
+
 def test_reasoning_format_none_keeps_the_thinking_in_the_content():
     fam = _fam("hermes")
     text = "<think>I'm\nthinking</think>" + HELLO
