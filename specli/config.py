@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, replace
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from specli.errors import UsageError
 
@@ -68,13 +70,17 @@ class Knob:
         """Its name in a request and in generation_settings."""
         return self.api or self.field
 
+    def default(self):
+        """The field's default (None: the field takes None, as no value)."""
+        return getattr(SamplingParams, self.field)
+
     def read(self, value, base: SamplingParams | None = None):
         """A value as a flag or a request gives it, as the field holds it over `base` (the
         defaults, or a server's settings): below `unset`, base's value, or None where the
         default is None (the seed: a random one, whatever the server's)."""
         if self.unset is not None and isinstance(value, int | float) \
                 and not isinstance(value, bool) and math.isfinite(value) and value < self.unset:
-            default = getattr(SamplingParams, self.field)
+            default = self.default()
             return None if default is None else getattr(base or SamplingParams, self.field)
         return value
 
@@ -85,19 +91,21 @@ class Knob:
             out["exclusiveMinimum" if self.above else "minimum"] = self.low
         return out
 
+    span = "from {low} to {high}"  # a range with both bounds, in words
+
     def rule(self) -> str:
         """What its values must be, in words (bounds in their own type: 2 not 2.0)."""
         low, high = (None if b is None else f"{b:g}" if self.kind is float else str(int(b))
                      for b in (self.low, self.high))
         if low is not None and high is not None:
-            return f"from {low} to {high}"
+            return self.span.format(low=low, high=high)
         if low is not None:
             return f"above {low}" if self.above else f"{low} or more"
         return "a finite number" if self.kind is float else "an integer"
 
     def complaint(self, value) -> str | None:
         """Why value cannot be this field's, or None."""
-        if value is None and getattr(SamplingParams, self.field) is None:
+        if value is None and self.default() is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int if self.kind is int
                                                       else (int, float)):
@@ -226,11 +234,104 @@ _BREAKERS = Knob("dry_sequence_breakers", ("--dry-sequence-breaker",), "")
 _N_PROBS = Knob("n_probs", ("--n-probs",), "")
 
 
+class PlanError(UsageError):
+    """A drafting setting, or a plan, that cannot run. field: the setting at fault (a
+    DRAFTING knob's field, or "types", "draft" (the draft model), "slots"). The message names
+    settings as {field} (a brace of its own text doubled: `literal`); each face says it with
+    its own names for them (`said`: the CLI its flags, the server its request fields),
+    `message` with the fields' own."""
+
+    def __init__(self, message: str, field: str):
+        self.text, self.field = message, field
+        super().__init__(self.said({}))
+
+    def said(self, names: Mapping[str, str]) -> str:
+        """The message with each setting called by `names` (the field's own name if absent)."""
+        def name(m: re.Match) -> str:
+            if m[1] is None:
+                return m[0][0]  # a doubled brace
+            return names.get(m[1], m[1]) if m[1] in PLAN_FIELDS else m[0]
+
+        return re.sub(r"\{\{|\}\}|\{(\w+)\}", name, self.text)
+
+
+def literal(text: str) -> str:
+    """Text (a name a user gave) as it reads inside a PlanError's message."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+@dataclass(frozen=True)
+class DraftKnob(Knob):
+    """One drafting setting, declared once: DraftPolicy's field and a request's
+    `speculative` field of the same name, its llama.cpp flags, help, environment variables
+    (the newer spelling first) and range. The CLI's drafting flags and the server's
+    `speculative` schema derive from DRAFTING; DraftPolicy and SpecRequest check themselves
+    against it (PlanError, the field named)."""
+
+    envvars: tuple[str, ...] = ()
+    metavar: str | None = None
+    span = "between {low} and {high}"
+
+    def default(self):
+        return getattr(DraftPolicy, self.field)
+
+    def check(self, value) -> None:
+        """PlanError naming the field for a value out of its range."""
+        complaint = self.complaint(value)
+        if complaint is not None:
+            raise PlanError(f"{{{self.field}}} {complaint}, got {value!r}", self.field)
+
+
+# in the order of llama.cpp's --help
+DRAFTING = (
+    DraftKnob("n_max", ("--draft", "--draft-max", "--draft-n", "--spec-draft-n-max"),
+              "Most tokens drafted per step (k). Default: 8 for the draft model and "
+              "ngram-cache, while the other n-gram types draft up to their own m, as in "
+              "llama.cpp; given explicitly, K caps them too. `auto`: k chosen each step, per "
+              "source, from the measured acceptance and cost (up to "
+              f"{DRAFT_AUTO_MAX}, 0 included: the target alone); on serve, for the whole "
+              "batch of slots, and serve's default.", int, low=1,
+              envvars=("LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"), metavar="K|auto"),
+    DraftKnob("n_min", ("--draft-min", "--spec-draft-n-min", "--draft-n-min"),
+              "A draft shorter than this is not verified.", int, low=0,
+              envvars=("LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN")),
+    DraftKnob("p_min", ("--draft-p-min", "--spec-draft-p-min"),
+              "Stop drafting when the draft's top probability falls below this.", low=0,
+              high=1, envvars=("LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN")),
+    DraftKnob("n_seq", ("--draft-n-seq", "--spec-draft-n-seq"),
+              "Draft sequences: more than 1 drafts a tree, as llama-speculative's -np, a branch "
+              "splitting where the draft's next candidate is above --draft-p-split; the target "
+              "verifies every node in one batch. Needs a draft model alone (no n-gram types) "
+              "and a fixed --draft, which caps the tree's nodes.", int, low=1,
+              high=MAX_DRAFT_SEQ, envvars=("LLAMA_ARG_SPEC_DRAFT_N_SEQ",)),
+    DraftKnob("p_split", ("--draft-p-split", "--spec-draft-p-split"),
+              "A draft tree branches where the draft's next candidate is more likely than "
+              "this (with --draft-n-seq or run's -np above 1).", low=0, high=1,
+              envvars=("LLAMA_ARG_SPEC_DRAFT_P_SPLIT",)),
+)
+PLAN_FIELDS = frozenset([*(k.field for k in DRAFTING), "types", "draft", "slots"])
+
+
+def _check_drafting(values: object) -> None:
+    """DraftPolicy's or SpecRequest's DRAFTING fields in their ranges (None: not given), and
+    n_min no more than n_max."""
+    for knob in DRAFTING:
+        value = getattr(values, knob.field)
+        if value is not None:
+            knob.check(value)
+    n_min, n_max = values.n_min, values.n_max
+    if n_min is not None and n_max is not None and n_min > n_max:
+        raise PlanError(f"{{n_min}} must be between 0 and {{n_max}} ({n_max}), got {n_min}",
+                        "n_min")
+
+
 @dataclass(frozen=True)
 class SpecRequest:
     """One request's own speculative settings (the server's `speculative` object); None keeps
     the engine's. types: --spec-type names (the draft model drafts only if draft-simple is
-    among them); n_max caps every source's k."""
+    among them); n_max caps every source's k. Checks its values itself (PlanError); checked:
+    checked against the engine's plan too (SpecPlan.request, which orders the types): an
+    engine checks a request that is not."""
 
     types: tuple[str, ...] | None = None
     n_max: int | None = None
@@ -238,6 +339,14 @@ class SpecRequest:
     p_min: float | None = None
     n_seq: int | None = None  # draft-tree branches, up to the engine's (tune-draft's sweep)
     p_split: float | None = None
+    checked: bool = field(default=False, compare=False)
+
+    def __post_init__(self):
+        _check_drafting(self)
+        unknown = [t for t in self.types or () if t not in SPEC_TYPES]
+        if unknown:
+            raise PlanError(f"unknown speculation type {literal(', '.join(unknown))}: one of "
+                            f"{', '.join(SPEC_TYPES)}", "types")
 
 
 @dataclass(frozen=True)
@@ -249,7 +358,8 @@ class DraftPolicy:
     adaptive: --draft auto, k chosen each step. n_seq, p_split: a draft tree of up to n_seq
     branches (llama-speculative's -np), a branch splitting where the draft's next candidate
     is more likely than p_split (--draft-p-split). translate: --spec-type draft-translate,
-    a draft model with another tokenizer (drafts/translate.py)."""
+    a draft model with another tokenizer (drafts/translate.py). Checks its values itself
+    against DRAFTING (PlanError naming the field), a tree's fixed length included."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
@@ -260,6 +370,14 @@ class DraftPolicy:
     n_seq: int = 1
     p_split: float = 0.1
     translate: bool = False  # the draft model has another tokenizer: go through the text
+
+    def __post_init__(self):
+        _check_drafting(self)
+        if self.limit is not None:
+            DRAFTING[0].check(self.limit)
+        if self.n_seq > 1 and self.adaptive:
+            raise PlanError("a draft tree ({n_seq} above 1) takes a fixed {n_max}, not auto",
+                            "n_max")
 
     def overlay(self, request: SpecRequest | None) -> DraftPolicy:
         """This policy with a request's own n_min, p_min and n_max (as the limit) on top."""

@@ -296,7 +296,7 @@ class Engine:
                 raise UsageError("this engine drafts with its own source only")
             return self.draft
         self.drafts.expect(draft_prompt)
-        return self.drafts(spec.types if spec is not None else None)
+        return self.drafts(spec)
 
     def _check(self, prompt: Sequence[int], sp: SamplingParams) -> None:
         n_vocab = self.target.n_vocab

@@ -4,26 +4,29 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
+from specli.config import ModelParams, SamplingParams
 from specli.stats import Stats
+
+if TYPE_CHECKING:
+    from specli.plan import SpecPlan
 
 
 @dataclass(frozen=True)
 class Request:
-    """Everything one generation needs, as the CLI parsed it (paths already resolved)."""
+    """Everything one generation needs, as the CLI parsed it (paths already resolved, the
+    plan resolved once: what drafts and how much; None: the target alone)."""
 
     target: ModelParams
     draft: ModelParams | None
     text: str
     n_predict: int
     sampling: SamplingParams
-    policy: DraftPolicy = DraftPolicy()
-    spec_types: Sequence[str] = ()
-    ngram: NgramParams = NgramParams()
+    plan: SpecPlan | None = None
     chat: bool = False
     speculative: bool = True  # False: --no-spec, the target alone
     baseline: bool = False  # also decode with the target alone, same seed
@@ -66,7 +69,7 @@ def changed(req: Request, engine) -> list[str]:
     if n_ctx != req.target.n_ctx:
         out.append(f"note: -c {req.target.n_ctx} became {n_ctx} (llama.cpp pads the context "
                    "to a multiple of 256)")
-    k = req.policy.n_draft if req.policy is not None and req.policy.n_max else 0
+    k = req.plan.policy.n_draft if req.plan is not None else 0
     if engine.draft is not None and k >= n_ctx:
         out.append(f"note: --draft {k} is more than the {n_ctx}-token context can verify; "
                    "each draft stops at the context's end")
@@ -82,7 +85,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
     on_text receives the text as it is decoded; on_note one-line remarks for a person (no
     draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal);
     interrupt, once hit, ends the generation at the next token (no baseline then)."""
-    from specli.plan import load
+    from specli.plan import SpecPlan, load
 
     phase = phase or (lambda _name: nullcontext())
     if req.chat:  # the templates' process starts while the models load (template_host)
@@ -90,8 +93,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
 
         template_host.pool().prestart()
     with phase("loading models"):
-        engine = load(req.target, req.draft, req.policy, spec_types=req.spec_types,
-                      ngram=req.ngram)
+        engine = load(req.target, req.draft, plan=req.plan or SpecPlan())
     try:
         if on_note and engine.draft is None and req.speculative:
             on_note("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

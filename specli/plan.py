@@ -2,7 +2,9 @@
 draft model, its trees) and how much, checked before any weights load; then the engines
 built from it. run, serve, tune-draft and the server's routes resolve their plans here.
 Errors are about the plan (PlanError.field names the setting at fault): each front end
-names its own flag or request parameter for it."""
+names its own flag or request parameter for it. A command resolves its plan once and hands it
+to load or load_slots (and the server's state); a request's own settings are checked against
+it once (SpecPlan.request)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,15 @@ from specli.backend import (
     require_head,
 )
 from specli.batching import Scheduler, SharedContext
-from specli.config import MAX_DRAFT_SEQ, SPEC_TYPES, DraftPolicy, ModelParams, NgramParams
+from specli.config import (
+    SPEC_TYPES,
+    DraftPolicy,
+    ModelParams,
+    NgramParams,
+    PlanError,
+    SpecRequest,
+    literal,
+)
 from specli.drafts import (
     Adaptive,
     Batch,
@@ -35,19 +45,10 @@ from specli.drafts import (
 from specli.drafts.heads import DflashDraft, Eagle3Draft, MtpDraft
 from specli.drafts.translate import TranslateDraft
 from specli.engine import Engine
-from specli.errors import SpecliError, UsageError
+from specli.errors import SpecliError
 from specli.headmeta import HEAD_TYPES, HeadInfo, check_head, head_info
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
-
-
-class PlanError(UsageError):
-    """A plan that cannot run. field: the setting at fault, one of "types", "draft" (the draft
-    model), "n_seq", "p_split", "n_max" (a fixed draft length), "slots"."""
-
-    def __init__(self, message: str, field: str):
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -92,14 +93,8 @@ class SpecPlan:
 
     def _check_tree(self) -> None:
         """A tree (more than one draft sequence) needs a draft model, alone, with its own
-        tokenizer and a fixed length."""
+        tokenizer (its fixed length and ranges: DraftPolicy's own checks)."""
         p = self.policy
-        if not 1 <= p.n_seq <= MAX_DRAFT_SEQ:
-            raise PlanError(f"{p.n_seq} draft sequences is out of range: 1 to {MAX_DRAFT_SEQ}",
-                            "n_seq")
-        if not 0.0 <= p.p_split <= 1.0:
-            raise PlanError(f"the tree split threshold {p.p_split} is not a probability",
-                            "p_split")
         if p.n_seq == 1:
             return
         if not self.draft:
@@ -111,17 +106,15 @@ class SpecPlan:
         if p.translate:
             raise PlanError("draft trees need the draft's own tokenizer, not translation",
                             "types")
-        if p.adaptive:
-            raise PlanError("draft trees take a fixed draft length, not auto", "n_max")
 
     @property
     def tree(self) -> bool:
         """Whether it drafts trees: more than one draft sequence."""
         return self.policy.n_seq > 1
 
-    def request(self, spec_types: Sequence[str] | None) -> tuple[str, ...]:
-        """A request's own type list in order of precedence (None: the plan's); PlanError
-        for one the loaded models cannot serve."""
+    def serves(self, spec_types: Sequence[str] | None) -> tuple[str, ...]:
+        """A type list in order of precedence (None: the plan's); PlanError for one the
+        loaded models cannot serve."""
         if spec_types is None:
             return self.types
         types = spec_key(spec_types)
@@ -133,6 +126,22 @@ class SpecPlan:
                             + (f"; this server's is {self.head_type}" if self.head_type
                                else ""), "types")
         return types
+
+    def request(self, spec: SpecRequest | None) -> SpecRequest | None:
+        """A request's own settings checked against the plan, once (its values checked
+        themselves): its types in order of precedence, and no more draft sequences than the
+        contexts were made for; PlanError names the setting."""
+        if spec is None or spec.checked:
+            return spec
+        types = None if spec.types is None else self.serves(spec.types)
+        if spec.n_seq is not None and spec.n_seq > self.policy.n_seq:
+            raise PlanError(f"{{n_seq}} {spec.n_seq} is more than the {self.policy.n_seq} "
+                            "draft sequences the models were loaded for", "n_seq")
+        return replace(spec, types=types, checked=True)
+
+    def types_of(self, spec: SpecRequest | None) -> tuple[str, ...]:
+        """The types a checked request drafts with: its own, else the plan's."""
+        return self.types if spec is None or spec.types is None else spec.types
 
 
 def _check_head(types: Sequence[str], heads: Sequence[str], draft: bool,
@@ -168,7 +177,7 @@ def spec_key(spec_types: Sequence[str]) -> tuple[str, ...]:
     a type specli does not have."""
     unknown = set(spec_types) - set(SPEC_TYPES)
     if unknown:
-        raise PlanError(f"unknown speculation type {', '.join(sorted(unknown))}: one of "
+        raise PlanError(f"unknown speculation type {literal(', '.join(sorted(unknown)))}: one of "
                         f"{', '.join(SPEC_TYPES)}", "types")
     return tuple(t for t in SPEC_TYPES if t in spec_types)
 
@@ -189,9 +198,12 @@ class Drafts:
             self.model_draft.lazy = True  # its prompt fed when the batch's plan drafts
         self._sources: dict[tuple[str, ...], DraftSource | None] = {}
 
-    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None:
-        """The source for a type list (None: the plan's)."""
-        key = self.plan.request(spec_types)
+    def __call__(self, spec: SpecRequest | None = None) -> DraftSource | None:
+        """The source for a request's types (None: the plan's), checked against the plan
+        unless it was (SpecPlan.request)."""
+        if spec is not None and not spec.checked:
+            spec = self.plan.request(spec)
+        key = self.plan.types_of(spec)
         if key not in self._sources:
             sources = ngram_drafts(key, self.plan.ngram, self.target.n_vocab)
             if "draft-simple" in key or self.plan.head_type in key:
@@ -288,16 +300,33 @@ def check_files(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) 
             check_placement(params)
 
 
+def _planned(target: ModelParams, draft: ModelParams | None, draft_params: DraftPolicy | None,
+             spec_types: Sequence[str], ngram: NgramParams | None, plan: SpecPlan | None,
+             checked: bool) -> SpecPlan:
+    """The plan load and load_slots build from: the caller's, or one resolved here; its
+    files checked unless they were."""
+    if plan is None:
+        plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
+                                draft_head(draft))
+    elif plan.draft != (draft is not None):
+        raise PlanError("the plan " + ("drafts with a draft model, and none was given"
+                                       if plan.draft else "has no draft model, and one was "
+                                       "given"), "draft")
+    if not checked:
+        check_files(target, draft, plan)
+    return plan
+
+
 def load(target: ModelParams, draft: ModelParams | None = None,
          draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-         ngram: NgramParams | None = None) -> Engine:
+         ngram: NgramParams | None = None, *, plan: SpecPlan | None = None,
+         checked: bool = False) -> Engine:
     """An engine: the plan resolved and the pair checked from GGUF metadata first (refused
     before loading weights), then the models loaded. spec_types: llama.cpp's --spec-type
     names; n-gram types take precedence over the draft model, which drafts whenever `draft`
-    is given."""
-    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
-                            draft_head(draft))
-    check_files(target, draft, plan)
+    is given. plan: the plan the caller resolved (then the three settings before it are
+    not read); checked: its files checked already (check_files)."""
+    plan = _planned(target, draft, draft_params, spec_types, ngram, plan, checked)
     n_seq = plan.policy.n_seq
     mtp = plan.head_type == "draft-mtp"
     t = (Model(target, n_seq_max=n_seq, tree=True) if plan.tree else
@@ -320,15 +349,15 @@ def load(target: ModelParams, draft: ModelParams | None = None,
 
 def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
                draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-               ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
+               ngram: NgramParams | None = None, *, plan: SpecPlan | None = None,
+               checked: bool = False) -> tuple[list[Engine], list[SharedContext]]:
     """n engines (server slots) over one target context and one draft context, a sequence
     each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
     engines and the shared contexts, which the caller closes. The slots' decodes are
     combined when their generations run as tasks of the one loop (`shared[0].sched.submit`,
-    as the server's slots do); called from other threads, each decode is a task of its own."""
-    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
-                            draft_head(draft))
-    check_files(target, draft, plan)
+    as the server's slots do); called from other threads, each decode is a task of its own.
+    plan, checked: as load's."""
+    plan = _planned(target, draft, draft_params, spec_types, ngram, plan, checked)
     width = plan.policy.n_seq
     if n * width > MAX_SEQUENCES:
         raise PlanError(f"{n} slots of {width} draft sequences are {n * width} sequences; "

@@ -14,7 +14,7 @@ from fakes import EOG, FakeModel
 from fastapi.testclient import TestClient
 
 from specli.config import ModelParams, SamplingParams
-from specli.plan import engine
+from specli.plan import SpecPlan, engine
 from specli.server.app import ServerConfig, State, create_app
 from specli.server.slots import Slot, SlotPool
 
@@ -72,7 +72,7 @@ def config(**kw) -> ServerConfig:
     draft = kw.pop("draft", False)
     base = ServerConfig(target=ModelParams(path="fake.gguf", n_ctx=512),
                         draft=ModelParams(path="fake-draft.gguf", n_ctx=512) if draft else None,
-                        spec_types=("draft-simple",) if draft else (),
+                        plan=SpecPlan.resolve((), draft),
                         sampling=SamplingParams(temp=0.0), n_predict=16, api_keys=(KEY,),
                         aliases=("fake",))
     return replace(base, **kw)

@@ -8,6 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from specli.config import ModelParams, SamplingParams
+from specli.plan import SpecPlan
 from specli.server.app import ServerConfig, State, create_app
 
 PROMPT = "The three primary colours are"
@@ -16,7 +17,8 @@ PROMPT = "The three primary colours are"
 @pytest.fixture(scope="module")
 def client(q4_1):
     cfg = ServerConfig(target=ModelParams(path=q4_1, n_ctx=256),
-                       sampling=SamplingParams(temp=0.0), n_predict=4, spec_types=("ngram-simple",))
+                       sampling=SamplingParams(temp=0.0), n_predict=4,
+                       plan=SpecPlan.resolve(("ngram-simple",)))
     st = State(cfg)
     st.load()
     with TestClient(create_app(st.config, state=st)) as c:  # one client: one event loop

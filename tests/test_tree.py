@@ -132,11 +132,11 @@ def test_trees_are_refused_where_they_cannot_run(f32, q4_1):
     with pytest.raises(UsageError, match="model alone"):
         load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2),
                     spec_types=("ngram-simple", "draft-simple"))
-    with pytest.raises(UsageError, match="fixed draft length"):
+    with pytest.raises(UsageError, match="takes a fixed n_max, not auto"):
         load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, adaptive=True))
-    with pytest.raises(UsageError, match="out of range"):
+    with pytest.raises(UsageError, match="n_seq must be between 1 and 64"):
         load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=0))
-    with pytest.raises(UsageError, match="not a probability"):
+    with pytest.raises(UsageError, match="p_split must be between 0 and 1"):
         load(ModelParams(f32), ModelParams(q4_1), DraftPolicy(n_seq=2, p_split=1.5))
 
 
@@ -229,6 +229,12 @@ def test_serve_drafts_trees_in_every_slot(f32, q2_k):
         spec = [got[p].usage.model_extra["speculative"] for p in prompts]
         assert all(x["n_seq"] == 3 for x in spec)
         assert sum(x["branches"] for x in spec) > sum(x["drafts"] for x in spec)
+        # a request's own tree, narrower than the server's: the same text
+        own = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": prompts[0]}], max_tokens=40,
+            temperature=0, extra_body={"speculative": {"n_seq": 2, "p_split": 0.1}})
+        assert own.choices[0].message.content == base[prompts[0]]
+        assert own.usage.model_extra["speculative"]["n_seq"] == 2
     finally:
         s.stop()
 

@@ -137,15 +137,13 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
     if parallel is not None:
         drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     text, chat = _prompt(prompt, file, chat)
-    types = list(drafting.types)
     model, model_draft = models.resolve(quiet=quiet, spec_types=drafting.types)
-    o.plan(drafting, model_draft)
+    plan = o.plan(drafting, model_draft)  # the flags checked, even with --no-spec
     if no_spec:
-        model_draft, types = None, []
-        drafting = o.with_n_seq(drafting, 1, "-np")
+        model_draft, plan = None, None
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
-    return Request(target, draft, text, n_predict, sampling, drafting.params, tuple(types),
-                   drafting.ngram, chat=chat, speculative=not no_spec, baseline=baseline,
+    return Request(target, draft, text, n_predict, sampling, plan,
+                   chat=chat, speculative=not no_spec, baseline=baseline,
                    ignore_eos=ignore_eos, reverse_prompts=tuple(
                        unescape(r) if escape else r for r in reverse_prompt or ()))
 

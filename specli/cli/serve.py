@@ -149,8 +149,8 @@ def serve(
     /v1/chat/completions (with tools: tool_calls read back per model family, reasoning in
     reasoning_content), /v1/completions, /v1/models, /completion, /props, /health, Anthropic's
     /v1/messages, OpenAI's /v1/responses and (with --metrics) /metrics. A request may carry
-    its own `speculative` object ({"n_max", "n_min", "p_min", "type"}, or false). With no -m,
-    the embedded SmolLM2 pair is served.
+    its own `speculative` object ({"n_max", "n_min", "p_min", "n_seq", "p_split", "type"}, or
+    false). With no -m, the embedded SmolLM2 pair is served.
     """
     if list_templates:
         from specli.backend import builtin_templates
@@ -171,7 +171,6 @@ def serve(
     keys = _keys(api_key or [], api_key_file)
     aliases = tuple(a.strip() for a in (alias or "").split(",") if a.strip())
     template = _template(chat_template, chat_template_file, jinja)
-    types = list(drafting.types)
     drafting = batch_policy(drafting)
     if drafting.ngram.lookup_dynamic and parallel > 1:
         raise UsageError("-lcd/--lookup-cache-dynamic with --parallel > 1: each slot would "
@@ -198,9 +197,7 @@ def serve(
     from specli.server import ServerConfig
 
     config = ServerConfig(
-        target=target, draft=draft_model,
-        draft_params=drafting.params, spec_types=tuple(types), ngram=drafting.ngram,
-        sampling=sampling,
+        target=target, draft=draft_model, plan=plan, checked=True, sampling=sampling,
         n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), aliases=aliases,
         slot_similarity=slot_similarity,
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,

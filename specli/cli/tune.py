@@ -10,16 +10,19 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from specli.cli import options as o
 from specli.cli.console import err, out, spinner
-from specli.config import DraftPolicy
+from specli.config import DraftPolicy, PlanError
 from specli.errors import SpecliError, UsageError
 from specli.headmeta import HEAD_TYPES
+
+if TYPE_CHECKING:
+    from specli.plan import SpecPlan
 
 SWEEP = "Sweep"
 TASKS = ("mixed", "all", "code-completion", "code-generation", "structured", "summarisation",
@@ -99,21 +102,16 @@ def tune_draft(
     model, model_draft = models.resolve(
         quiet=quiet, spec_types=[t for item in (spec_type or "").split(",")
                                  for t in item.split("+")])
-    types = _types(spec_type, model_draft)
-    if max(seqs) > 1 and types != [("draft-simple",)]:
-        raise UsageError("--draft-n-seq above 1 sweeps draft trees, which draft with the "
-                         "model alone", hint="drop --spec-type, or give -md and "
-                         "--spec-type draft-simple")
+    plan, types = _types(spec_type, model_draft, max(ks), max(seqs))
     settings = tuning.grid(ks, ps, types, seqs, splits)
     texts = _prompts(file, task)
-    loaded = sorted({t for combo in types for t in combo if t != "draft-simple"})
+    loaded = [t for t in plan.types if t != "draft-simple"]
 
     from specli.plan import load
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
     with spinner("loading models", quiet):
-        engine = load(target, draft_model,
-                      DraftPolicy(n_max=max(ks), n_seq=max(seqs)), spec_types=loaded)
+        engine = load(target, draft_model, plan=plan)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
         with _progress(len(settings) + 1, repeat, quiet) as advance:
@@ -153,29 +151,38 @@ def _floats(text: str, flag: str) -> list[float]:
     return sorted(set(values))
 
 
-def _types(text: str | None, model_draft: str | None) -> list[tuple[str, ...]]:
-    from specli.plan import PlanError, SpecPlan, draft_head
+def _types(text: str | None, model_draft: str | None, k: int,
+           n_seq: int) -> tuple[SpecPlan, list[tuple[str, ...]]]:
+    """The sweep's plan (resolved once: every type it sweeps loaded, the longest draft and
+    the most draft sequences) and its type lists, each checked against it."""
+    from specli.plan import SpecPlan, draft_head
 
     head = draft_head(model_draft)
     if text is None:
         if model_draft is None:
             raise UsageError("nothing to sweep: give a draft model (-md) or --spec-type")
-        return [(head.spec_type if head else "draft-simple",)]
-    items = [(item, o.spec_types(item.replace("+", ","))) for item in text.split(",")]
-    heads = sorted({t for _, types in items for t in types if t in HEAD_TYPES})
+        items = [("-md", [head.spec_type if head else "draft-simple"])]
+    else:
+        items = [(item, o.spec_types(item.replace("+", ","))) for item in text.split(",")]
+    loaded = sorted({t for _, types in items for t in types if t != "draft-simple"})
+    if n_seq > 1 and any(types != ["draft-simple"] for _, types in items):
+        raise UsageError("--draft-n-seq above 1 sweeps draft trees, which draft with the "
+                         "model alone", hint="drop --spec-type, or give -md and "
+                         "--spec-type draft-simple")
     try:  # what the loaded models serve: the draft model or head, and the n-gram types
-        plan = SpecPlan.resolve(heads, model_draft is not None, head=head)
+        plan = SpecPlan.resolve(loaded, model_draft is not None,
+                                DraftPolicy(n_max=k, n_seq=n_seq), head=head)
     except PlanError as e:
-        raise UsageError(f"--spec-type {text}: {e.message}", hint=o.PLAN_HINTS[e.field]) \
-            from None
+        raise UsageError(f"--spec-type {text}: {e.said(o.FLAGS)}",
+                         hint=o.PLAN_HINTS.get(e.field)) from None
     combos = []
     for item, types in items:  # settings by commas, the types of one setting by +
         try:
-            combos.append(plan.request(types))
+            combos.append(plan.serves(types))
         except PlanError as e:
-            raise UsageError(f"--spec-type {item}: {e.message}",
-                             hint=o.PLAN_HINTS[e.field]) from None
-    return combos
+            raise UsageError(f"--spec-type {item}: {e.said(o.FLAGS)}",
+                             hint=o.PLAN_HINTS.get(e.field)) from None
+    return plan, combos
 
 
 def _prompts(file: Path | None, task: str) -> list[str]:

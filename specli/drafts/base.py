@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from specli.config import DraftPolicy, SamplingParams
+from specli.config import DraftPolicy, SamplingParams, SpecRequest
 from specli.drafts.tree import Tree
 from specli.verify import Dist
 
@@ -140,7 +140,8 @@ class DraftSource(Protocol):
 class Sources(Protocol):
     """The sources an engine drafts with for each --spec-type list (plan.Drafts)."""
 
-    def __call__(self, spec_types: Sequence[str] | None = None) -> DraftSource | None: ...
+    def __call__(self, spec: SpecRequest | None = None) -> DraftSource | None:
+        """The source for a request's own types (None: the engine's)."""
 
     def expect(self, draft_prompt: Sequence[int] | None) -> None:
         """The draft's own tokens for the next prompt, for a source that translates."""

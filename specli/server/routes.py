@@ -18,9 +18,16 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from specli import __version__, child
-from specli.config import SAMPLING, SPEC_TYPES, SamplingError, SpecRequest, parse_spec_types
+from specli.config import (
+    DRAFTING,
+    SAMPLING,
+    SPEC_TYPES,
+    PlanError,
+    SamplingError,
+    SpecRequest,
+    parse_spec_types,
+)
 from specli.errors import ContextOverflowError, UsageError
-from specli.plan import PlanError
 from specli.server import formats as f
 from specli.server.errors import APIError, clip, envelope, overflow, refuse, unavailable
 from specli.server.metrics import CONTENT_TYPE
@@ -156,13 +163,13 @@ async def props(st: AppState, pool: Pool) -> dict:
         # llama-server's shape: the defaults under params, n_ctx per slot beside them
         "default_generation_settings": {
             "n_ctx": e.target.n_ctx,
-            "params": f.settings(c.sampling, c.n_predict, (), c.draft_params,
-                                 types=_types(st))},
+            "params": f.settings(c.sampling, c.n_predict, (), c.plan.policy,
+                                 types=c.plan.types)},
         "speculative": {
             "draft_model": c.draft.path if c.draft else None,
-            "types": list(_types(st)),
-            "n_max": c.draft_params.n_max, "n_min": c.draft_params.n_min,
-            "p_min": c.draft_params.p_min, "auto": c.draft_params.adaptive,
+            "types": list(c.plan.types),
+            "n_max": c.plan.policy.n_max, "n_min": c.plan.policy.n_min,
+            "p_min": c.plan.policy.p_min, "auto": c.plan.policy.adaptive,
         },
     }
 
@@ -175,15 +182,15 @@ async def slots(st: AppState, pool: Pool) -> list:
                        "`--slots`", "not_supported_error", code="not_supported")
     c = st.config
     return [{"id": s.id, "id_task": -1, "n_ctx": s.engine.target.n_ctx,
-             "speculative": c.draft is not None or bool(c.spec_types),
+             "speculative": bool(c.plan.types),
              "is_processing": s.busy, "n_requests": s.n_requests,
              "n_cached": len(s.engine.target.tokens),
              "params": {"n_predict": c.n_predict, "temperature": c.sampling.temp,
                         "top_k": c.sampling.top_k, "top_p": c.sampling.top_p,
                         "min_p": c.sampling.min_p,
-                        "speculative.n_max": c.draft_params.n_max,
-                        "speculative.n_min": c.draft_params.n_min,
-                        "speculative.p_min": c.draft_params.p_min}}
+                        "speculative.n_max": c.plan.policy.n_max,
+                        "speculative.n_min": c.plan.policy.n_min,
+                        "speculative.p_min": c.plan.policy.p_min}}
             for s in pool.slots]
 
 
@@ -374,10 +381,9 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                       pool: SlotPool) -> Response:
     ids = await _prompt_ids(st, prompt)
     spec = body.speculative
-    if spec is None and any(v is not None for v in (
-            body.spec_n_max, body.spec_n_min, body.spec_p_min, body.spec_type)):
-        spec = Speculative(n_max=body.spec_n_max, n_min=body.spec_n_min,
-                           p_min=body.spec_p_min, type=body.spec_type)
+    flat = {k.name: getattr(body, f"spec_{k.field}") for k in DRAFTING}
+    if spec is None and any(v is not None for v in (*flat.values(), body.spec_type)):
+        spec = Speculative(**flat, type=body.spec_type)
     sampling = Sampling(stop=body.stop, speculative=spec,
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
@@ -663,39 +669,41 @@ def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
     return tuple(out.items())
 
 
+# each plan setting by its request field (config.PlanError.said), and what to do about it
+SPEC_FIELDS = {**{k.field: f"speculative.{k.name}" for k in DRAFTING},
+               "types": "speculative.type", "draft": "speculative.type"}
+SPEC_HINTS = {"draft": "start the server with -md", "types": "start the server with -md",
+              "n_seq": "start the server with --draft-n-seq N"}
+
+
 def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest | None]:
+    """A request's `speculative` object as its own settings, which check themselves, then
+    checked against the server's plan: once, here."""
     if spec is None or spec is True:
         return True, None
     if spec is False:
         return False, None
-    types = None
+    names = None
     if spec.type is not None:
         try:
             names = parse_spec_types(spec.type)
         except ValueError as e:
             raise APIError(400, f"unknown speculative type {e}: one or more of "
                            f"{', '.join(SPEC_TYPES)}", param="speculative.type") from None
-        try:
-            types = st.plan.request(names)
-        except PlanError as e:
-            raise APIError(400, f"{e.message}: start the server with -md",
-                           param="speculative.type") from None
-    if spec.n_min is not None and spec.n_max is not None and spec.n_min > spec.n_max:
-        raise APIError(400, "speculative.n_min is larger than speculative.n_max",
-                       param="speculative.n_min")
-    return True, SpecRequest(types, spec.n_max, spec.n_min, spec.p_min)
-
-
-def _types(st: State, spec: SpecRequest | None = None) -> tuple[str, ...]:
-    """The --spec-type names a request drafts with: its own, else the server's."""
-    return st.plan.request(spec.types if spec is not None else None)
+    try:
+        return True, st.plan.request(SpecRequest(
+            names, **{k.field: getattr(spec, k.name) for k in DRAFTING}))
+    except PlanError as e:
+        hint = SPEC_HINTS.get(e.field)
+        raise APIError(400, e.said(SPEC_FIELDS) + (f": {hint}" if hint else ""),
+                       param=SPEC_FIELDS.get(e.field, "speculative")) from None
 
 
 def _settings(st: State, job: Job) -> dict:
     """The request's generation settings as llama-server reports them."""
     return f.settings(job.sampling, job.n_predict, job.stop,
-                      st.config.draft_params.overlay(job.spec), job.speculative,
-                      _types(st, job.spec))
+                      st.plan.policy.overlay(job.spec), job.speculative,
+                      st.plan.types_of(job.spec))
 
 
 async def start(pool: SlotPool, job: Job) -> Generation:

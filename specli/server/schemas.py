@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specli.config import DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
+from specli.config import DRAFTING, DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
 
 # Counts checked before validation, which runs on the event loop: each message, part or
 # field costs it microseconds (250,000 parts held /health for 1.4 s, 65,536 messages 0.5 s)
@@ -122,16 +122,17 @@ class Open(BaseModel):
         return data
 
 
-class Speculative(Strict):
-    """This request's own speculative settings (beyond llama.cpp): draft length bounds,
-    the draft model's probability floor, and the --spec-type list to draft with."""
-
-    n_max: Annotated[int, Field(ge=1, le=64)] | None = None
-    n_min: Annotated[int, Field(ge=0, le=64)] | None = None
-    p_min: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    type: Annotated[str, Field(
-        description="llama.cpp --spec-type names, comma-separated: "
-        + ", ".join(SPEC_TYPES))] | None = None
+# this request's own speculative settings (beyond llama.cpp): config.DRAFTING's by their
+# names, whose ranges SpecRequest checks (routes._spec), and the --spec-type list
+Speculative = create_model("Speculative", __base__=Strict, **{
+    k.name: (k.kind | None, Field(default=None, description=k.help,
+                                  json_schema_extra=k.schema() or None)) for k in DRAFTING},
+    type=(str | None, Field(default=None, description="llama.cpp --spec-type names, "
+                            "comma-separated: " + ", ".join(SPEC_TYPES))))
+# llama-server's flat spellings of the same on /completion ("speculative.n_max"...)
+FlatSpeculative = create_model("FlatSpeculative", __base__=Strict, **{
+    f"spec_{k.field}": (k.kind | None, Field(default=None, alias=f"speculative.{k.name}"))
+    for k in DRAFTING}, spec_type=(str | None, Field(default=None, alias="speculative.type")))
 
 
 class StreamOptions(Strict):
@@ -310,8 +311,9 @@ class JsonPrompt(Strict):
     multimodal_data: list | None = None
 
 
-class LlamaCompletionRequest(Transforms):
-    """llama-server's own /completion."""
+class LlamaCompletionRequest(Transforms, FlatSpeculative):
+    """llama-server's own /completion (the flat speculative spellings: compiled out there,
+    honoured here)."""
 
     # text; token ids, text mixed in; {"prompt_string": ...}; or a list of those (a batch,
     # answered with a list)
@@ -322,12 +324,6 @@ class LlamaCompletionRequest(Transforms):
     stream: bool = False
     cache_prompt: bool | None = None  # default true: reuse the slot's cached prefix
     speculative: Speculative | bool | None = None
-    # llama-server's flat spellings of the same (compiled out there, honoured here)
-    spec_n_max: Annotated[int | None, Field(ge=1, le=64, alias="speculative.n_max")] = None
-    spec_n_min: Annotated[int | None, Field(ge=0, le=64, alias="speculative.n_min")] = None
-    spec_p_min: Annotated[float | None, Field(ge=0.0, le=1.0,
-                                              alias="speculative.p_min")] = None
-    spec_type: Annotated[str | None, Field(alias="speculative.type")] = None
     timings_per_token: bool | None = None
     return_progress: bool | None = None
     id_slot: Annotated[int, Field(ge=-1)] | None = None

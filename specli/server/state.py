@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 
 from specli import rpc, template_host
 from specli.backend import knows_template
-from specli.config import DraftPolicy, ModelParams, NgramParams, SamplingParams
+from specli.config import ModelParams, SamplingParams
 from specli.engine import Engine
 from specli.errors import UsageError
 from specli.grammar_host import Checkers, GrammarHost
-from specli.plan import SpecPlan, draft_head, load_slots
+from specli.plan import SpecPlan, load_slots
 from specli.prompt import jinja_source, template_caps
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
@@ -33,9 +33,9 @@ class ServerConfig:
 
     target: ModelParams
     draft: ModelParams | None = None
-    draft_params: DraftPolicy = field(default_factory=DraftPolicy)
-    spec_types: tuple[str, ...] = ()
-    ngram: NgramParams = field(default_factory=NgramParams)
+    # what drafts and how much, resolved once (cli/serve.py); checked: its files too
+    plan: SpecPlan = field(default_factory=SpecPlan)
+    checked: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     n_predict: int = -1
     parallel: int = 1
@@ -104,12 +104,10 @@ class State:
         except (OSError, ValueError):  # stderr gone: the answer still goes out
             pass
 
-    @functools.cached_property
+    @property
     def plan(self) -> SpecPlan:
-        """What the server drafts with (checked before it listened: cli/serve.py)."""
-        c = self.config
-        return SpecPlan.resolve(c.spec_types, c.draft is not None, c.draft_params, c.ngram,
-                                draft_head(c.draft))
+        """What the server drafts with (resolved and checked before it listened)."""
+        return self.config.plan
 
     @property
     def engine(self) -> Engine:
@@ -121,8 +119,9 @@ class State:
         n_ctx = max(c.target.n_ctx // c.parallel, 16)  # llama-server divides -c among slots
         target = replace(c.target, n_ctx=n_ctx)
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
-        engines, shared = load_slots(c.parallel, target, draft, c.draft_params, c.spec_types,
-                                     c.ngram)
+        # (each slot's n_ctx is not among what check_files checked)
+        engines, shared = load_slots(c.parallel, target, draft, plan=c.plan,
+                                     checked=c.checked)
         for e in engines:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open

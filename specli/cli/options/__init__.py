@@ -4,12 +4,14 @@
 
 from specli.cli.options.drafting import (
                                          DRAFTING_FLAGS,
+                                         FLAGS,
                                          PLAN_HINTS,
                                          Drafting,
                                          draft_params,
                                          ngram_params,
                                          parse_draft,
                                          plan,
+                                         refused,
                                          spec_types,
                                          with_n_seq,
 )
@@ -40,9 +42,9 @@ from specli.cli.options.resources import (
 )
 from specli.cli.options.sampling import SAMPLING_FLAGS
 
-__all__ = ["ALL_LAYERS", "DRAFTING", "DRAFTING_FLAGS", "FFN_EXPS_REGEX", "GPU", "GPU_FLAGS",
-           "MODELS", "MODEL_FILES", "NGRAM", "OUTPUT", "PLAN_HINTS", "RESOURCES",
+__all__ = ["ALL_LAYERS", "DRAFTING", "DRAFTING_FLAGS", "FFN_EXPS_REGEX", "FLAGS", "GPU",
+           "GPU_FLAGS", "MODELS", "MODEL_FILES", "NGRAM", "OUTPUT", "PLAN_HINTS", "RESOURCES",
            "RESOURCE_FLAGS", "SAMPLING", "SAMPLING_FLAGS", "Drafting", "FlashAttn", "GpuFlags",
            "Group", "Json", "ModelFiles", "NoSpec", "Resources", "Verbose", "check_n_predict",
            "draft_params", "grouped", "ngram_params", "parse_draft", "parse_ngl",
-           "placement_args", "plan", "spec_types", "with_n_seq"]
+           "placement_args", "plan", "refused", "spec_types", "with_n_seq"]

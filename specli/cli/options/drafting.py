@@ -4,8 +4,9 @@ neighbours), checked, and the plan they make.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,23 +29,32 @@ class Drafting:
     ngram: config.NgramParams = config.NgramParams()
 
 
-# what a flag says about each of a plan's fields (plan.PlanError.field)
+# each plan setting by its flag (config.PlanError.said), and what to do about it
+FLAGS = {**{k.field: k.flags[0] for k in config.DRAFTING}, "types": "--spec-type",
+         "draft": "-md"}
 PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
-              "n_seq": f"-np/--draft-n-seq takes 1 to {config.MAX_DRAFT_SEQ}",
-              "p_split": "--draft-p-split takes 0 to 1", "n_max": "give --draft N, not auto",
+              "n_max": "give --draft N (1 or more) or auto; --no-spec decodes with the "
+              "target alone",
+              "n_min": "--draft-min is at most --draft", "p_min": None,
+              "n_seq": "a tree takes a fixed --draft N", "p_split": None,
               "slots": "fewer -np slots or a smaller --draft-n-seq"}
 
 
+def refused(e: config.PlanError, **names: str) -> UsageError:
+    """A plan's error in the flags' words (names: a command's own flag for a field)."""
+    return UsageError(e.said({**FLAGS, **names}), hint=PLAN_HINTS.get(e.field))
+
+
 def plan(drafting: Drafting, model_draft: str | None) -> SpecPlan:
-    """The drafting flags as one plan, checked before any model loads; its errors name the
-    flags."""
-    from specli.plan import PlanError, SpecPlan, draft_head
+    """The drafting flags as one plan, checked before any model loads (the one resolution
+    of a command); its errors name the flags."""
+    from specli.plan import SpecPlan, draft_head
 
     try:
         return SpecPlan.resolve(drafting.types, model_draft is not None, drafting.params,
                                 drafting.ngram, draft_head(model_draft))
-    except PlanError as e:
-        raise UsageError(e.message, hint=PLAN_HINTS[e.field]) from None
+    except config.PlanError as e:
+        raise refused(e) from None
 
 
 def _ngram_opt(*names: str, help: str):
@@ -108,53 +118,21 @@ def _drafting_flags(
         "-lcd", "--lookup-cache-dynamic", help="Dynamic lookup cache for ngram-cache: read if "
         "it exists, updated atomically after the run. Implies --spec-type ngram-cache.",
         rich_help_panel=NGRAM, show_default=False)] = None,
-    draft: Annotated[str | None, typer.Option(
-        "--draft", "--draft-max", "--draft-n", "--spec-draft-n-max", metavar="K|auto",
-        help="Most tokens drafted per step (k). Default: 8 for the draft model and "
-        "ngram-cache, while the other n-gram types draft up to their own m, as in llama.cpp; "
-        "given explicitly, K caps them too. `auto`: k chosen each step, per source, from the "
-        f"measured acceptance and cost (up to {config.DRAFT_AUTO_MAX}, 0 included: the "
-        "target alone); on serve, for the whole batch of slots, and serve's default.",
-        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MAX", "LLAMA_ARG_DRAFT_MAX"],
-        rich_help_panel=DRAFTING, show_default=False)] = None,
-    draft_min: Annotated[int, typer.Option(
-        "--draft-min", "--spec-draft-n-min", "--draft-n-min",
-        help="A draft shorter than this is not verified.",
-        envvar=["LLAMA_ARG_SPEC_DRAFT_N_MIN", "LLAMA_ARG_DRAFT_MIN"],
-        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_min,
-    draft_p_min: Annotated[float, typer.Option(
-        "--draft-p-min", "--spec-draft-p-min",
-        help="Stop drafting when the draft's top probability falls below this.",
-        envvar=["LLAMA_ARG_SPEC_DRAFT_P_MIN", "LLAMA_ARG_DRAFT_P_MIN"],
-        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_min,
-    draft_n_seq: Annotated[int, typer.Option(
-        "--draft-n-seq", "--spec-draft-n-seq",
-        help="Draft sequences: more than 1 drafts a tree, as llama-speculative's -np, a "
-        "branch splitting where the draft's next candidate is above --draft-p-split; the "
-        "target verifies every node in one batch. Needs a draft model alone (no n-gram "
-        "types) and a fixed --draft, which caps the tree's nodes.",
-        envvar="LLAMA_ARG_SPEC_DRAFT_N_SEQ",
-        rich_help_panel=DRAFTING)] = config.DraftPolicy.n_seq,
     draft_translate: Annotated[bool, typer.Option(
         "--draft-translate", help="The draft model (-md) has another tokenizer: its drafts "
         "are turned into text and the text into the target's tokens, which the target "
         "verifies (a pair llama.cpp refuses; it accepts less than a same-family draft).",
         rich_help_panel=DRAFTING)] = False,
-    draft_p_split: Annotated[float, typer.Option(
-        "--draft-p-split", "--spec-draft-p-split",
-        help="A draft tree branches where the draft's next candidate is more likely than "
-        "this (with --draft-n-seq or run's -np above 1).",
-        envvar="LLAMA_ARG_SPEC_DRAFT_P_SPLIT",
-        rich_help_panel=DRAFTING)] = config.DraftPolicy.p_split,
+    **knobs: Any,
 ) -> Drafting:
-    """The drafting flags, checked: draft lengths, then n-gram settings, then types."""
+    """The drafting flags, checked: draft lengths (config.DRAFTING's flags, in `knobs`),
+    then n-gram settings, then types."""
     names = [t.strip() for t in (spec_type or "").split(",")]
     if "draft-translate" in names:  # the draft model, through text
         draft_translate = True
         spec_type = ",".join(dict.fromkeys("draft-simple" if t == "draft-translate" else t
                                            for t in names))
-    params = replace(draft_params(draft, draft_min, draft_p_min, draft_n_seq, draft_p_split),
-                     translate=draft_translate)
+    params = draft_params(translate=draft_translate, **knobs)
     ngram = ngram_params(
         size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
         simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,
@@ -166,21 +144,36 @@ def _drafting_flags(
     return Drafting(tuple(types), params, ngram)
 
 
+def _knob(knob: config.DraftKnob) -> inspect.Parameter:
+    """A DRAFTING knob's flag as a Typer parameter, named by its field; --draft (a metavar
+    of its own) takes K or auto, as text."""
+    default = knob.default()
+    kind, default = (str | None, None) if knob.metavar else (knob.kind, default)
+    return inspect.Parameter(knob.field, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                             default=default,
+                             annotation=Annotated[kind, typer.Option(
+                                 *knob.flags, help=knob.help, envvar=list(knob.envvars),
+                                 metavar=knob.metavar, rich_help_panel=DRAFTING,
+                                 show_default=knob.metavar is None)])
+
+
+_own = inspect.signature(_drafting_flags, eval_str=True)
+_drafting_flags.__signature__ = _own.replace(parameters=[  # type: ignore[attr-defined]
+    *(p for p in _own.parameters.values() if p.kind is not p.VAR_KEYWORD),
+    *map(_knob, config.DRAFTING)])
+
 DRAFTING_FLAGS = Group(_drafting_flags)
 
 
 def parse_draft(value: str) -> tuple[int, bool]:
-    """--draft K or --draft auto -> (k or the auto cap, adaptive)."""
+    """--draft K or --draft auto -> (k or the auto cap, adaptive); its range is the
+    policy's to check."""
     if value.strip().lower() == "auto":
         return config.DRAFT_AUTO_MAX, True
     try:
-        k = int(value)
+        return int(value), False
     except ValueError:
         raise UsageError(f"--draft must be a whole number or auto, got {value!r}") from None
-    if k < 1:
-        raise UsageError(f"--draft must be at least 1 (got {k})",
-                         hint="use --no-spec to decode without a draft")
-    return k, False
 
 
 def ngram_params(*, size_n: int | None, size_m: int | None, min_hits: int | None,
@@ -239,32 +232,22 @@ def spec_types(value: str | None, lookup_static: str | None = None,
     return types
 
 
-def draft_params(draft: str | None, draft_min: int, p_min: float, n_seq: int = 1,
-                 p_split: float = config.DraftPolicy.p_split) -> config.DraftPolicy:
-    """--draft (K or auto), --draft-min, --draft-p-min, --draft-n-seq and --draft-p-split,
-    checked. An explicit K also caps the n-gram types' own lengths."""
-    k, adaptive = parse_draft(draft if draft is not None else str(config.DEFAULT_DRAFT_MAX))
-    if draft_min < 0 or draft_min > k:
-        raise UsageError(f"--draft-min must be between 0 and --draft ({k}), got {draft_min}")
-    if not 0.0 <= p_min <= 1.0:
-        raise UsageError(f"--draft-p-min must be between 0 and 1, got {p_min}")
-    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
-        raise UsageError(f"--draft-n-seq must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
-    if not 0.0 <= p_split <= 1.0:
-        raise UsageError(f"--draft-p-split must be between 0 and 1, got {p_split}")
-    if n_seq > 1 and adaptive:
-        raise UsageError("a draft tree (--draft-n-seq above 1) takes a fixed --draft",
-                         hint="give --draft N instead of auto")
-    return config.DraftPolicy(n_max=k, n_min=draft_min, p_min=p_min, adaptive=adaptive,
-                              cap_ngram=draft is not None and not adaptive, n_seq=n_seq,
-                              p_split=p_split)
+def draft_params(n_max: str | None = None, translate: bool = False,
+                 **values: Any) -> config.DraftPolicy:
+    """--draft (K or auto) and the other DRAFTING flags (by field) as the policy, which
+    checks them. An explicit K also caps the n-gram types' own lengths."""
+    k, adaptive = parse_draft(n_max if n_max is not None else str(config.DEFAULT_DRAFT_MAX))
+    try:
+        return config.DraftPolicy(n_max=k, adaptive=adaptive,
+                                  cap_ngram=n_max is not None and not adaptive,
+                                  translate=translate, **values)
+    except config.PlanError as e:
+        raise refused(e) from None
 
 
 def with_n_seq(drafting: Drafting, n_seq: int, flag: str) -> Drafting:
     """The drafting flags with another number of draft sequences (run's -np), checked."""
-    if not 1 <= n_seq <= config.MAX_DRAFT_SEQ:
-        raise UsageError(f"{flag} must be between 1 and {config.MAX_DRAFT_SEQ}, got {n_seq}")
-    if n_seq > 1 and drafting.params.adaptive:
-        raise UsageError("a draft tree (-np above 1) takes a fixed --draft",
-                         hint="give --draft N instead of auto")
-    return replace(drafting, params=replace(drafting.params, n_seq=n_seq))
+    try:
+        return replace(drafting, params=replace(drafting.params, n_seq=n_seq))
+    except config.PlanError as e:
+        raise refused(e, n_seq=flag) from None
