@@ -390,10 +390,10 @@ class DraftPolicy:
             n_seq=self.n_seq if request.n_seq is None else request.n_seq,
             p_split=self.p_split if request.p_split is None else request.p_split)
 
-    def k_for(self, source: object, k: int) -> int:
-        """The most tokens `source` drafts in a step that can take k: --draft caps it unless
-        it drafts to its own length (`own_length`: the n-gram types that have an m)."""
-        if self.cap_ngram or not getattr(source, "own_length", False):
+    def k_for(self, own_length: bool, k: int) -> int:
+        """The most tokens a source drafts in a step that can take k: --draft caps it unless
+        it drafts to its own length (own_length: the n-gram types that have an m)."""
+        if self.cap_ngram or not own_length:
             return min(k, self.n_max)
         return k
 

@@ -20,8 +20,8 @@ import numpy as np
 from specli import prompt as prompts
 from specli.backend import Backend
 from specli.config import DraftPolicy, SamplingParams, SpecRequest
-from specli.drafts import DraftSource, ModelDraft, Proposal
-from specli.drafts.base import Outcome, Reads, Sources, rules_kw
+from specli.drafts import DraftSource
+from specli.drafts.base import Outcome, Reads, Sources
 from specli.drafts.tree import Tree
 from specli.errors import BackendError, ContextOverflowError, UsageError
 from specli.meter import Meter, prompt_progress
@@ -88,22 +88,30 @@ class Engine:
 
     # -- prompts (prompt.py) ----------------------------------------------------------------
     def tokenize(self, text: str, chat: bool = False) -> list[int]:
+        return self.prompt(text, chat)[0]
+
+    def prompt(self, text: str, chat: bool = False) -> tuple[list[int], list[int] | None]:
+        """A prompt's tokens, and a translating draft's own for it (None: it reads the
+        target's; a plain text's, always)."""
         if chat:
-            return self.tokenize_messages([{"role": "user", "content": text}])
-        return prompts.tokenize(self.target, text)
+            return self.chat_prompt([{"role": "user", "content": text}])[1:]
+        return prompts.tokenize(self.target, text), None
 
     def tokenize_messages(self, messages: list[dict], continue_final: bool = False,
                           opts: ChatOptions | None = None) -> list[int]:
         return self.chat_prompt(messages, continue_final, opts)[1]
 
     def chat_prompt(self, messages: list[dict], continue_final: bool = False,
-                    opts: ChatOptions | None = None) -> tuple[str, list[int]]:
-        """Prompt text and tokens (with a translating draft's own: prompt.Tokens)."""
+                    opts: ChatOptions | None = None
+                    ) -> tuple[str, list[int], list[int] | None]:
+        """Prompt text and tokens, and a translating draft's own tokens (the messages
+        rendered through its own template; None for any other draft): the `draft_prompt`
+        of steps, stream and complete."""
         text, ids = prompts.chat_prompt(self.target, messages, continue_final, opts)
         if self.draft_params.translate and self.draft_model is not None:
-            ids = prompts.Tokens(ids, prompts.draft_prompt(self.target, self.draft_model,
-                                                           messages, continue_final))
-        return text, ids
+            return text, ids, prompts.draft_prompt(self.target, self.draft_model, messages,
+                                                   continue_final)
+        return text, ids, None
 
     def render_messages(self, messages: list[dict], continue_final=False, opts=None) -> str:
         return prompts.render_messages(self.target, messages, continue_final, opts)
@@ -112,17 +120,19 @@ class Engine:
     def steps(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams, stats: Stats,
               speculative: bool = True, spec: SpecRequest | None = None,
               probs: list[TokenProbs] | None = None,
-              progress: Callable[[dict], None] | None = None) -> Iterator[tuple[int, bool]]:
+              progress: Callable[[dict], None] | None = None,
+              draft_prompt: Sequence[int] | None = None) -> Iterator[tuple[int, bool]]:
         """Yield (token, from_draft) for each emitted token; fills `stats` as it goes.
 
         n_predict < 0 means until an end-of-generation token or a full context. spec: this
         request's own draft types and lengths (the server's `speculative` object). probs:
         with sp.n_probs set, each token's TokenProbs is appended before the token is yielded.
         progress: called with llama-server's prompt_progress (total, cache, processed,
-        time_ms) before and after each batch of the prompt.
+        time_ms) before and after each batch of the prompt. draft_prompt: a translating
+        draft's own tokens for the prompt (chat_prompt's; None: it reads the prompt's text).
         """
         tgt, policy = self.target, self.draft_params.overlay(spec)
-        draft = self._source(spec, getattr(prompt, "draft", None)) if speculative else None
+        draft = self._source(spec, draft_prompt) if speculative else None
         self._check(prompt, sp)
         rules = Rules.start(tgt, sp, prompt)  # a grammar is parsed before any work
         stats.seed = sp.seed if sp.seed is not None else secrets.randbits(32)
@@ -223,13 +233,10 @@ class Engine:
         n_min = max(policy.n_min, 1)
         if not draft or k < n_min:
             return _EMPTY
-        proposal = draft.propose(context, policy.k_for(draft, k), sp, rng, policy,
-                                 **rules_kw(rules))
-        if isinstance(proposal, Proposal):
-            n = rules.allowed_prefix(proposal.tokens) if rules is not None else None
-            proposal = Tree.chain(proposal.tokens[:n], proposal.q[:n] if proposal.q else None,
-                                  proposal.source)
-        return proposal if len(proposal) >= n_min or proposal.q else _EMPTY
+        tree = draft.propose(context, policy.k_for(draft.own_length, k), sp, rng, policy, rules)
+        if rules is not None:  # a chain (trees are drafted without rules)
+            tree = tree.prefix(rules.allowed_prefix(tree.tokens))
+        return tree if len(tree) >= n_min or tree.q else _EMPTY
 
     def _verify_batch(self, context: list[int], tree: Tree, draft: DraftSource | None,
                       reads: Reads | None) -> np.ndarray:
@@ -284,9 +291,8 @@ class Engine:
         """Whether this generation drafts trees: more than one draft sequence, a draft model
         alone (not chained with n-gram types), no grammar or DRY (their state follows one
         path)."""
-        return (policy.n_seq > 1 and rules is None and isinstance(draft, ModelDraft)
-                and min(getattr(m, "n_branch", 1) for m in (self.target, draft.model))
-                >= policy.n_seq)
+        return (policy.n_seq > 1 and rules is None and draft is not None and draft.trees
+                and min(self.target.n_branch, draft.model.n_branch) >= policy.n_seq)
 
     def _source(self, spec: SpecRequest | None,
                 draft_prompt: Sequence[int] | None) -> DraftSource | None:
@@ -316,14 +322,16 @@ class Engine:
     def stream(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
                speculative: bool = True, spec: SpecRequest | None = None,
                stats: Stats | None = None,
-               progress: Callable[[dict], None] | None = None) -> Iterator[Chunk]:
+               progress: Callable[[dict], None] | None = None,
+               draft_prompt: Sequence[int] | None = None) -> Iterator[Chunk]:
         """Text as it is decoded (UTF-8 split across tokens is held back); the last chunk has
         the finish reason and the stats. Closing the stream early closes the loop at once
         (caches rewound, `stats` complete)."""
         stats = stats if stats is not None else Stats()
         utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         probs: deque[TokenProbs] | None = deque() if sp.n_probs is not None else None
-        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec, probs, progress)
+        steps = self.steps(prompt, n_predict, sp, stats, speculative, spec, probs, progress,
+                           draft_prompt)
         try:
             for token, _ in steps:  # a chunk per token, "" while UTF-8 is held back
                 yield Chunk(utf8.decode(self.target.token_bytes(token)), token=token,
@@ -334,9 +342,11 @@ class Engine:
 
     # -- layer 3: the whole answer ----------------------------------------------------------
     def complete(self, prompt: Sequence[int], n_predict: int, sp: SamplingParams,
-                 speculative: bool = True, spec: SpecRequest | None = None) -> Completion:
+                 speculative: bool = True, spec: SpecRequest | None = None,
+                 draft_prompt: Sequence[int] | None = None) -> Completion:
         stats = Stats()
-        tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec)]
+        tokens = [t for t, _ in self.steps(prompt, n_predict, sp, stats, speculative, spec,
+                                           draft_prompt=draft_prompt)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
 

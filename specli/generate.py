@@ -103,14 +103,15 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
         if on_note:
             for line in changed(req, engine):
                 on_note(line)
-        ids = engine.tokenize(req.text, chat=req.chat)
+        ids, draft_ids = engine.prompt(req.text, chat=req.chat)
         sampling = req.sampling
         if req.ignore_eos:  # as llama.cpp: their logits -inf, for the draft's checks too
             sampling = replace(sampling, logit_bias=(
                 *sampling.logit_bias, *((t, -math.inf) for t in engine.target.eog)))
         pieces: list[str] = []
         stats = Stats()
-        stream = engine.stream(ids, req.n_predict, sampling, stats=stats)
+        stream = engine.stream(ids, req.n_predict, sampling, stats=stats,
+                               draft_prompt=draft_ids)
         if interrupt is not None:
             interrupt.armed = True
         stopped = reversed_at = False

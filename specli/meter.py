@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from specli.stats import ModelPerf, Stats
 
 if TYPE_CHECKING:
-    from specli.backend import Backend
+    from specli.backend import Decoder
 
 
 class Meter:
@@ -19,7 +19,7 @@ class Meter:
     each model's decodes, its decode calls and tokens (llama_perf_context would bill one
     context's work to the other when two are interleaved)."""
 
-    def __init__(self, stats: Stats, target: Backend, draft: Backend | None):
+    def __init__(self, stats: Stats, target: Decoder, draft: Decoder | None):
         stats.target = ModelPerf(load_ms=target.load_ms)
         stats.draft = ModelPerf(load_ms=draft.load_ms) if draft is not None else None
         self.stats = stats
@@ -61,11 +61,11 @@ def prompt_progress(report: Callable[[dict], None], total: int) -> Callable[[int
     return on_progress
 
 
-def _usage(m: Backend | None) -> tuple[float, int, int]:
+def _usage(m: Decoder | None) -> tuple[float, int, int]:
     """(seconds inside llama_decode, decode calls, tokens decoded) so far."""
     return (m.t_decode_s, m.n_decode_calls, m.n_decode_tokens) if m is not None else (0.0, 0, 0)
 
 
-def _since(m: Backend | None, before: tuple[float, int, int]) -> tuple[float, int, int]:
+def _since(m: Decoder | None, before: tuple[float, int, int]) -> tuple[float, int, int]:
     now = _usage(m)
     return now[0] - before[0], now[1] - before[1], now[2] - before[2]

@@ -16,23 +16,14 @@ from specli.errors import ContextOverflowError, UsageError
 from specli.toolcall import ChatOptions
 
 if TYPE_CHECKING:
-    from specli.backend import Backend
+    from specli.backend import Vocabulary
 
 
-class Tokens(list):
-    """A prompt's tokens that carry a translating draft's own (draft_prompt), for the
-    generation that starts from them: request state, never an engine's."""
-
-    def __init__(self, ids: list[int], draft: list[int] | None):
-        super().__init__(ids)
-        self.draft = draft
-
-
-def tokenize(target: Backend, prompt: str) -> list[int]:
+def tokenize(target: Vocabulary, prompt: str) -> list[int]:
     return target.tokenize(fits(target, prompt))
 
 
-def tokenize_messages(target: Backend, messages: list[dict], continue_final: bool = False,
+def tokenize_messages(target: Vocabulary, messages: list[dict], continue_final: bool = False,
                       opts: ChatOptions | None = None) -> list[int]:
     """A conversation rendered with the target's chat template (ChatML when the file has
     none), tokenized with special tokens parsed. What cannot fit the context is refused
@@ -41,7 +32,7 @@ def tokenize_messages(target: Backend, messages: list[dict], continue_final: boo
     return chat_prompt(target, messages, continue_final, opts)[1]
 
 
-def chat_prompt(target: Backend, messages: list[dict], continue_final: bool = False,
+def chat_prompt(target: Vocabulary, messages: list[dict], continue_final: bool = False,
                 opts: ChatOptions | None = None) -> tuple[str, list[int]]:
     """The conversation's prompt text and its tokens (tokenize_messages)."""
     text = render_messages(target, messages, continue_final, opts)
@@ -50,7 +41,7 @@ def chat_prompt(target: Backend, messages: list[dict], continue_final: bool = Fa
                                   add_special=not (bos and text.startswith(bos)))
 
 
-def render_messages(target: Backend, messages: list[dict], continue_final: bool = False,
+def render_messages(target: Vocabulary, messages: list[dict], continue_final: bool = False,
                     opts: ChatOptions | None = None) -> str:
     """The conversation as the prompt text tokenize_messages tokenizes: with opts, the
     request's tools and template variables as llama.cpp gives them (prepare)."""
@@ -85,7 +76,7 @@ def render_messages(target: Backend, messages: list[dict], continue_final: bool 
         raise
 
 
-def draft_prompt(target: Backend, draft: Backend, messages: list[dict],
+def draft_prompt(target: Vocabulary, draft: Vocabulary, messages: list[dict],
                  continue_final: bool = False) -> list[int] | None:
     """A draft with another tokenizer reads a conversation through its own chat template
     and special tokens (drafts/translate.py); None where its template refuses what the
@@ -102,7 +93,7 @@ def draft_prompt(target: Backend, draft: Backend, messages: list[dict],
     return draft.tokenize(text, add_special=not (bos and text.startswith(bos)))
 
 
-def fits(target: Backend, text: str) -> str:
+def fits(target: Vocabulary, text: str) -> str:
     """text, unless it is longer than any n_ctx tokens can spell (no token is longer than
     max_token_bytes): then ContextOverflowError, before tokenizing megabytes."""
     n_ctx = target.n_ctx
@@ -117,7 +108,7 @@ def fits(target: Backend, text: str) -> str:
     return text
 
 
-def jinja_source(target: Backend) -> tuple[bool, str | None]:
+def jinja_source(target: Vocabulary) -> tuple[bool, str | None]:
     """(whether the target's chat template renders as Jinja, its source: None for
     ChatML's fallback)."""
     template, builtin = chat_renderer(target.chat_template(), target.params.jinja)

@@ -60,6 +60,13 @@ class Dist:
         return int(self.ids[min(i, self.ids.size - 1)])
 
 
+def penalty_window(context: Sequence[int], sp: SamplingParams) -> Sequence[int]:
+    """The tokens of `context` the repetition penalties look at: its last repeat_last_n
+    (-1: all of it; 0: none)."""
+    n = sp.repeat_last_n
+    return context if n < 0 else context[-n:] if n > 0 else ()
+
+
 def transform(logits: np.ndarray, sp: SamplingParams, history: Sequence[int]) -> np.ndarray:
     """The row as llama.cpp's chain sees it before top-k: logit bias added, then the
     repetition penalties for the tokens among the last repeat_last_n of `history` (a logit

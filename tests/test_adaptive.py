@@ -9,36 +9,27 @@ from fakes import accepted
 from specli.config import SamplingParams
 from specli.cost import CostModel
 from specli.drafts.adaptive import Adaptive, Batch, VerifyCost, plan_batch
-from specli.drafts.base import Proposal
+from specli.drafts.base import DraftSource
+from specli.drafts.tree import Tree
 
 SP = SamplingParams(temp=0.0)
 
 
-class Echo:
+class Echo(DraftSource):
     """Proposes k copies of a token; records the k it was asked for."""
 
     name = "echo"
-    own_length, model = False, None
 
     def __init__(self):
         self.asked: list[int] = []
         self.observed: list[int] = []
 
-    def begin(self, prompt):
-        pass
-
-    def propose(self, context, k, sp, rng, policy=None):
+    def propose(self, context, k, sp, rng, policy=None, rules=None):
         self.asked.append(k)
-        return Proposal([7] * k, source=self.name)
-
-    def process(self, batch):
-        pass
+        return Tree.chain([7] * k, source=self.name)
 
     def accept(self, outcome):
         self.observed.append(outcome.n_accepted)
-
-    def end(self):
-        pass
 
 
 def test_cost_fit_recovers_a_linear_batch_cost():
@@ -64,9 +55,9 @@ class Slow(Echo):
         super().__init__()
         self.now, self.c = now, c
 
-    def propose(self, context, k, sp, rng, policy=None):
+    def propose(self, context, k, sp, rng, policy=None, rules=None):
         self.now[0] += self.c * k
-        return super().propose(context, k, sp, rng, policy)
+        return super().propose(context, k, sp, rng, policy, rules)
 
 
 def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,

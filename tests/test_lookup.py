@@ -75,7 +75,7 @@ def test_the_source_learns_from_committed_tokens():
     h = [1, 2, 3, 4] * 3 + [1, 2]
     src.begin(h)
     p = src.propose(h, 4, SP, np.random.default_rng(0))
-    assert p.tokens == [3, 4, 1, 2] and p.source == "ngram-cache" and p.q is None
+    assert p.tokens == [3, 4, 1, 2] and p.source == "ngram-cache" and not p.q
     h += [3, 4, 9]
     assert src.propose(h, 4, SP, np.random.default_rng(0)).tokens == []
 

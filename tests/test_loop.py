@@ -207,5 +207,8 @@ def test_prompt_longer_than_context_is_an_error_and_a_full_context_stops():
 
 def test_the_fake_is_a_backend():
     """The fake implements the interface the engine uses of a model (backend.Backend), as
-    the real Model and a server slot's sequence do (test_shared_context.py)."""
-    assert isinstance(FakeModel(), Backend)
+    the real Model and a server slot's sequence do (test_shared_context.py), role by role."""
+    from specli.backend import Branches, Decoder, States, Vocabulary
+
+    for role in (Backend, Vocabulary, Decoder, Branches, States):
+        assert isinstance(FakeModel(), role), role

@@ -153,7 +153,7 @@ def test_ngram_proposals_are_deterministic_at_any_temperature():
     h = [9, 9, 1, 2, 3, 4, 5, 6, 8, 8, 8, 1, 2]
     src.begin(h)
     p = src.propose(h, 8, SamplingParams(temp=0.8), np.random.default_rng(0))
-    assert p.tokens == [3, 4, 5] and p.q is None and p.source == "ngram-simple"
+    assert p.tokens == [3, 4, 5] and not p.q and p.source == "ngram-simple"
 
 
 def literal_mod_idx(tokens, size):

@@ -35,7 +35,7 @@ def test_proposes_the_m_tokens_after_the_key(key_only):
     src = started(H, key_only)
     p = src.propose(H, 100, SP, np.random.default_rng(0))
     assert p.tokens == [3, 4, 5]
-    assert p.source == ("ngram-map-k" if key_only else "ngram-map-k4v") and p.q is None
+    assert p.source == ("ngram-map-k" if key_only else "ngram-map-k4v") and not p.q
 
 
 @pytest.mark.parametrize("h,why", [

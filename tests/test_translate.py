@@ -174,9 +174,9 @@ def gemma_target(gemma_f16, q4_1):
 def test_gemma_drafts_for_smollm2_and_the_text_is_the_targets(smollm2_target):
     e = smollm2_target
     for prompt in PROMPTS[:2]:
-        ids = e.tokenize(prompt, chat=True)
+        ids, own = e.prompt(prompt, chat=True)
         plain = e.complete(ids, 48, GREEDY, speculative=False)
-        out = e.complete(ids, 48, GREEDY)
+        out = e.complete(ids, 48, GREEDY, draft_prompt=own)
         assert out.tokens == plain.tokens
         assert out.stats.n_accept > 0, "some translated drafts are accepted"
         assert out.stats.per_source["draft-translate"]["gen_drafts"] > 0
@@ -195,10 +195,10 @@ def test_characters_split_between_tokens(smollm2_target):
     """SmolLM2's byte-level tokens split CJK characters: the draft sees whole characters,
     proposals start and end on them, and the output is still the target's."""
     e = smollm2_target
-    ids = e.tokenize("Translate into Japanese: good morning, thank you, see you tomorrow.",
-                     chat=True)
+    ids, own = e.prompt("Translate into Japanese: good morning, thank you, see you tomorrow.",
+                        chat=True)
     plain = e.complete(ids, 48, GREEDY, speculative=False)
-    out = e.complete(ids, 48, GREEDY)
+    out = e.complete(ids, 48, GREEDY, draft_prompt=own)
     assert out.tokens == plain.tokens
     pieces = [e.target.token_bytes(t) for t in plain.tokens]
     split = [p for p in pieces if p and _complete(p) < len(p)]
@@ -219,19 +219,20 @@ def test_the_drafts_end_of_generation_becomes_the_targets(gemma_target, monkeypa
         return p
 
     monkeypatch.setattr(TranslateDraft, "propose", spy)
-    ids = e.tokenize("Reply with one word: what colour is the sky?", chat=True)
+    ids, own = e.prompt("Reply with one word: what colour is the sky?", chat=True)
     plain = e.complete(ids, 40, GREEDY, speculative=False)
-    out = e.complete(ids, 40, GREEDY)
+    out = e.complete(ids, 40, GREEDY, draft_prompt=own)
     assert out.tokens == plain.tokens
     assert any(p and p[-1] == e.target.eos_token for p in proposals), proposals
 
 
-def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
-    """A chat's tokens carry the draft's own rendering of it, not the engine: past 64 chats
-    tokenized at once (a busy server's), the first still reaches the draft through the
-    draft's template (the engine once kept the last 64 in a dict shared by every slot)."""
+def test_the_drafts_prompt_travels_with_the_request(gemma_target, monkeypatch):
+    """A chat's draft prompt (the draft's own rendering of it) is the generation's argument,
+    not the engine's state: past 64 chats tokenized at once (a busy server's), the first
+    still reaches the draft through the draft's template (the engine once kept the last 64
+    in a dict shared by every slot)."""
     e = gemma_target
-    chats = [e.tokenize(f"Reply with one word: what colour is thing {i}?", chat=True)
+    chats = [e.prompt(f"Reply with one word: what colour is thing {i}?", chat=True)
              for i in range(70)]
     seen = []
     real = TranslateDraft.begin
@@ -241,8 +242,8 @@ def test_the_drafts_prompt_travels_with_the_tokens(gemma_target, monkeypatch):
         return real(self, prompt)
 
     monkeypatch.setattr(TranslateDraft, "begin", spy)
-    e.complete(chats[0], 2, GREEDY)
-    assert seen == [chats[0].draft] and seen[0]
+    e.complete(chats[0][0], 2, GREEDY, draft_prompt=chats[0][1])
+    assert seen == [chats[0][1]] and seen[0]
     # SmolLM2's own template, not Gemma's turn markers
     assert "<|im_start|>" in "".join(e.draft_model.token_bytes(t, special=True).decode()
                                      for t in seen[0])

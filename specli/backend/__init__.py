@@ -18,7 +18,7 @@ from specli.backend.devices import (
 from specli.backend.ext import require as require_head
 from specli.backend.heads import HeadContext, HeadModel
 from specli.backend.model import Model, Tokenizer
-from specli.backend.protocol import Backend
+from specli.backend.protocol import Backend, Branches, Decoder, States, Vocabulary
 from specli.backend.quantize import QUANT_TYPES, quantize
 from specli.backend.samplers import (
     GRAMMAR_MAX_NESTING,
@@ -31,7 +31,7 @@ from specli.backend.samplers import (
 from specli.backend.templates import apply_builtin_template, builtin_templates, knows_template
 
 __all__ = ["GRAMMAR_MAX_NESTING", "GRAMMAR_MAX_RULES", "QUANT_TYPES", "SPLIT_MODES", "Backend",
-           "Device",
+           "Branches", "Decoder", "Device", "States", "Vocabulary",
            "Dry", "HeadContext", "HeadModel", "Grammar", "Model", "Tokenizer",
            "apply_builtin_template",
            "builtin_templates", "check_placement", "connect_rpc", "knows_template",

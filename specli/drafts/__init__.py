@@ -2,7 +2,7 @@
 
 from specli.config import SPEC_TYPES
 from specli.drafts.adaptive import Adaptive, Batch, VerifyCost
-from specli.drafts.base import DraftSource, Proposal
+from specli.drafts.base import DraftSource
 from specli.drafts.chain import Chain
 from specli.drafts.lookup import NgramCache
 from specli.drafts.model import ModelDraft
@@ -10,4 +10,4 @@ from specli.drafts.ngram import NgramMod, NgramSimple
 from specli.drafts.ngram_map import NgramMap
 
 __all__ = ["SPEC_TYPES", "Adaptive", "Batch", "Chain", "DraftSource", "ModelDraft", "NgramCache",
-           "NgramMap", "NgramMod", "NgramSimple", "Proposal", "VerifyCost"]
+           "NgramMap", "NgramMod", "NgramSimple", "VerifyCost"]

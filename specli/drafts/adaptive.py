@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DRAFT_AUTO_MAX, DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, DraftSource, Outcome, Proposal, Reads, rules_kw
+from specli.drafts.base import Decoded, DraftSource, Outcome, Reads
+from specli.drafts.tree import Tree
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -162,7 +163,7 @@ def plan_batch(S: np.ndarray, t1: float, slope: float, c: float) -> np.ndarray:
     return ks[int(np.argmax(goodput))]
 
 
-class Adaptive:
+class Adaptive(DraftSource):
     """Wraps one draft source; caps the k it is asked for at the current best length."""
 
     def __init__(self, source: DraftSource, cost: VerifyCost | None = None, seed: int = 0,
@@ -258,20 +259,19 @@ class Adaptive:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         self.k = self.best_k(k)
         self._first = False
         if self.k == 0:  # the target alone this step: the draft catches up when it drafts
             self._rested = True
-            return Proposal()
-        catch_up = getattr(self.source, "catch_up", None)
-        if catch_up is not None:  # what it missed (a rest, a lazy prompt): not its drafting
-            catch_up(context)
+            return Tree()
+        # what it missed (a rest, a lazy prompt) is decoded first: not its drafting
+        caught_up = self.source.catch_up(context)
         t0 = self._clock()
-        p = self.source.propose(context, self.k, sp, rng, policy, **rules_kw(rules))
+        p = self.source.propose(context, self.k, sp, rng, policy, rules)
         t1 = self._clock()
         if p.tokens:
-            if not (self._rested and self._n_draft and catch_up is None):  # (a source that
+            if not (self._rested and self._n_draft and not caught_up):  # (a source that
                 # catches up inside its proposal: a known cost is not overwritten by that)
                 self._t_draft = DECAY * self._t_draft + (t1 - t0)
                 self._n_draft = DECAY * self._n_draft + len(p.tokens)

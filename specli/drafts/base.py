@@ -1,31 +1,28 @@
-"""The DraftSource protocol (llama.cpp's common_speculative shape: begin / propose /
-process / accept / end): a Protocol, not a class tree."""
+"""The DraftSource contract (llama.cpp's common_speculative shape: begin / propose /
+process / accept / end), its no-op hooks in one place, and what flows through it."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams, SpecRequest
 from specli.drafts.tree import Tree
-from specli.verify import Dist
 
 if TYPE_CHECKING:
     from specli.backend import Backend
     from specli.rules import Rules
 
+DRAFT_TOP_K = 10  # llama.cpp's draft sampler keeps the top 10 candidates
 
-@dataclass
-class Proposal:
-    """Up to k drafted tokens; `q` holds the draft's distribution per token when it sampled them
-    (a model draft at temperature > 0), None for a deterministic proposal (greedy or n-gram)."""
 
-    tokens: list[int] = field(default_factory=list)
-    q: list[Dist] | None = None
-    source: str = ""  # the DraftSource.name that proposed it, for per-source statistics
+def top_share(logits: np.ndarray, token: int) -> float:
+    """token's probability among the row's top ten (llama.cpp's p, for --draft-p-min)."""
+    top = logits[np.argpartition(logits, -DRAFT_TOP_K)[-DRAFT_TOP_K:]]
+    return float(1.0 / np.exp(top - logits[token]).sum())
 
 
 @dataclass(frozen=True)
@@ -106,26 +103,37 @@ class Outcome:
         return Outcome(self.n_keep)
 
 
-class DraftSource(Protocol):
-    """Anything that proposes tokens: a draft model, an n-gram table, a chain of them."""
+class DraftSource:
+    """Anything that proposes tokens (llama.cpp's common_speculative: begin / propose /
+    process / accept / end): a draft model, an n-gram table, a chain of them. A source
+    subclasses it, declares what it can do (own_length, model, trees) and overrides the
+    hooks it needs; the others are the no-ops here."""
 
-    name: str
-    own_length: bool  # drafts up to a length of its own (an n-gram type's m), not --draft
-    model: Backend | None  # the draft model it decodes with, if any (for timing)
+    name: str = ""
+    own_length: bool = False  # drafts up to a length of its own (an n-gram type's m), not --draft
+    model: Backend | None = None  # the draft model it decodes with, if any (for timing)
+    trees: bool = False  # drafts trees (policy.n_seq > 1) in its model's sequences
 
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         """A new generation starts from `prompt` (its last token is not yet verified).
         Returns what it reads from the target's decodes (None: nothing)."""
+        return None
+
+    def catch_up(self, context: Sequence[int]) -> bool:
+        """Decode what it lacks of the context before a proposal is timed; False: a source
+        that has nothing to decode, or decodes it inside its proposal."""
+        return False
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal | Tree:
-        """Propose up to k tokens to follow `context` (all committed tokens): a Proposal (one
-        sequence), or a Tree of up to k nodes when policy.n_seq > 1 and the source drafts
-        trees. policy: this step's (p_min for a draft model; a chain gives each source its
-        own k from it). rules: the committed DRY and grammar state, if the request has
-        them; a source may draft within them (on a fork); the engine cuts any proposal at
-        its first token the grammar refuses."""
+                rules: Rules | None = None) -> Tree:
+        """Propose up to k tokens to follow `context` (all committed tokens): a chain
+        (Tree.chain: one sequence; empty: nothing), or a tree of up to k nodes when
+        policy.n_seq > 1 and the source drafts trees. policy: this step's (p_min for a
+        draft model; a chain gives each source its own k from it). rules: the committed DRY
+        and grammar state, if the request has them; a source may draft within them (on a
+        fork); the engine cuts any proposal at its first token the grammar refuses."""
+        raise NotImplementedError
 
     def process(self, batch: Decoded) -> None:
         """What the target just decoded (the prompt's batches, then each verification)."""
@@ -145,9 +153,3 @@ class Sources(Protocol):
 
     def expect(self, draft_prompt: Sequence[int] | None) -> None:
         """The draft's own tokens for the next prompt, for a source that translates."""
-
-
-def rules_kw(rules: Rules | None) -> dict:
-    """The rules keyword, only when there are rules: a source written before them keeps
-    working for requests without any."""
-    return {} if rules is None else {"rules": rules}

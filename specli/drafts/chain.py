@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, DraftSource, Outcome, Proposal, Reads, rules_kw
+from specli.drafts.base import Decoded, DraftSource, Outcome, Reads
+from specli.drafts.tree import Tree
 
 if TYPE_CHECKING:
     from specli.rules import Rules
 
 
-class Chain:
+class Chain(DraftSource):
     """Ask each source in turn (n-gram types before the draft model, as llama.cpp does) and
     verify the first non-empty proposal. A source skipped in a step catches up on the tokens
     it missed the next time it is asked (a model draft feeds them in one batch)."""
@@ -35,15 +36,15 @@ class Chain:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         self._last = None
         policy = policy or DraftPolicy()
         for s in self.sources:
-            p = s.propose(context, policy.k_for(s, k), sp, rng, policy, **rules_kw(rules))
+            p = s.propose(context, policy.k_for(s.own_length, k), sp, rng, policy, rules)
             if p.tokens:
                 self._last = s
                 return p
-        return Proposal()
+        return Tree()
 
     def process(self, batch: Decoded) -> None:
         for s in self.sources:

@@ -23,20 +23,16 @@ import numpy as np
 
 from specli.backend.heads import HeadContext
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal, Reads
+from specli.drafts.base import Decoded, DraftSource, Outcome, Reads, top_share
+from specli.drafts.tree import Tree
 from specli.verify import finite_argmax, finite_argmaxes
-
-_TOP_K = 10  # llama.cpp's draft sampler: top-k 10, the top candidate taken
 
 
 def _top(logits: np.ndarray, p_min: float) -> tuple[int, float]:
     """The top token and, when p_min asks, its probability among the top ten (llama.cpp's p
     for p_min; 1.0 otherwise)."""
     token = finite_argmax(logits)
-    if p_min <= 0.0:
-        return token, 1.0
-    top = logits[np.argpartition(logits, -_TOP_K)[-_TOP_K:]]
-    return token, float(1.0 / np.exp(top - logits[token]).sum())
+    return token, top_share(logits, token) if p_min > 0.0 else 1.0
 
 
 def _shared(a: Sequence[int], b: Sequence[int]) -> int:
@@ -44,12 +40,9 @@ def _shared(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
-class _Head:
+class _Head(DraftSource):
     """What every head shares: the context, its vocabulary cap, the prompt's reuse, and the
     write of what the target decoded into the head's cache once the step is over."""
-
-    name = ""
-    own_length = False  # --draft caps it
 
     def __init__(self, head: HeadContext, n_vocab_target: int):
         self.model = head
@@ -61,17 +54,18 @@ class _Head:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules=None) -> Proposal:
+                rules=None) -> Tree:
         """Up to k of its top tokens after `context` (p_min from the policy); the cells it
         drafted into are dropped after (the verification brings its own)."""
-        out, n_past = Proposal(source=self.name), len(context) - 1
+        out: list[int] = []
+        n_past = len(context) - 1
         self._take()
         try:
             if k > 0:
-                self._draft(context, n_past, k, policy.p_min if policy else 0.0, out.tokens)
+                self._draft(context, n_past, k, policy.p_min if policy else 0.0, out)
         finally:
             self.model.rewind_cells(n_past)
-        return out
+        return Tree.chain(out, source=self.name)
 
     def process(self, batch: Decoded) -> None:
         """Kept until it is known how many of its rows the target kept (accept), so that a
@@ -95,6 +89,12 @@ class _Head:
     def _write(self, batch: Decoded, n: int) -> None:
         """The batch's first n rows into the head's cache, the head's own way."""
         raise NotImplementedError
+
+    def accept(self, outcome: Outcome) -> None:
+        """The told rows the target kept into the cache (MTP's pending state and EAGLE-3's
+        seed become the last kept token's), the rest dropped."""
+        self._take(outcome.n_keep)
+        self.model.rewind(outcome.n_keep)
 
     def end(self) -> None:
         self._take()
@@ -183,10 +183,6 @@ class MtpDraft(_Head):
             if self.n_heads > 1:
                 m.layer_offset(0)
 
-    def accept(self, outcome: Outcome) -> None:
-        self._take(outcome.n_keep)  # pending: the target's state at the last kept token
-        self.model.rewind(outcome.n_keep)
-
 
 class Eagle3Draft(_Head):
     """An EAGLE-3 head (llama.cpp's draft-eagle3): the target's states at three layers go
@@ -251,10 +247,6 @@ class Eagle3Draft(_Head):
                 break
             items = [(token, pos + i + 1, state, True)]
 
-    def accept(self, outcome: Outcome) -> None:
-        self._take(outcome.n_keep)  # the seed becomes the last kept token's
-        self.model.rewind(outcome.n_keep)
-
 
 class DflashDraft(_Head):
     """A DFlash block-diffusion drafter (llama.cpp's draft-dflash), or DSpark with its Markov
@@ -311,7 +303,3 @@ class DflashDraft(_Head):
             if p < p_min:
                 break
             out.append(token)
-
-    def accept(self, outcome: Outcome) -> None:
-        self._take(outcome.n_keep)
-        self.model.rewind(outcome.n_keep)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal
+from specli.drafts.base import DraftSource
+from specli.drafts.tree import Tree
 from specli.errors import SpecliError
 
 if TYPE_CHECKING:
@@ -257,14 +258,13 @@ def statistics(cache: Cache) -> dict:
             "continuations": pairs, "observations": total}
 
 
-class NgramCache:
+class NgramCache(DraftSource):
     """The ngram-cache draft source, as llama-lookup runs it: the context cache learns every
     committed token; at the end of a generation it is merged into the dynamic cache, which is
     written back (atomically) when it came from a file."""
 
     name = "ngram-cache"
-    own_length = False  # llama-lookup drafts up to --draft tokens
-    model = None
+    # own_length False: llama-lookup drafts up to --draft tokens
 
     def __init__(self, static: Cache | None = None, dynamic: Cache | None = None,
                  dynamic_path: str | os.PathLike | None = None):
@@ -297,16 +297,12 @@ class NgramCache:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         self._learn(context)
         tokens = draft(context, k, self.context, self.dynamic, self.static)
-        return Proposal(tokens, source=self.name)
+        return Tree.chain(tokens, source=self.name)
 
-    def process(self, batch: Decoded) -> None:
-        pass
-
-    def accept(self, outcome: Outcome) -> None:
-        """Only committed tokens are counted; a rewind never reaches them."""
+    # accept: nothing (only committed tokens are counted; a rewind never reaches them)
 
     def end(self) -> None:
         if self.dynamic_path is None:

@@ -8,19 +8,23 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal
+from specli.drafts.base import DraftSource, Outcome, top_share
 from specli.drafts.tree import Calibration, Tree, draft_tree
-from specli.verify import NoToken, finite_argmax, need_for, sampling_dist, transform
+from specli.verify import (
+    Dist,
+    NoToken,
+    finite_argmax,
+    need_for,
+    penalty_window,
+    sampling_dist,
+    transform,
+)
 
 if TYPE_CHECKING:
     from specli.backend import Backend
     from specli.rules import Rules
 
-# llama.cpp's draft sampler keeps the top 10 candidates; p_min is judged on their softmax
-_DRAFT_TOP_K = 10
-
-
-class ModelDraft:
+class ModelDraft(DraftSource):
     """Keeps its KV cache in step with the target's committed tokens without re-decoding any.
 
     After a step its cache holds the context up to the last accepted draft token; the tokens it
@@ -29,7 +33,7 @@ class ModelDraft:
     """
 
     name = "draft"
-    own_length = False  # --draft caps it
+    trees = True  # policy.n_seq > 1: a tree in its model's sequences
     # a server's slot whose k the batch's plan chooses (0 under load): the prompt is fed
     # when the slot first drafts (catch_up), not at begin, where it is often never used
     lazy = False
@@ -53,16 +57,17 @@ class ModelDraft:
             return
         self.model.sync(prompt[:-1])
 
-    def catch_up(self, context: Sequence[int]) -> None:
+    def catch_up(self, context: Sequence[int]) -> bool:
         """Decode what the cache lacks of the context but its last token (the proposal's
         first decode), so that a proposal's time is its drafting's."""
         m = self.model
         if len(m.tokens) < len(context) - 1 and len(context) < m.n_ctx:
             m.decode(context[len(m.tokens):-1], logits="none")
+        return True
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal | Tree:
+                rules: Rules | None = None) -> Tree:
         """A sequence, or with policy.n_seq > 1 a tree of up to k nodes (drafts/tree.py)."""
         m = self.model
         p_min = policy.p_min if policy is not None else 0.0
@@ -73,17 +78,19 @@ class ModelDraft:
             return draft_tree(m, self.feed(context), self.n_vocab, context, k, sp, rng, policy,
                               self.calib, self.name)
         if k <= 0:
-            return Proposal()
+            return Tree()
         logits = self.feed(context)[0, : self.n_vocab]
-        out = Proposal(q=None if sp.greedy else [], source=self.name)
+        tokens: list[int] = []
+        q: list[Dist] | None = None if sp.greedy else []
         g = rules.fork() if rules is not None else None
         try:
-            return self._draft(logits, out, context, k, sp, rng, p_min, g)
+            self._draft(logits, tokens, q, context, k, sp, rng, p_min, g)
         except NoToken:  # the grammar allows nothing the draft knows: propose what it has
-            return out
+            pass
         finally:
             if g is not None:
                 g.close()
+        return Tree.chain(tokens, q, self.name)
 
     def feed(self, context: Sequence[int]) -> np.ndarray:
         """Bring the cache to the whole context (decoding only what it lacks, in one batch)
@@ -101,39 +108,36 @@ class ModelDraft:
             new = new[1:]
         return m.decode(new, logits="last")
 
-    def _draft(self, logits: np.ndarray, out: Proposal, context: Sequence[int], k: int,
-               sp: SamplingParams, rng: np.random.Generator, p_min: float,
-               g: Rules | None) -> Proposal:
+    def _draft(self, logits: np.ndarray, tokens: list[int], qs: list[Dist] | None,
+               context: Sequence[int], k: int, sp: SamplingParams, rng: np.random.Generator,
+               p_min: float, g: Rules | None) -> None:
+        """Up to k tokens into `tokens` (and their distributions into qs, sampling)."""
         m = self.model
         while True:
             # the target's transforms (logit bias, penalties, DRY, grammar) on the draft's row
             # too, so that q is the draft's distribution under the same rules
             if sp.transforms:  # (the history is built only when something reads it)
-                n = sp.repeat_last_n
-                tail = context if n < 0 else context[-n:] if n > 0 else []
-                logits = transform(logits, sp, [*tail, *out.tokens])
+                logits = transform(logits, sp, [*penalty_window(context, sp), *tokens])
             if g is not None:
                 logits = g.apply(logits, need_for(sp, logits.shape[0]))
             if sp.greedy:
                 token = finite_argmax(logits)
-                if p_min > 0.0 and _top_p(logits) < p_min:
-                    break
+                if p_min > 0.0 and top_share(logits, token) < p_min:
+                    return
             else:
                 q = sampling_dist(logits, sp)
                 if q.probs[0] < p_min:
-                    break
+                    return
                 token = q.sample(rng)
-                out.q.append(q)
-            out.tokens.append(token)
+                qs.append(q)
+            tokens.append(token)
             if g is not None and not m.is_eog(token):
                 g.accept(token)
-            if len(out.tokens) >= k or m.is_eog(token):
-                return out  # the last drafted token is not decoded: it may be rejected
+            if len(tokens) >= k or m.is_eog(token):
+                return  # the last drafted token is not decoded: it may be rejected
             logits = m.decode([token], logits="last")[0, : self.n_vocab]
-        return out
 
-    def process(self, batch: Decoded) -> None:
-        """Nothing: the next proposal feeds the draft what it lacks of the context."""
+    # process: nothing (the next proposal feeds the draft what it lacks of the context)
 
     def accept(self, outcome: Outcome) -> None:
         """The cache keeps the committed tokens it holds; after a tree, the branch of the
@@ -151,11 +155,3 @@ class ModelDraft:
         seq = min(tree.seqs[path[-1]]) if path else 0
         n = min(len(path), tree.decoded.get(seq, 0))
         m.keep(seq, [*m.tokens[:outcome.n_keep - len(path)], *(tree.tokens[i] for i in path[:n])])
-
-    def end(self) -> None:
-        pass
-
-
-def _top_p(logits: np.ndarray) -> float:
-    top = logits[np.argpartition(logits, -_DRAFT_TOP_K)[-_DRAFT_TOP_K:]]
-    return float(1.0 / np.exp(top - top.max()).sum())

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal
+from specli.drafts.base import DraftSource, Outcome
+from specli.drafts.tree import Tree
 
 if TYPE_CHECKING:
     from specli.rules import Rules
 
 
-class NgramSimple:
+class NgramSimple(DraftSource):
     """llama.cpp's ngram-simple: find the most recent earlier occurrence of the last n tokens
     and propose the (up to m) tokens that followed it.
 
@@ -25,7 +26,7 @@ class NgramSimple:
     """
 
     name = "ngram-simple"
-    own_length, model = True, None  # drafts up to its m
+    own_length = True  # drafts up to its m
 
     def __init__(self, size_n: int = 12, size_m: int = 48):
         self.size_n, self.size_m = size_n, size_m
@@ -38,39 +39,32 @@ class NgramSimple:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         n, m = self.size_n, self.size_m
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len <= n + m + 1:
-            return Proposal()
+            return Tree()
         last_start = cur_len - n - 1  # the current n-gram itself is never a match
         for j in range(self._indexed, last_start + 1):
             self._index[tuple(context[j:j + n])] = j
         self._indexed = max(self._indexed, last_start + 1)
         match = self._index.get(tuple(context[-n:]))
         if match is None:
-            return Proposal()
+            return Tree()
         copy_max = min(m, cur_len - (match + n))
         if copy_max < n:
-            return Proposal()
+            return Tree()
         start = match + n
-        return Proposal(list(context[start:start + min(copy_max, k)]), source=self.name)
+        return Tree.chain(context[start:start + min(copy_max, k)], source=self.name)
 
-    def process(self, batch: Decoded) -> None:
-        pass
-
-    def accept(self, outcome: Outcome) -> None:
-        """Only committed tokens are indexed; a rewind never reaches them."""
-
-    def end(self) -> None:
-        pass
+    # accept: nothing (only committed tokens are indexed; a rewind never reaches them)
 
 
 _MOD_MUL = 6364136223846793005
 _MASK64 = (1 << 64) - 1
 
 
-class NgramMod:
+class NgramMod(DraftSource):
     """llama.cpp's ngram-mod: a fixed-size pool (4M slots) mapping the hash of an n-gram
     (n = n_match) to the token that last followed it; a draft chains lookups from the last n
     tokens, up to n_max, and is dropped if it stops before n_min.
@@ -81,7 +75,7 @@ class NgramMod:
     """
 
     name = "ngram-mod"
-    own_length, model = True, None  # drafts up to its n_max
+    own_length = True  # drafts up to its n_max
     POOL_SIZE = 4 * 1024 * 1024
     EMPTY = -1
 
@@ -123,12 +117,12 @@ class NgramMod:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         n = self.n
         self._n_draft_last = 0
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len < n:
-            return Proposal()
+            return Tree()
         if self._i_last + 32 < cur_len:
             for i in range(self._i_last, cur_len - n):
                 self._add(context, i)
@@ -139,15 +133,12 @@ class NgramMod:
             token = int(self.pool[self._idx(window[i:i + n])])
             if token == self.EMPTY:
                 if i < self.n_min:
-                    return Proposal()
+                    return Tree()
                 break
             window.append(token)
             drafted.append(token)
         self._n_draft_last = len(drafted)
-        return Proposal(drafted[:k], source=self.name)
-
-    def process(self, batch: Decoded) -> None:
-        pass
+        return Tree.chain(drafted[:k], source=self.name)
 
     def accept(self, outcome: Outcome) -> None:
         """Only committed tokens enter the pool (a rewind never reaches them); a verified
@@ -161,6 +152,3 @@ class NgramMod:
                     self._i_last = 0
             else:
                 self._n_low = 0
-
-    def end(self) -> None:
-        pass

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal
+from specli.drafts.base import DraftSource, Outcome
+from specli.drafts.tree import Tree
 
 if TYPE_CHECKING:
     from specli.rules import Rules
@@ -36,7 +37,7 @@ class _Key:
     num: int = 0  # how often the key was looked up
 
 
-class NgramMap:
+class NgramMap(DraftSource):
     """A key n-gram (the last n tokens) is looked up through a hash of earlier n-grams to their
     positions; ngram-map-k drafts the m tokens that followed it, ngram-map-k4v counts up to four
     different continuations once the key has been seen `min_hits` times, and drafts the most
@@ -50,7 +51,7 @@ class NgramMap:
     does not shrink the value's memory (llama.cpp never cuts n-gram drafts).
     """
 
-    own_length, model = True, None  # drafts up to its m
+    own_length = True  # drafts up to its m
 
     def __init__(self, size_n: int = 12, size_m: int = 48, min_hits: int = 1,
                  key_only: bool = True):
@@ -104,13 +105,13 @@ class NgramMap:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         self._last = None
         self._history = context
         n, m = self.n, self.m
         cur_len = len(context) - 1  # llama.cpp's history excludes the last sampled token
         if cur_len < 2 * n + m:
-            return Proposal()
+            return Tree()
         key_tokens = tuple(context[-n:])
         top = cur_len - n - m - 1  # the highest position a match may have
         match = self._hash.get(self._slot(key_tokens, 0), 0)
@@ -118,7 +119,7 @@ class NgramMap:
             match = self._search(context, key_tokens, top)
         self._index(context, top)
         if match == 0:
-            return Proposal()
+            return Tree()
 
         key = self._keys.get(key_tokens)
         if key is None:
@@ -128,13 +129,13 @@ class NgramMap:
         if self.key_only:
             return self._draft(key, 0, match + n, k)
         if key.num < self.min_hits:
-            return Proposal()
+            return Tree()
         self._count_values(context, key, key_tokens, match)
         counts = [v.num for v in key.values]
         best = counts.index(max(counts))
         others = sum(counts) - counts[best]
         if others > 0 and counts[best] < 2 * others:
-            return Proposal()  # no continuation clearly dominates
+            return Tree()  # no continuation clearly dominates
         return self._draft(key, best, key.values[best].idx, k)
 
     def _unindexed(self, top: int) -> list[range]:
@@ -176,14 +177,11 @@ class NgramMap:
                 break
         key.stat_idx = match
 
-    def _draft(self, key: _Key, value: int, start: int, k: int) -> Proposal:
+    def _draft(self, key: _Key, value: int, start: int, k: int) -> Tree:
         n_own = min(self.m, key.values[value].n_accepted)
         n_draft = min(n_own, k)
         self._last = (key, value, n_draft, n_draft < n_own)
-        return Proposal(list(self._history[start:start + n_draft]), source=self.name)
-
-    def process(self, batch: Decoded) -> None:
-        pass
+        return Tree.chain(self._history[start:start + n_draft], source=self.name)
 
     def accept(self, outcome: Outcome) -> None:
         """Positions refer to committed tokens only (a rewind never reaches them); a verified
@@ -195,6 +193,3 @@ class NgramMap:
             # longer one (llama.cpp never cuts n-gram drafts, so it has no such case)
             if not (cut_by_k and n_accepted == n_draft):
                 key.values[value].n_accepted = n_accepted
-
-    def end(self) -> None:
-        pass

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.drafts.base import Decoded, Outcome, Proposal
+from specli.drafts.base import DraftSource
+from specli.drafts.tree import Tree
 from specli.verify import finite_argmax
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ def _tokenize_piece(model: Model, data: bytes) -> list[int] | None:
     return None
 
 
-class TranslateDraft:
+class TranslateDraft(DraftSource):
     """The draft's cache holds its own tokenization of the prompt and of the committed text;
     before each proposal its tokens that still spell a prefix of the committed text are kept
     (those past the first difference dropped) and the rest of the text is tokenized and fed.
@@ -68,8 +69,7 @@ class TranslateDraft:
     own template, prompt.draft_prompt), used by the next begin; else it reads the prompt's
     text."""
 
-    name = "draft-translate"
-    own_length = False  # --draft caps it (in target tokens)
+    name = "draft-translate"  # --draft caps it (in target tokens)
 
     def __init__(self, model: Model, target: Model):
         self.model, self.target = model, target
@@ -100,9 +100,9 @@ class TranslateDraft:
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
-                rules: Rules | None = None) -> Proposal:
+                rules: Rules | None = None) -> Tree:
         if not self._prompt or k <= 0:
-            return Proposal()
+            return Tree()
         tgt, m = self.target, self.model
         gen = context[self._n_prompt:]
         for t in gen[self._n_text:]:
@@ -111,7 +111,7 @@ class TranslateDraft:
         text = bytes(self._text)
         row = self._sync(text)
         if row is None:
-            return Proposal()
+            return Tree()
         before = b"".join(self._spelled)  # what the draft's cache spells: text, or near it
         # draft up to k tokens in the draft's vocabulary, greedily (the proposal is one-hot)
         n = min(k, m.n_ctx - len(m.tokens) - 1)
@@ -126,16 +126,9 @@ class TranslateDraft:
                 row = m.decode([token], logits="last")[0]
                 self._spelled.append(m.token_bytes(token))
         full = before + b"".join(m.token_bytes(t) for t in drafted)
-        return Proposal(self._to_target(gen, text, full, eog)[:k], None, self.name)
+        return Tree.chain(self._to_target(gen, text, full, eog)[:k], source=self.name)
 
-    def process(self, batch: Decoded) -> None:
-        pass
-
-    def accept(self, outcome: Outcome) -> None:
-        """Nothing to do: the next proposal keeps what still spells the committed text."""
-
-    def end(self) -> None:
-        pass
+    # accept: nothing (the next proposal keeps what still spells the committed text)
 
     # -- the draft's cache ----------------------------------------------------------------
     def _sync(self, text: bytes) -> np.ndarray | None:

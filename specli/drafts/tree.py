@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specli.config import DraftPolicy, SamplingParams
-from specli.verify import Dist, NonFinite, sampling_dist, transform
+from specli.verify import Dist, NonFinite, penalty_window, sampling_dist, transform
 
 if TYPE_CHECKING:
     from specli.backend import Backend
@@ -43,6 +43,13 @@ class Tree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def prefix(self, n: int | None) -> Tree:
+        """A chain's first n nodes (None: the whole chain)."""
+        if n is None or n >= len(self):
+            return self
+        return Tree.chain(self.tokens[:n], [self.q[i - 1] for i in range(n)] if self.q else None,
+                          self.source)
 
     @classmethod
     def chain(cls, tokens: Sequence[int], q: Sequence[Dist] | None = None,
@@ -298,7 +305,4 @@ def _candidates(logits: np.ndarray, sp: SamplingParams, p_split: float
 
 
 def _tail(context: Sequence[int], sp: SamplingParams) -> list[int]:
-    if not sp.transforms:
-        return []
-    n = sp.repeat_last_n
-    return list(context if n < 0 else context[-n:] if n > 0 else [])
+    return list(penalty_window(context, sp)) if sp.transforms else []

@@ -262,12 +262,12 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
 async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], Job]:
     """A chat request's plan, prompt and job (shared with the Messages and Responses
     routes, server/compat.py)."""
-    def prompt() -> tuple[ChatPlan, str, list[int]]:
+    def prompt() -> tuple[ChatPlan, str, list[int], list[int] | None]:
         cp = _chat_plan(st, body)
         return cp, *st.engine.chat_prompt(_messages(body), _prefill(body), cp.opts)
 
     # planning, rendering and tokenizing run off the event loop, within their bounds
-    cp, text, ids = await _off_loop("messages", prompt, st=st)
+    cp, text, ids, draft_ids = await _off_loop("messages", prompt, st=st)
     cp.prompted(text)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
@@ -276,6 +276,7 @@ async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], J
         _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
         "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None,
         tools=cp.grammar)
+    job.draft_prompt = draft_ids
     return cp, ids, job
 
 

@@ -47,6 +47,7 @@ class Job:
     return_progress: bool = False  # Progress events while the prompt is evaluated
     timings_per_token: bool = False  # each Piece carries the timings so far
     prompt_text: str = ""  # the prompt as the client gave it, for /completion's answer
+    draft_prompt: list[int] | None = None  # a translating draft's own tokens for the prompt
 
 
 @dataclass
@@ -229,7 +230,7 @@ class Generation:
         finish = None
         progress = (lambda p: self._push(Progress(p, index))) if job.return_progress else None
         chunks = engine.stream(job.prompt, job.n_predict, sp, job.speculative, job.spec,
-                               stats, progress)
+                               stats, progress, job.draft_prompt)
         try:
             for chunk in chunks:  # one per token, then the last with the finish reason
                 if chunk.finish_reason is None and self._cancel.is_set():
