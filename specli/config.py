@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from specli.errors import UsageError
@@ -214,6 +214,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temp <= 0.0
+
+    def banning(self, tokens: Sequence[int]) -> SamplingParams:
+        """These settings with `tokens` never sampled, their logits -inf (for the draft's
+        checks too): llama.cpp's --ignore-eos, with the end-of-generation tokens."""
+        return replace(self, logit_bias=(*self.logit_bias, *((t, -math.inf) for t in tokens)))
 
     @property
     def penalized(self) -> bool:

@@ -12,7 +12,7 @@ import codecs
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -305,11 +305,7 @@ class Engine:
         return self.drafts(spec)
 
     def _check(self, prompt: Sequence[int], sp: SamplingParams) -> None:
-        n_vocab = self.target.n_vocab
-        bad = next((t for t, _ in sp.logit_bias if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise UsageError(f"logit bias for token {bad}, outside the vocabulary "
-                             f"(0..{n_vocab - 1})")
+        check_bias(dict(sp.logit_bias), self.target.n_vocab)
         if not prompt:
             raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
         if len(prompt) >= self.target.n_ctx:
@@ -349,6 +345,14 @@ class Engine:
                                            draft_prompt=draft_prompt)]
         text = b"".join(self.target.token_bytes(t) for t in tokens).decode("utf-8", "replace")
         return Completion(text, tokens, stats)
+
+
+def check_bias(bias: Mapping[int, float], n_vocab: int) -> None:
+    """UsageError naming the first biased token outside the vocabulary (0..n_vocab - 1)."""
+    bad = next((t for t in bias if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise UsageError(f"logit bias for token {bad}, outside the vocabulary "
+                         f"(0..{n_vocab - 1})")
 
 
 def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
@@ -104,10 +103,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
             for line in changed(req, engine):
                 on_note(line)
         ids, draft_ids = engine.prompt(req.text, chat=req.chat)
-        sampling = req.sampling
-        if req.ignore_eos:  # as llama.cpp: their logits -inf, for the draft's checks too
-            sampling = replace(sampling, logit_bias=(
-                *sampling.logit_bias, *((t, -math.inf) for t in engine.target.eog)))
+        sampling = req.sampling.banning(engine.target.eog) if req.ignore_eos else req.sampling
         pieces: list[str] = []
         stats = Stats()
         stream = engine.stream(ids, req.n_predict, sampling, stats=stats,

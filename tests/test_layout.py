@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).parents[1] / "specli"
@@ -224,3 +225,47 @@ def test_every_source_takes_its_hooks_from_one_place():
                 if all(isinstance(s, ast.Pass) for s in body):
                     empty.append(f"{path.name}: {node.name} at line {node.lineno}")
     assert not empty, empty
+
+
+
+def _rooms() -> dict[str, set[str]]:
+    """The import graph by room: a package (`drafts/`) or a top-level module (`engine.py`),
+    the audit's wing left out (its own rule: test_the_audit_is_a_wing_of_its_own)."""
+    mods = _modules()
+
+    def room(m: str) -> str:
+        parts = mods[m].relative_to(PKG).parts
+        return parts[0] + "/" if len(parts) > 1 else parts[0]
+
+    out: dict[str, set[str]] = {}
+    for m, targets in _edges(mods).items():
+        if room(m) != "audit/":
+            out.setdefault(room(m), set()).update(
+                room(t) for t in targets if room(t) not in ("audit/", room(m)))
+    return out
+
+
+def test_the_floors_on_the_map_are_the_imports():
+    """docs/architecture.md's floors are computed from the imports, and its table says so:
+    a room's floor is one above the highest it imports (1: it imports nothing of specli's).
+    A top-level module is on the lowest row that names it (`errors.py`: row 1; the
+    server's errors.py is under `server/`)."""
+    rooms = _rooms()
+
+    @functools.cache
+    def floor(r: str) -> int:
+        return 1 + max((floor(t) for t in rooms[r]), default=0)
+
+    rows = {}
+    for line in DOC.read_text().splitlines():
+        cells = line.split("|")
+        if len(cells) > 3 and cells[1].strip().isdigit():
+            rows[int(cells[1])] = cells[2]
+    wrong = []
+    for r in sorted(rooms):
+        on = [f for f, cell in rows.items() if f"`{r}`" in cell]
+        if not on or min(on) != floor(r):
+            wrong.append(f"{r}: the map says {min(on) if on else 'nothing'}, "
+                         f"the imports {floor(r)}")
+    assert not wrong, wrong
+    assert floor("engine.py") > floor("drafts/") > floor("backend/") > floor("errors.py") == 1

@@ -7,11 +7,9 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
@@ -20,19 +18,13 @@ from fastapi.responses import JSONResponse, Response
 from specli import __version__, child
 from specli.config import (
     DRAFTING,
-    SAMPLING,
-    SPEC_TYPES,
-    PlanError,
-    SamplingError,
-    SpecRequest,
-    parse_spec_types,
 )
 from specli.errors import ContextOverflowError, UsageError
 from specli.server import formats as f
-from specli.server.errors import APIError, clip, envelope, overflow, refuse, unavailable
+from specli.server import jobs
+from specli.server.errors import APIError, envelope, overflow, refuse, unavailable
 from specli.server.metrics import CONTENT_TYPE
 from specli.server.schemas import (
-    ABSENT,
     MEDIA,
     ChatRequest,
     CompletionRequest,
@@ -251,7 +243,7 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
         if body.verbose:  # llama-server's debugging aid: the answer as /completion gives it
             job.prompt_text = _text(st, ids)
             out["__verbose"] = f.llama_final(dones[0].text, dones[0], gen,
-                                             st.config.model_id, _settings(st, job))
+                                             st.config.model_id, jobs.settings(st, job))
         return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
@@ -273,7 +265,7 @@ async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], J
         raise APIError(400, "top_logprobs requires logprobs to be true", param="top_logprobs")
     # off the event loop: a grammar is checked, a logit bias text tokenized
     job = await st.jobs(
-        _job, st, body, ids, _first(body.max_completion_tokens, body.max_tokens),
+        jobs.job, st, body, ids, jobs.first(body.max_completion_tokens, body.max_tokens),
         "max_tokens", n_probs=(body.top_logprobs or 0) if body.logprobs else None,
         tools=cp.grammar)
     job.draft_prompt = draft_ids
@@ -319,7 +311,7 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
     _refuse_completion(body)
     ids = await _prompt_ids(st, body.prompt[0] if isinstance(body.prompt, list) and
                             isinstance(body.prompt[0], str) else body.prompt)
-    job = await st.jobs(_job, st, body, ids, _first(body.max_tokens, body.n_predict),
+    job = await st.jobs(jobs.job, st, body, ids, jobs.first(body.max_tokens, body.n_predict),
                         "max_tokens", n_probs=body.logprobs)
     job.cache_prompt = body.cache_prompt is not False
     head = {"id": f"cmpl-{uuid.uuid4().hex}", "created": int(time.time()),
@@ -389,12 +381,12 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,
                         **{k: getattr(body, k) for k in Transforms.model_fields})
-    job = await st.jobs(_job, st, sampling, ids, body.n_predict, "n_predict",
+    job = await st.jobs(jobs.job, st, sampling, ids, body.n_predict, "n_predict",
                         n_probs=body.n_probs or None, post=bool(body.post_sampling_probs))
     job.cache_prompt = body.cache_prompt is not False
     job.return_tokens = bool(body.return_tokens)
     job.prompt_text = _text(st, ids)
-    model, fields, gs = st.config.model_id, body.response_fields, _settings(st, job)
+    model, fields, gs = st.config.model_id, body.response_fields, jobs.settings(st, job)
 
     def final(dones: list[Done], gen: Generation) -> dict:
         out = f.llama_final(dones[0].text, dones[0], gen, model, gs)
@@ -455,10 +447,6 @@ def _in_vocab(st: State, ids: list[int], param: str) -> list[int]:
 
 
 # -- request handling -------------------------------------------------------------------------
-
-def _first(*values):
-    return next((v for v in values if v is not None), None)
-
 
 def _include_usage(body) -> bool:
     return bool(body.stream_options and body.stream_options.include_usage)
@@ -565,146 +553,6 @@ async def _off_loop(param: str, work: Callable, *args, st: State | None = None):
         raise unavailable(e) from None
     except UsageError as e:  # what the template or the tokenizer would not take
         raise APIError(400, e.message, param=param) from None
-
-
-def _job(st: State, body: Sampling, ids: list[int], n_predict: int | None,
-         n_param: str, n_probs: int | None = None, post: bool = False,
-         tools: tuple[dict, str] | None = None) -> Job:
-    c = st.config
-    n_ctx = st.engine.target.n_ctx
-    if n_predict is not None and n_predict < 1 and not (n_param == "n_predict"
-                                                        and n_predict == -1):
-        raise APIError(400, f"{n_param} must be at least 1, got {n_predict}", param=n_param)
-    if n_predict is not None and n_predict > n_ctx:
-        raise APIError(400, f"{n_param} is {n_predict}, more than the context holds "
-                       f"({n_ctx} tokens per slot)", param=n_param)
-    if not ids:
-        raise APIError(400, "the prompt is empty", param="prompt")
-    if len(ids) >= n_ctx:
-        raise overflow(f"the prompt is {len(ids)} tokens, the context holds {n_ctx} per slot",
-                       len(ids), n_ctx, "messages" if n_param == "max_tokens" else "prompt")
-    for name, (_, _, neutral) in ABSENT.items():  # what clients send by default is no request
-        value = getattr(body, name, None)
-        if neutral is not None and value is not None and value not in neutral:
-            raise refuse(name, "is not supported by specli (its neutral value "
-                         f"{neutral[0]} is accepted)")
-    s = c.sampling
-    given = {k.field: k.read(v, s) for k in SAMPLING if (v := getattr(body, k.name)) is not None}
-    bias = s.logit_bias if body.logit_bias is None else _logit_bias(st, body.logit_bias)
-    try:  # the values checked, before the grammar's check takes a checker
-        sampling = replace(
-            s, **given, n_probs=n_probs, post_sampling_probs=post,
-            logit_bias=bias + (tuple((t, float("-inf")) for t in st.engine.target.eog)
-                               if body.ignore_eos else ()),
-            dry_sequence_breakers=s.dry_sequence_breakers if body.dry_sequence_breakers is None
-            else tuple(body.dry_sequence_breakers))
-    except SamplingError as e:
-        raise APIError(400, e.named(e.knob.name), param=e.knob.name,
-                       code="invalid_value") from None
-    # a request that brings no grammar or schema gets the server's (--grammar, -j...)
-    sampling = replace(sampling, grammar=_grammar(st, body, tools) or s.grammar)
-    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    speculative, spec = _spec(st, body.speculative)
-    id_slot = body.id_slot if body.id_slot is not None and body.id_slot >= 0 else None
-    if id_slot is not None and id_slot >= st.config.parallel:
-        raise APIError(400, f"id_slot {id_slot} does not exist: this server has "
-                       f"{st.config.parallel} slots (0..{st.config.parallel - 1})",
-                       param="id_slot")
-    return Job(ids, _first(n_predict, c.n_predict), sampling, speculative, spec, stop,
-               n=getattr(body, "n", None) or 1, return_progress=bool(body.return_progress),
-               timings_per_token=bool(body.timings_per_token), id_slot=id_slot)
-
-
-def _grammar(st: State, body: Sampling, tools: tuple[dict, str] | None = None) -> str | None:
-    """The request's GBNF: its grammar, or its JSON schema (json_schema, or response_format
-    as llama-server reads it: json_object alone is any object) converted, or its tools' call
-    (server/tools.py); checked here, so that a bad one is a 400 before a slot is taken."""
-    schema, fmt = body.json_schema, getattr(body, "response_format", None)
-    if body.grammar is not None and schema is not None:
-        raise APIError(400, "cannot use both json_schema and grammar", param="grammar")
-    if fmt is not None and fmt.type == "json_object" and (fmt.schema_ is not None or
-                                                          not schema):
-        schema = fmt.schema_ or {}
-    elif fmt is not None and fmt.type == "json_schema":
-        schema = fmt.json_schema.schema_ if fmt.json_schema is not None else {}
-    if schema is not None and not schema:
-        schema = {"type": "object"}  # llama-server: an empty schema means any object
-    try:  # in a process of its own, within a deadline and a memory limit (grammar_host)
-        gbnf = st.grammars.check(body.grammar if schema is None else None, schema,
-                                 tools) if tools is None else st.grammars.check(tools=tools)
-    except child.Busy as e:
-        raise unavailable(e) from None
-    except UsageError as e:
-        param = "tools" if tools is not None else "grammar" if body.grammar is not None \
-            else "response_format" \
-            if fmt is not None and fmt.type != "text" else "json_schema"
-        raise APIError(400, e.message, param=param) from None
-    return gbnf or None
-
-
-def _logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
-    """llama-server's logit_bias forms as (token, bias) pairs: a key that is a number is a
-    token id, any other the tokens of its text; false bans. An id outside the vocabulary
-    is refused (llama-server drops it silently)."""
-    target, out = st.engine.target, {}
-
-    def add(token: int, bias: float) -> None:  # a token named twice: its biases add up, as
-        out[token] = out.get(token, 0.0) + bias  # llama.cpp applies each (one entry each)
-
-    for key, value in raw.items() if isinstance(raw, dict) else raw:
-        if isinstance(key, bool | float) or isinstance(value, str) or value is True:
-            raise APIError(400, "logit_bias: each pair is [token id or text, number or false]",
-                           param="logit_bias")
-        bias = float("-inf") if value is False else float(value)
-        if isinstance(key, int) or re.fullmatch(r"\s*[+-]?[0-9]+\s*", key):
-            # (a key of 5,000 digits is past int()'s limit: no vocabulary is that large)
-            token = int(key) if isinstance(key, int) or len(key) < 32 else -1
-            if not 0 <= token < target.n_vocab:
-                raise APIError(400, f"logit_bias: token id {clip(str(key).strip(), 40)} is "
-                               f"outside the vocabulary (0..{target.n_vocab - 1})",
-                               param="logit_bias")
-            add(token, bias)
-        else:
-            for t in target.tokenize(key, add_special=False, parse_special=False):
-                add(t, bias)
-    return tuple(out.items())
-
-
-# each plan setting by its request field (config.PlanError.said), and what to do about it
-SPEC_FIELDS = {**{k.field: f"speculative.{k.name}" for k in DRAFTING},
-               "types": "speculative.type", "draft": "speculative.type"}
-SPEC_HINTS = {"draft": "start the server with -md", "types": "start the server with -md",
-              "n_seq": "start the server with --draft-n-seq N"}
-
-
-def _spec(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecRequest | None]:
-    """A request's `speculative` object as its own settings, which check themselves, then
-    checked against the server's plan: once, here."""
-    if spec is None or spec is True:
-        return True, None
-    if spec is False:
-        return False, None
-    names = None
-    if spec.type is not None:
-        try:
-            names = parse_spec_types(spec.type)
-        except ValueError as e:
-            raise APIError(400, f"unknown speculative type {e}: one or more of "
-                           f"{', '.join(SPEC_TYPES)}", param="speculative.type") from None
-    try:
-        return True, st.plan.request(SpecRequest(
-            names, **{k.field: getattr(spec, k.name) for k in DRAFTING}))
-    except PlanError as e:
-        hint = SPEC_HINTS.get(e.field)
-        raise APIError(400, e.said(SPEC_FIELDS) + (f": {hint}" if hint else ""),
-                       param=SPEC_FIELDS.get(e.field, "speculative")) from None
-
-
-def _settings(st: State, job: Job) -> dict:
-    """The request's generation settings as llama-server reports them."""
-    return f.settings(job.sampling, job.n_predict, job.stop,
-                      st.plan.policy.overlay(job.spec), job.speculative,
-                      st.plan.types_of(job.spec))
 
 
 async def start(pool: SlotPool, job: Job) -> Generation:

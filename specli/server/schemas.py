@@ -123,7 +123,7 @@ class Open(BaseModel):
 
 
 # this request's own speculative settings (beyond llama.cpp): config.DRAFTING's by their
-# names, whose ranges SpecRequest checks (routes._spec), and the --spec-type list
+# names, whose ranges SpecRequest checks (jobs.spec_of), and the --spec-type list
 Speculative = create_model("Speculative", __base__=Strict, **{
     k.name: (k.kind | None, Field(default=None, description=k.help,
                                   json_schema_extra=k.schema() or None)) for k in DRAFTING},
@@ -158,7 +158,7 @@ ABSENT: dict[str, tuple[type, float, tuple[float, ...] | None]] = {
     "dynatemp_exponent": (float, 1.0, None)}
 
 # config.SAMPLING's parameters by their request names (temperature, top_p, seed...), and the
-# absent samplers: their types here, their ranges where SamplingParams checks them (routes._job)
+# absent samplers: their types here, their ranges where SamplingParams checks them (jobs.job)
 Knobs = create_model("Knobs", __base__=Strict, **{
     k.name: (k.kind | None, Field(default=None, description=k.help,
                                   json_schema_extra=k.schema() or None))
