@@ -18,14 +18,14 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Request:
     """Everything one generation needs, as the CLI parsed it (paths already resolved, the
-    plan resolved once: what drafts and how much; None: the target alone)."""
+    plan resolved once: what drafts and how much, its files checked: plan.check_files)."""
 
     target: ModelParams
     draft: ModelParams | None
     text: str
     n_predict: int
     sampling: SamplingParams
-    plan: SpecPlan | None = None
+    plan: SpecPlan
     chat: bool = False
     speculative: bool = True  # False: --no-spec, the target alone
     baseline: bool = False  # also decode with the target alone, same seed
@@ -68,7 +68,7 @@ def changed(req: Request, engine) -> list[str]:
     if n_ctx != req.target.n_ctx:
         out.append(f"note: -c {req.target.n_ctx} became {n_ctx} (llama.cpp pads the context "
                    "to a multiple of 256)")
-    k = req.plan.policy.n_draft if req.plan is not None else 0
+    k = req.plan.policy.n_draft
     if engine.draft is not None and k >= n_ctx:
         out.append(f"note: --draft {k} is more than the {n_ctx}-token context can verify; "
                    "each draft stops at the context's end")
@@ -84,7 +84,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
     on_text receives the text as it is decoded; on_note one-line remarks for a person (no
     draft, no chat template); phase(name) wraps the slow parts (a spinner, on a terminal);
     interrupt, once hit, ends the generation at the next token (no baseline then)."""
-    from specli.plan import SpecPlan, load
+    from specli.plan import open_engine
 
     phase = phase or (lambda _name: nullcontext())
     if req.chat:  # the templates' process starts while the models load (template_host)
@@ -92,7 +92,7 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
 
         template_host.pool().prestart()
     with phase("loading models"):
-        engine = load(req.target, req.draft, plan=req.plan or SpecPlan())
+        engine = open_engine(req.target, req.draft, req.plan)
     try:
         if on_note and engine.draft is None and req.speculative:
             on_note("note: no draft model (-md) or n-gram type (--spec-type): decoding with "

@@ -2,8 +2,9 @@
 draft model, its trees) and how much, checked before any weights load; then the engines
 built from it. run, serve, tune-draft and the server's routes resolve their plans here.
 Errors are about the plan (PlanError.field names the setting at fault): each front end
-names its own flag or request parameter for it. A command resolves its plan once and hands it
-to load or load_slots (and the server's state); a request's own settings are checked against
+names its own flag or request parameter for it. A command resolves its plan once, checks its
+files once (check_files) and hands it to open_engine or open_slots (the server's through its
+state); a request's own settings are checked against
 it once (SpecPlan.request)."""
 
 from __future__ import annotations
@@ -300,33 +301,31 @@ def check_files(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) 
             check_placement(params)
 
 
-def _planned(target: ModelParams, draft: ModelParams | None, draft_params: DraftPolicy | None,
-             spec_types: Sequence[str], ngram: NgramParams | None, plan: SpecPlan | None,
-             checked: bool) -> SpecPlan:
-    """The plan load and load_slots build from: the caller's, or one resolved here; its
-    files checked unless they were."""
-    if plan is None:
-        plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
-                                draft_head(draft))
-    elif plan.draft != (draft is not None):
+def _matches(plan: SpecPlan, draft: ModelParams | None) -> None:
+    """A plan handed in is the one for these files: a draft model whenever it drafts with one."""
+    if plan.draft != (draft is not None):
         raise PlanError("the plan " + ("drafts with a draft model, and none was given"
                                        if plan.draft else "has no draft model, and one was "
                                        "given"), "draft")
-    if not checked:
-        check_files(target, draft, plan)
-    return plan
 
 
 def load(target: ModelParams, draft: ModelParams | None = None,
          draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-         ngram: NgramParams | None = None, *, plan: SpecPlan | None = None,
-         checked: bool = False) -> Engine:
+         ngram: NgramParams | None = None) -> Engine:
     """An engine: the plan resolved and the pair checked from GGUF metadata first (refused
     before loading weights), then the models loaded. spec_types: llama.cpp's --spec-type
     names; n-gram types take precedence over the draft model, which drafts whenever `draft`
-    is given. plan: the plan the caller resolved (then the three settings before it are
-    not read); checked: its files checked already (check_files)."""
-    plan = _planned(target, draft, draft_params, spec_types, ngram, plan, checked)
+    is given."""
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
+                            draft_head(draft))
+    check_files(target, draft, plan)
+    return open_engine(target, draft, plan)
+
+
+def open_engine(target: ModelParams, draft: ModelParams | None, plan: SpecPlan) -> Engine:
+    """An engine over the files of a plan resolved and checked already (check_files), as
+    run and tune-draft do before they load: the models loaded, the sources built."""
+    _matches(plan, draft)
     n_seq = plan.policy.n_seq
     mtp = plan.head_type == "draft-mtp"
     t = (Model(target, n_seq_max=n_seq, tree=True) if plan.tree else
@@ -349,15 +348,24 @@ def load(target: ModelParams, draft: ModelParams | None = None,
 
 def load_slots(n: int, target: ModelParams, draft: ModelParams | None = None,
                draft_params: DraftPolicy | None = None, spec_types: Sequence[str] = (),
-               ngram: NgramParams | None = None, *, plan: SpecPlan | None = None,
-               checked: bool = False) -> tuple[list[Engine], list[SharedContext]]:
+               ngram: NgramParams | None = None) -> tuple[list[Engine], list[SharedContext]]:
     """n engines (server slots) over one target context and one draft context, a sequence
     each, whose simultaneous decodes are batched together; n_ctx is per slot. Returns the
     engines and the shared contexts, which the caller closes. The slots' decodes are
     combined when their generations run as tasks of the one loop (`shared[0].sched.submit`,
     as the server's slots do); called from other threads, each decode is a task of its own.
-    plan, checked: as load's."""
-    plan = _planned(target, draft, draft_params, spec_types, ngram, plan, checked)
+    The plan resolved and the files checked first, as load's."""
+    plan = SpecPlan.resolve(spec_types, draft is not None, draft_params, ngram,
+                            draft_head(draft))
+    check_files(target, draft, plan)
+    return open_slots(n, target, draft, plan)
+
+
+def open_slots(n: int, target: ModelParams, draft: ModelParams | None,
+               plan: SpecPlan) -> tuple[list[Engine], list[SharedContext]]:
+    """load_slots' engines over the files of a plan resolved and checked already (serve
+    checks before it listens)."""
+    _matches(plan, draft)
     width = plan.policy.n_seq
     if n * width > MAX_SEQUENCES:
         raise PlanError(f"{n} slots of {width} draft sequences are {n * width} sequences; "

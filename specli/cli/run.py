@@ -138,10 +138,13 @@ def request(models: o.ModelFiles, prompt: str | None, file: Path | None, chat: b
         drafting = o.with_n_seq(drafting, parallel, "-np/--parallel")
     text, chat = _prompt(prompt, file, chat)
     model, model_draft = models.resolve(quiet=quiet, spec_types=drafting.types)
+    from specli.plan import SpecPlan, check_files
+
     plan = o.plan(drafting, model_draft)  # the flags checked, even with --no-spec
     if no_spec:
-        model_draft, plan = None, None
+        model_draft, plan = None, SpecPlan()
     target, draft = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
+    check_files(target, draft, plan)  # before any weights load: once, here
     return Request(target, draft, text, n_predict, sampling, plan,
                    chat=chat, speculative=not no_spec, baseline=baseline,
                    ignore_eos=ignore_eos, reverse_prompts=tuple(

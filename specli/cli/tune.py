@@ -107,11 +107,12 @@ def tune_draft(
     texts = _prompts(file, task)
     loaded = [t for t in plan.types if t != "draft-simple"]
 
-    from specli.plan import load
+    from specli.plan import check_files, open_engine
 
     target, draft_model = resources.model_params(model, model_draft, verbose=verbose, gpu=gpu)
+    check_files(target, draft_model, plan)
     with spinner("loading models", quiet):
-        engine = load(target, draft_model, plan=plan)
+        engine = open_engine(target, draft_model, plan)
     try:
         prompts = [engine.tokenize(t, chat=chat) for t in texts]
         with _progress(len(settings) + 1, repeat, quiet) as advance:

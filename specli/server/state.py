@@ -18,7 +18,7 @@ from specli.config import ModelParams, SamplingParams
 from specli.engine import Engine
 from specli.errors import UsageError
 from specli.grammar_host import Checkers, GrammarHost
-from specli.plan import SpecPlan, load_slots
+from specli.plan import SpecPlan, check_files, open_slots
 from specli.prompt import jinja_source, template_caps
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
@@ -120,8 +120,9 @@ class State:
         target = replace(c.target, n_ctx=n_ctx)
         draft = replace(c.draft, n_ctx=max(c.draft.n_ctx // c.parallel, 16)) if c.draft else None
         # (each slot's n_ctx is not among what check_files checked)
-        engines, shared = load_slots(c.parallel, target, draft, plan=c.plan,
-                                     checked=c.checked)
+        if not c.checked:
+            check_files(target, draft, c.plan)
+        engines, shared = open_slots(c.parallel, target, draft, c.plan)
         for e in engines:
             self.slot_grammars.append(GrammarHost(c.target.path))
             e.target.grammar_source = self.slot_grammars[-1].open
