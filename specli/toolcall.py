@@ -88,6 +88,9 @@ class Family:
     # that rule is the whole JSON call object {name, arguments...} or only the arguments)
     call_gbnf: Callable[[int, str], str] | None = None
     call_object: Callable[[str, dict], dict] | None = None  # JSON families: the call's schema
+    # tagged families (a tag per parameter): tool i's call as (its parameters' schemas under
+    # their rule names, the call's GBNF over them), from its name and parameters
+    call_params: Callable[[str, str, dict], tuple[dict[str, dict], str]] | None = None
     wrap: Callable[[str, bool], str] | None = None  # root from the calls' alternation
     id_length: int = 32
     content_wrap: tuple[str, str] | None = None  # Command R7B's <|START_RESPONSE|>...
@@ -439,7 +442,8 @@ def _obj(name_key: str, args_key: str, id_schema: dict | None = None):
 
 def _repeat(sep: str = "") -> Callable[[str, bool], str]:
     def wrap(call: str, parallel: bool) -> str:
-        more = f" ({_lit(sep) + ' ' if sep else ''}{call})*" if parallel else ""
+        # (the alternation in parentheses: a separator before any call, not the first tool's)
+        more = f" ({_lit(sep) + ' ' if sep else ''}({call}))*" if parallel else ""
         return f"({call}){more}"
     return wrap
 
@@ -452,6 +456,41 @@ def _around(before: str, after: str, sep: str = ", ") -> Callable[[str, bool], s
 
 
 _JSON_CALL = _seq("ARGS")
+# a tagged parameter's string value: any text but "</", which begins a closing tag
+_TAG_TEXT = '([^<] | "<" [^/])*'
+
+
+def _tags(call_open: str, param_open: str, param_close: str, call_close: str
+          ) -> Callable[[str, str, dict], tuple[dict[str, dict], str]]:
+    """A tagged family's call (Qwen3-Coder's <function=NAME><parameter=KEY>, GLM's
+    <arg_key>, MiniMax's <invoke>): the literal pieces around NAME and each KEY, the
+    parameters in the schema's order, the required ones always, the others optional; a
+    string's value is its text (as _tagged_calls reads it back; one of its enum's, where it
+    has one), any other value JSON by its own schema (rule call-I-J)."""
+    def build(i: str, name: str, params: dict) -> tuple[dict[str, dict], str]:
+        props = params.get("properties")
+        props = props if isinstance(props, dict) else {}
+        required = params.get("required")
+        required = set(required) if isinstance(required, list) else set()
+        schemas, parts = {}, [_lit(call_open.replace("NAME", name))]
+        for j, (key, schema) in enumerate(props.items()):
+            kind = schema.get("type") if isinstance(schema, dict) else None
+            enum = schema.get("enum") if isinstance(schema, dict) else None
+            if (kind == "string" or kind == ["string"]) and isinstance(enum, list) and enum \
+                    and all(isinstance(e, str) for e in enum):
+                value = "(" + " | ".join(_lit(e) for e in enum) + ")"
+            elif kind == "string" or kind == ["string"]:
+                value = _TAG_TEXT
+            else:
+                value = f"call-{i}-{j}"
+                # (anyOf: a rule of its own name, which a bare primitive does not get)
+                schemas[value] = {"anyOf": [schema if isinstance(schema, dict) else {}]}
+            one = f"{_lit(param_open.replace('KEY', key))} {value} {_lit(param_close)}"
+            parts.append(one if key in required else f"({one})?")
+        parts.append(_lit(call_close))
+        return schemas, " ".join(parts)
+    return build
+
 DS_CALLS = "<｜tool▁calls▁begin｜>"
 DS_CALL, DS_SEP, DS_END, DS_CALLS_END = ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
                                          "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
@@ -484,15 +523,24 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
     (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
         "qwen3-coder", ("<tool_call>", "<function="),
         _tagged_calls(r"<function=([^<>\n]{1,256})>", "</function>",
-                      r"<parameter=([^<>\n]{1,256})>", "</parameter>"))),
+                      r"<parameter=([^<>\n]{1,256})>", "</parameter>"),
+        call_params=_tags("<tool_call>\n<function=NAME>\n", "<parameter=KEY>\n",
+                          "\n</parameter>\n", "</function>\n</tool_call>"),
+        wrap=_repeat("\n"))),
     (lambda t: "<arg_key>" in t and "<tool_call>" in t, Family(
         "glm", ("<tool_call>",), _tagged_calls(
             r"<tool_call>\s{0,64}([^<\n]{1,256})", "</tool_call>",
-            r"<arg_key>([^<]{0,256})</arg_key>\s{0,64}<arg_value>", "</arg_value>"))),
+            r"<arg_key>([^<]{0,256})</arg_key>\s{0,64}<arg_value>", "</arg_value>"),
+        call_params=_tags("<tool_call>NAME\n", "<arg_key>KEY</arg_key>\n<arg_value>",
+                          "</arg_value>\n", "</tool_call>"),
+        wrap=_repeat("\n"))),
     (lambda t: "<minimax:tool_call>" in t, Family(
         "minimax-m2", ("<minimax:tool_call>",), _tagged_calls(
             r'<invoke name="([^"\n]{1,256})">', "</invoke>",
-            r'<parameter name="([^"\n]{1,256})">', "</parameter>"))),
+            r'<parameter name="([^"\n]{1,256})">', "</parameter>"),
+        call_params=_tags('<invoke name="NAME">\n', '<parameter name="KEY">',
+                          "</parameter>\n", "</invoke>\n"),
+        wrap=_around("<minimax:tool_call>\n", "</minimax:tool_call>", ""))),
     (lambda t: "tool▁calls▁begin" in t and "```json" in t, Family(
         "deepseek-r1", (DS_CALLS, DS_CALL),
         _marked_calls(rf"{DS_CALL}\s*(?:function)?{DS_SEP}([^<\n]{{1,256}})\n```json"),
@@ -709,11 +757,17 @@ def grammar_parts(fam: Family, tools: Sequence[dict], required: bool, parallel: 
         response = {"type": "object", "properties": {"response": {"type": "string"}},
                     "required": ["response"]}
         return {"call-0": calls if required else {"anyOf": [calls, response]}}, "call-0", []
-    if fam.call_gbnf is None or not (required or fam.lazy and fam.openers):
+    if fam.call_gbnf is None and fam.call_params is None \
+            or not (required or fam.lazy and fam.openers):
         return None
     schemas, alts = {}, []
     for i, f in enumerate(map(function_of, tools)):
         params = _params(f)
+        if fam.call_params is not None:  # a tagged family: a rule per parameter
+            own, gbnf = fam.call_params(str(i), f["name"], params)
+            schemas.update(own)
+            alts.append(gbnf)
+            continue
         schemas[f"call-{i}"] = fam.call_object(f["name"], params) if fam.call_object \
             else params
         alts.append(fam.call_gbnf(str(i), f["name"]))

@@ -413,13 +413,20 @@ GRAMMAR_TEXT = {
     "hermes": '<tool_call>\n{"name": "special_function", "arguments": {"arg1": 1}}\n'
               "</tool_call>",
     "llama3": '{"name": "special_function", "parameters": {"arg1": 1}}',
+    "qwen3-coder": "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n"
+                   "</parameter>\n</function>\n</tool_call>",
+    "glm": "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n"
+           "</tool_call>",
+    "minimax-m2": '<minimax:tool_call>\n<invoke name="special_function">\n<parameter '
+                  'name="arg1">1</parameter>\n</invoke>\n</minimax:tool_call>',
     "generic": '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}]}',
 }
 
 
 def test_every_family_with_a_grammar_is_listed():
     assert set(GRAMMAR_TEXT) == {f.name for _, f in toolcall.FAMILIES
-                                 if f.call_gbnf is not None} | {"generic"}
+                                 if f.call_gbnf is not None or f.call_params is not None
+                                 } | {"generic"}
 
 
 @pytest.mark.parametrize("name", sorted(GRAMMAR_TEXT))
@@ -449,6 +456,68 @@ def test_a_required_call_grammar_takes_the_familys_call_and_ends_there(name, q4_
     finally:
         tok.close()
     assert _calls(parse(fam, text, TOOLS))[0][:2] == CALL
+
+
+# the tagged families: (a call with a string parameter, a call whose integer is no integer,
+# two calls as the family writes them in one answer)
+TAGGED_GRAMMAR = {
+    "qwen3-coder": (
+        "<tool_call>\n<function=get_time>\n<parameter=city>\nNew York\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "<tool_call>\n<function=special_function>\n<parameter=arg1>\nx",
+        "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n</parameter>\n"
+        "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n"
+        "</tool_call>"),
+    "glm": (
+        "<tool_call>get_time\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n"
+        "</tool_call>",
+        "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>x",
+        "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n"
+        "</tool_call>\n<tool_call>get_time\n</tool_call>"),
+    "minimax-m2": (
+        '<minimax:tool_call>\n<invoke name="get_time">\n<parameter name="city">New York'
+        "</parameter>\n</invoke>\n</minimax:tool_call>",
+        '<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">x',
+        '<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1'
+        '</parameter>\n</invoke>\n<invoke name="get_time">\n</invoke>\n'
+        "</minimax:tool_call>"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TAGGED_GRAMMAR))
+def test_a_tagged_familys_call_grammar_types_each_parameter(name, q4_1):
+    """Qwen3-Coder, GLM and MiniMax write a tag per parameter: a string parameter is its
+    text, any other is JSON by its own schema (an integer refuses "x"), an optional one may
+    be left out, and parallel calls follow each other as the family writes them; what the
+    grammar took reads back as those calls."""
+    import numpy as np
+
+    from specli.backend import Grammar, Tokenizer, schemas_grammar
+    from specli.ggufmeta import read_header
+
+    fam = _fam(name)
+    text, bad, two = TAGGED_GRAMMAR[name]  # (the _repeat fix: a second call of another tool)
+    tok = Tokenizer(q4_1)
+    eos = read_header(q4_1).kv["tokenizer.ggml.eos_token_id"]
+
+    def takes(written: str, parallel: bool) -> bool:
+        schemas, root, _ = toolcall.grammar_parts(fam, TOOLS, True, parallel)
+        g = Grammar(tok, schemas_grammar(schemas, root))
+        for t in tok.tokenize(written, add_special=False, parse_special=False):
+            if not g.allowed(np.array([t], dtype=np.int32))[0]:
+                return False
+            g.accept(t)
+        return bool(g.allowed(np.array([eos], dtype=np.int32))[0])
+
+    try:
+        assert takes(text, parallel=False)
+        assert not takes(bad, parallel=False)
+        assert takes(two, parallel=True) and not takes(two, parallel=False)
+    finally:
+        tok.close()
+    assert [c[:2] for c in _calls(parse(fam, text, TOOLS))] == [("get_time",
+                                                                {"city": "New York"})]
+    assert [c[:2] for c in _calls(parse(fam, two, TOOLS))] == [CALL, ("get_time", {})]
 
 
 def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
