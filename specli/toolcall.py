@@ -263,6 +263,7 @@ def _typed(raw: str, schema: dict):
 
 
 _GEMMA4_CALL = re.compile(r"<\|tool_call>call:([\w.-]{1,256})")
+_GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string quote
 
 
 def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
@@ -460,36 +461,59 @@ _JSON_CALL = _seq("ARGS")
 _TAG_TEXT = '([^<] | "<" [^/])*'
 
 
-def _tags(call_open: str, param_open: str, param_close: str, call_close: str
+def _tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
+          sep: str = "", text: str | None = "TEXT", body: str = _TAG_TEXT
           ) -> Callable[[str, str, dict], tuple[dict[str, dict], str]]:
-    """A tagged family's call (Qwen3-Coder's <function=NAME><parameter=KEY>, GLM's
-    <arg_key>, MiniMax's <invoke>): the literal pieces around NAME and each KEY, the
-    parameters in the schema's order, the required ones always, the others optional; a
-    string's value is its text (as _tagged_calls reads it back; one of its enum's, where it
-    has one), any other value JSON by its own schema (rule call-I-J)."""
+    """A call written a parameter at a time (Qwen3-Coder's <function=NAME><parameter=KEY>,
+    GLM's <arg_key>, MiniMax's <invoke>, Gemma 4's call:NAME{KEY:...}, LFM2's NAME(KEY=...)):
+    the literal pieces around NAME and each KEY, `sep` between parameters, the required
+    ones first and always, then the others, each optional. A string's value is `text` with
+    its TEXT the string (`body`: any text but what ends it; one of its enum's, where it has
+    one): the tag families' text as it is, Gemma 4's between <|"|>; text None: JSON, as
+    LFM2's Python reads it. Any other value is JSON by its own schema (rule call-I-J). The
+    family's reader takes what this writes."""
     def build(i: str, name: str, params: dict) -> tuple[dict[str, dict], str]:
         props = params.get("properties")
         props = props if isinstance(props, dict) else {}
         required = params.get("required")
         required = set(required) if isinstance(required, list) else set()
-        schemas, parts = {}, [_lit(call_open.replace("NAME", name))]
+        schemas: dict[str, dict] = {}
+        needed, optional = [], []
         for j, (key, schema) in enumerate(props.items()):
-            kind = schema.get("type") if isinstance(schema, dict) else None
-            enum = schema.get("enum") if isinstance(schema, dict) else None
-            if (kind == "string" or kind == ["string"]) and isinstance(enum, list) and enum \
+            schema = schema if isinstance(schema, dict) else {}
+            kind, enum = schema.get("type"), schema.get("enum")
+            string = kind == "string" or kind == ["string"]
+            if string and text is not None and isinstance(enum, list) and enum \
                     and all(isinstance(e, str) for e in enum):
-                value = "(" + " | ".join(_lit(e) for e in enum) + ")"
-            elif kind == "string" or kind == ["string"]:
-                value = _TAG_TEXT
+                value = text.replace("TEXT", "(" + " | ".join(_lit(e) for e in enum) + ")")
+            elif string and text is not None:
+                value = text.replace("TEXT", body)
             else:
                 value = f"call-{i}-{j}"
                 # (anyOf: a rule of its own name, which a bare primitive does not get)
-                schemas[value] = {"anyOf": [schema if isinstance(schema, dict) else {}]}
-            one = f"{_lit(param_open.replace('KEY', key))} {value} {_lit(param_close)}"
-            parts.append(one if key in required else f"({one})?")
-        parts.append(_lit(call_close))
-        return schemas, " ".join(parts)
+                schemas[value] = {"anyOf": [schema]}
+            one = f"{_lit(param_open.replace('KEY', key))} {value}" + (
+                f" {_lit(param_close)}" if param_close else "")
+            (needed if key in required else optional).append(one)
+        return schemas, " ".join([_lit(call_open.replace("NAME", name)),
+                                  *_keyed(needed, optional, sep), _lit(call_close)])
     return build
+
+
+def _keyed(needed: list[str], optional: list[str], sep: str) -> list[str]:
+    """Parameters in order, `sep` between two: the needed ones, then each optional one."""
+    s = f"{_lit(sep)} " if sep else ""
+    if needed:
+        return [f" {s}".join(needed), *(f"({s}{o})?" for o in optional)]
+    if not optional:
+        return []
+    if not sep:
+        return [f"({o})?" for o in optional]
+    # no needed one: the first written has no separator before it
+    starts = [" ".join([o, *(f"({s}{p})?" for p in optional[k + 1:])])
+              for k, o in enumerate(optional)]
+    return ["(" + " | ".join(f"({x})" for x in starts) + ")?"]
+
 
 DS_CALLS = "<｜tool▁calls▁begin｜>"
 DS_CALL, DS_SEP, DS_END, DS_CALLS_END = ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
@@ -517,9 +541,15 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         wrap=lambda c, p: f'"<|tool_calls_section_begin|>" ({c})' + (f" ({c})*" if p else "")
         + ' "<|tool_calls_section_end|>"')),
     (lambda t: "<|tool_list_start|>" in t or "List of tools: [" in t, Family(
-        "lfm2", ("<|tool_call_start|>",), _python_calls)),
+        "lfm2", ("<|tool_call_start|>",), _python_calls,
+        call_params=_tags("NAME(", "KEY=", "", ")", sep=", ", text=None),
+        wrap=_around("<|tool_call_start|>[", "]<|tool_call_end|>"))),
     (lambda t: "<|tool_call>call:" in t, Family(
-        "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"))),
+        "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"),
+        call_params=_tags("<|tool_call>call:NAME{", "KEY:", "", "}<tool_call|>", sep=",",
+                          text=f"{_lit(_GEMMA4_QUOTE)} TEXT {_lit(_GEMMA4_QUOTE)}",
+                          body='([^<] | "<" [^|])*'),
+        wrap=_repeat())),
     (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
         "qwen3-coder", ("<tool_call>", "<function="),
         _tagged_calls(r"<function=([^<>\n]{1,256})>", "</function>",

@@ -419,6 +419,8 @@ GRAMMAR_TEXT = {
            "</tool_call>",
     "minimax-m2": '<minimax:tool_call>\n<invoke name="special_function">\n<parameter '
                   'name="arg1">1</parameter>\n</invoke>\n</minimax:tool_call>',
+    "gemma4": "<|tool_call>call:special_function{arg1:1}<tool_call|>",
+    "lfm2": "<|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>",
     "generic": '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}]}',
 }
 
@@ -458,9 +460,18 @@ def test_a_required_call_grammar_takes_the_familys_call_and_ends_there(name, q4_
     assert _calls(parse(fam, text, TOOLS))[0][:2] == CALL
 
 
-# the tagged families: (a call with a string parameter, a call whose integer is no integer,
-# two calls as the family writes them in one answer)
+# the families that write a parameter at a time: (a call with a string parameter, a call
+# whose integer is no integer, two calls as the family writes them in one answer)
 TAGGED_GRAMMAR = {
+    "gemma4": (
+        '<|tool_call>call:get_time{city:<|"|>New York<|"|>}<tool_call|>',
+        "<|tool_call>call:special_function{arg1:x",
+        "<|tool_call>call:special_function{arg1:1}<tool_call|><|tool_call>call:get_time{}"
+        "<tool_call|>"),
+    "lfm2": (
+        '<|tool_call_start|>[get_time(city="New York")]<|tool_call_end|>',
+        "<|tool_call_start|>[special_function(arg1=x",
+        "<|tool_call_start|>[special_function(arg1=1), get_time()]<|tool_call_end|>"),
     "qwen3-coder": (
         "<tool_call>\n<function=get_time>\n<parameter=city>\nNew York\n</parameter>\n"
         "</function>\n</tool_call>",
@@ -484,40 +495,69 @@ TAGGED_GRAMMAR = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(TAGGED_GRAMMAR))
-def test_a_tagged_familys_call_grammar_types_each_parameter(name, q4_1):
-    """Qwen3-Coder, GLM and MiniMax write a tag per parameter: a string parameter is its
-    text, any other is JSON by its own schema (an integer refuses "x"), an optional one may
-    be left out, and parallel calls follow each other as the family writes them; what the
-    grammar took reads back as those calls."""
+def _taker(q4_1):
+    """takes(tools, fam, text, parallel): whether a required call's grammar lets the model
+    write `text` token by token and end there; close() when done."""
     import numpy as np
 
     from specli.backend import Grammar, Tokenizer, schemas_grammar
     from specli.ggufmeta import read_header
 
-    fam = _fam(name)
-    text, bad, two = TAGGED_GRAMMAR[name]  # (the _repeat fix: a second call of another tool)
     tok = Tokenizer(q4_1)
     eos = read_header(q4_1).kv["tokenizer.ggml.eos_token_id"]
 
-    def takes(written: str, parallel: bool) -> bool:
-        schemas, root, _ = toolcall.grammar_parts(fam, TOOLS, True, parallel)
+    def takes(tools, fam, text: str, parallel: bool = False) -> bool:
+        schemas, root, _ = toolcall.grammar_parts(fam, tools, True, parallel)
         g = Grammar(tok, schemas_grammar(schemas, root))
-        for t in tok.tokenize(written, add_special=False, parse_special=False):
+        for t in tok.tokenize(text, add_special=False, parse_special=False):
             if not g.allowed(np.array([t], dtype=np.int32))[0]:
                 return False
             g.accept(t)
         return bool(g.allowed(np.array([eos], dtype=np.int32))[0])
 
+    return takes, tok.close
+
+
+@pytest.mark.parametrize("name", sorted(TAGGED_GRAMMAR))
+def test_a_tagged_familys_call_grammar_types_each_parameter(name, q4_1):
+    """Qwen3-Coder, GLM and MiniMax write a tag per parameter, Gemma 4 and LFM2 a key per
+    parameter: a string parameter is its text (Gemma 4's between <|"|>, LFM2's a string
+    literal), any other is JSON by its own schema (an integer refuses "x"), an optional one
+    may be left out, and parallel calls follow each other as the family writes them; what
+    the grammar took reads back as those calls."""
+    fam = _fam(name)
+    text, bad, two = TAGGED_GRAMMAR[name]  # (the _repeat fix: a second call of another tool)
+    takes, close = _taker(q4_1)
     try:
-        assert takes(text, parallel=False)
-        assert not takes(bad, parallel=False)
-        assert takes(two, parallel=True) and not takes(two, parallel=False)
+        assert takes(TOOLS, fam, text)
+        assert not takes(TOOLS, fam, bad)
+        assert takes(TOOLS, fam, two, parallel=True) and not takes(TOOLS, fam, two)
     finally:
-        tok.close()
+        close()
     assert [c[:2] for c in _calls(parse(fam, text, TOOLS))] == [("get_time",
                                                                 {"city": "New York"})]
     assert [c[:2] for c in _calls(parse(fam, two, TOOLS))] == [CALL, ("get_time", {})]
+
+
+def test_optional_parameters_with_separators_take_any_subset_in_order(q4_1):
+    """LFM2's keyword arguments with no required one: any of them, in order, a separator
+    between two and none before the first."""
+    tools = [{"type": "function", "function": {"name": "pick", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                                         "c": {"type": "integer"}}}}}]
+    takes, close = _taker(q4_1)
+    fam = _fam("lfm2")
+
+    def call(args: str) -> str:
+        return f"<|tool_call_start|>[pick({args})]<|tool_call_end|>"
+
+    try:
+        for ok in ("", "a=1", "b=2", "c=3", "a=1, c=3", "a=1, b=2, c=3", "b=2, c=3"):
+            assert takes(tools, fam, call(ok)), ok
+        for bad in (", b=2", "b=2, a=1", "a=1,, b=2", "a=1 b=2"):
+            assert not takes(tools, fam, call(bad)), bad
+    finally:
+        close()
 
 
 def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
