@@ -22,6 +22,8 @@ import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from specli.toolgrammar import JSON_CALL, around, lit, obj, repeat, seq, tags
+
 _ALNUM = string.ascii_letters + string.digits
 
 
@@ -96,12 +98,6 @@ class Family:
     content_wrap: tuple[str, str] | None = None  # Command R7B's <|START_RESPONSE|>...
     parse_all: Callable[[str, Sequence[dict], bool], Parsed] | None = None  # GPT-OSS
     lazy: bool = True  # tool_choice auto: the grammar from the first opener on
-
-
-def _lit(s: str) -> str:
-    """A GBNF string literal."""
-    out = json.dumps(s, ensure_ascii=False)
-    return out.replace("\\/", "/")
 
 
 def json_at(text: str, at: int) -> tuple[object, int] | None:
@@ -421,100 +417,6 @@ def unmarked(text: str) -> str:
     return held(text, ("<|",))
 
 
-def _seq(*parts: str) -> Callable[[int, str], str]:
-    """One call's GBNF: literal pieces around NAME (the tool's name) and ARGS (its rule)."""
-    def gbnf(i: str, name: str) -> str:
-        out = []
-        for p in parts:
-            out.append(f"call-{i}" if p == "ARGS" else "[a-zA-Z0-9]{9}" if p == "ID9"
-                       else _lit(p.replace("NAME", name)))
-        return " ".join(out)
-    return gbnf
-
-
-def _obj(name_key: str, args_key: str, id_schema: dict | None = None):
-    def schema(name: str, params: dict) -> dict:
-        props = {name_key: {"const": name}, args_key: params}
-        if id_schema is not None:
-            props["id"] = id_schema
-        return {"type": "object", "properties": props, "required": list(props)}
-    return schema
-
-
-def _repeat(sep: str = "") -> Callable[[str, bool], str]:
-    def wrap(call: str, parallel: bool) -> str:
-        # (the alternation in parentheses: a separator before any call, not the first tool's)
-        more = f" ({_lit(sep) + ' ' if sep else ''}({call}))*" if parallel else ""
-        return f"({call}){more}"
-    return wrap
-
-
-def _around(before: str, after: str, sep: str = ", ") -> Callable[[str, bool], str]:
-    def wrap(call: str, parallel: bool) -> str:
-        more = f" ({_lit(sep) + ' ' if sep else ''}({call}))*" if parallel else ""
-        return f"{_lit(before)} ({call}){more} {_lit(after)}"
-    return wrap
-
-
-_JSON_CALL = _seq("ARGS")
-# a tagged parameter's string value: any text but "</", which begins a closing tag
-_TAG_TEXT = '([^<] | "<" [^/])*'
-
-
-def _tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
-          sep: str = "", text: str | None = "TEXT", body: str = _TAG_TEXT
-          ) -> Callable[[str, str, dict], tuple[dict[str, dict], str]]:
-    """A call written a parameter at a time (Qwen3-Coder's <function=NAME><parameter=KEY>,
-    GLM's <arg_key>, MiniMax's <invoke>, Gemma 4's call:NAME{KEY:...}, LFM2's NAME(KEY=...)):
-    the literal pieces around NAME and each KEY, `sep` between parameters, the required
-    ones first and always, then the others, each optional. A string's value is `text` with
-    its TEXT the string (`body`: any text but what ends it; one of its enum's, where it has
-    one): the tag families' text as it is, Gemma 4's between <|"|>; text None: JSON, as
-    LFM2's Python reads it. Any other value is JSON by its own schema (rule call-I-J). The
-    family's reader takes what this writes."""
-    def build(i: str, name: str, params: dict) -> tuple[dict[str, dict], str]:
-        props = params.get("properties")
-        props = props if isinstance(props, dict) else {}
-        required = params.get("required")
-        required = set(required) if isinstance(required, list) else set()
-        schemas: dict[str, dict] = {}
-        needed, optional = [], []
-        for j, (key, schema) in enumerate(props.items()):
-            schema = schema if isinstance(schema, dict) else {}
-            kind, enum = schema.get("type"), schema.get("enum")
-            string = kind == "string" or kind == ["string"]
-            if string and text is not None and isinstance(enum, list) and enum \
-                    and all(isinstance(e, str) for e in enum):
-                value = text.replace("TEXT", "(" + " | ".join(_lit(e) for e in enum) + ")")
-            elif string and text is not None:
-                value = text.replace("TEXT", body)
-            else:
-                value = f"call-{i}-{j}"
-                # (anyOf: a rule of its own name, which a bare primitive does not get)
-                schemas[value] = {"anyOf": [schema]}
-            one = f"{_lit(param_open.replace('KEY', key))} {value}" + (
-                f" {_lit(param_close)}" if param_close else "")
-            (needed if key in required else optional).append(one)
-        return schemas, " ".join([_lit(call_open.replace("NAME", name)),
-                                  *_keyed(needed, optional, sep), _lit(call_close)])
-    return build
-
-
-def _keyed(needed: list[str], optional: list[str], sep: str) -> list[str]:
-    """Parameters in order, `sep` between two: the needed ones, then each optional one."""
-    s = f"{_lit(sep)} " if sep else ""
-    if needed:
-        return [f" {s}".join(needed), *(f"({s}{o})?" for o in optional)]
-    if not optional:
-        return []
-    if not sep:
-        return [f"({o})?" for o in optional]
-    # no needed one: the first written has no separator before it
-    starts = [" ".join([o, *(f"({s}{p})?" for p in optional[k + 1:])])
-              for k, o in enumerate(optional)]
-    return ["(" + " | ".join(f"({x})" for x in starts) + ")?"]
-
-
 DS_CALLS = "<｜tool▁calls▁begin｜>"
 DS_CALL, DS_SEP, DS_END, DS_CALLS_END = ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
                                          "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")
@@ -525,101 +427,101 @@ GENERIC = Family(
 FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
     (lambda t: "[TOOL_CALLS]" in t and "[ARGS]" in t and "[CALL_ID]" not in t, Family(
         "ministral", ("[TOOL_CALLS]",), _marked_calls(r"\[TOOL_CALLS\]([^\[]{1,256})\[ARGS\]"),
-        think=("[THINK]", "[/THINK]"), call_gbnf=_seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
-        wrap=_repeat())),
+        think=("[THINK]", "[/THINK]"), call_gbnf=seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
+        wrap=repeat())),
     (lambda t: "<|channel|>" in t, Family(
         "gpt-oss", (), lambda r, t: [], think=None, parse_all=harmony,
-        call_gbnf=_seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
-                       "ARGS"), wrap=_repeat())),
+        call_gbnf=seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
+                       "ARGS"), wrap=repeat())),
     (lambda t: "<|tool_calls_section_begin|>" in t and "<|tool_call_begin|>" in t, Family(
         # the call's id is functions.NAME:INDEX
         "kimi-k2", ("<|tool_calls_section_begin|>", "<|tool_call_begin|>"), _marked_calls(
             r"<\|tool_call_begin\|>\s*((?:functions\.)?([\w.-]+?)(?::\d+)?)\s*"
             r"<\|tool_call_argument_begin\|>", name=2, ident=1),
-        call_gbnf=_seq("<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>",
+        call_gbnf=seq("<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>",
                        "ARGS", "<|tool_call_end|>"),
         wrap=lambda c, p: f'"<|tool_calls_section_begin|>" ({c})' + (f" ({c})*" if p else "")
         + ' "<|tool_calls_section_end|>"')),
     (lambda t: "<|tool_list_start|>" in t or "List of tools: [" in t, Family(
         "lfm2", ("<|tool_call_start|>",), _python_calls,
-        call_params=_tags("NAME(", "KEY=", "", ")", sep=", ", text=None),
-        wrap=_around("<|tool_call_start|>[", "]<|tool_call_end|>"))),
+        call_params=tags("NAME(", "KEY=", "", ")", sep=", ", text=None),
+        wrap=around("<|tool_call_start|>[", "]<|tool_call_end|>"))),
     (lambda t: "<|tool_call>call:" in t, Family(
         "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"),
-        call_params=_tags("<|tool_call>call:NAME{", "KEY:", "", "}<tool_call|>", sep=",",
-                          text=f"{_lit(_GEMMA4_QUOTE)} TEXT {_lit(_GEMMA4_QUOTE)}",
+        call_params=tags("<|tool_call>call:NAME{", "KEY:", "", "}<tool_call|>", sep=",",
+                          text=f"{lit(_GEMMA4_QUOTE)} TEXT {lit(_GEMMA4_QUOTE)}",
                           body='([^<] | "<" [^|])*'),
-        wrap=_repeat())),
+        wrap=repeat())),
     (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
         "qwen3-coder", ("<tool_call>", "<function="),
         _tagged_calls(r"<function=([^<>\n]{1,256})>", "</function>",
                       r"<parameter=([^<>\n]{1,256})>", "</parameter>"),
-        call_params=_tags("<tool_call>\n<function=NAME>\n", "<parameter=KEY>\n",
+        call_params=tags("<tool_call>\n<function=NAME>\n", "<parameter=KEY>\n",
                           "\n</parameter>\n", "</function>\n</tool_call>"),
-        wrap=_repeat("\n"))),
+        wrap=repeat("\n"))),
     (lambda t: "<arg_key>" in t and "<tool_call>" in t, Family(
         "glm", ("<tool_call>",), _tagged_calls(
             r"<tool_call>\s{0,64}([^<\n]{1,256})", "</tool_call>",
             r"<arg_key>([^<]{0,256})</arg_key>\s{0,64}<arg_value>", "</arg_value>"),
-        call_params=_tags("<tool_call>NAME\n", "<arg_key>KEY</arg_key>\n<arg_value>",
+        call_params=tags("<tool_call>NAME\n", "<arg_key>KEY</arg_key>\n<arg_value>",
                           "</arg_value>\n", "</tool_call>"),
-        wrap=_repeat("\n"))),
+        wrap=repeat("\n"))),
     (lambda t: "<minimax:tool_call>" in t, Family(
         "minimax-m2", ("<minimax:tool_call>",), _tagged_calls(
             r'<invoke name="([^"\n]{1,256})">', "</invoke>",
             r'<parameter name="([^"\n]{1,256})">', "</parameter>"),
-        call_params=_tags('<invoke name="NAME">\n', '<parameter name="KEY">',
+        call_params=tags('<invoke name="NAME">\n', '<parameter name="KEY">',
                           "</parameter>\n", "</invoke>\n"),
-        wrap=_around("<minimax:tool_call>\n", "</minimax:tool_call>", ""))),
+        wrap=around("<minimax:tool_call>\n", "</minimax:tool_call>", ""))),
     (lambda t: "tool▁calls▁begin" in t and "```json" in t, Family(
         "deepseek-r1", (DS_CALLS, DS_CALL),
         _marked_calls(rf"{DS_CALL}\s*(?:function)?{DS_SEP}([^<\n]{{1,256}})\n```json"),
-        call_gbnf=_seq(f"{DS_CALL}function{DS_SEP}NAME\n```json\n", "ARGS",
-                       f"\n```{DS_END}"), wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
+        call_gbnf=seq(f"{DS_CALL}function{DS_SEP}NAME\n```json\n", "ARGS",
+                       f"\n```{DS_END}"), wrap=around(DS_CALLS, DS_CALLS_END, ""))),
     (lambda t: "tool▁calls▁begin" in t, Family(
         "deepseek-v3.1", (DS_CALLS, DS_CALL),
         _marked_calls(rf"{DS_CALL}\s*([^<]{{0,256}}?){DS_SEP}"),
-        call_gbnf=_seq(f"{DS_CALL}NAME{DS_SEP}", "ARGS", DS_END),
-        wrap=_around(DS_CALLS, DS_CALLS_END, ""))),
+        call_gbnf=seq(f"{DS_CALL}NAME{DS_SEP}", "ARGS", DS_END),
+        wrap=around(DS_CALLS, DS_CALLS_END, ""))),
     (lambda t: "<|START_ACTION|>" in t and "<|START_THINKING|>" in t, Family(
         "command-r7b", ("<|START_ACTION|>",),
         _object_calls(("tool_name", "parameters"), "tool_call_id"),
         think=("<|START_THINKING|>", "<|END_THINKING|>"),
-        call_object=_obj("tool_name", "parameters"), call_gbnf=_JSON_CALL,
-        wrap=_around("<|START_ACTION|>[", "]<|END_ACTION|>"),
+        call_object=obj("tool_name", "parameters"), call_gbnf=JSON_CALL,
+        wrap=around("<|START_ACTION|>[", "]<|END_ACTION|>"),
         content_wrap=("<|START_RESPONSE|>", "<|END_RESPONSE|>"))),
     (lambda t: "[TOOL_CALLS]" in t and "[CALL_ID]" in t, Family(
         "mistral-small", ("[TOOL_CALLS]",),
         _marked_calls(r"\[TOOL_CALLS\]([^\[]{1,256})\[CALL_ID\]\s{0,64}(\w{1,64})\s{0,64}\[ARGS\]",
                       ident=2),
         think=None, id_length=9,
-        call_gbnf=_seq("[TOOL_CALLS]NAME[CALL_ID]", "ID9", "[ARGS]", "ARGS"),
-        wrap=_repeat())),
+        call_gbnf=seq("[TOOL_CALLS]NAME[CALL_ID]", "ID9", "[ARGS]", "ARGS"),
+        wrap=repeat())),
     (lambda t: "[TOOL_CALLS]" in t, Family(
         "mistral-nemo", ("[TOOL_CALLS]",), _object_calls(("name", "arguments"), "id"),
-        think=None, id_length=9, call_object=_obj(
+        think=None, id_length=9, call_object=obj(
             "name", "arguments", {"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"}),
-        call_gbnf=_JSON_CALL, wrap=_around("[TOOL_CALLS][", "]"))),
+        call_gbnf=JSON_CALL, wrap=around("[TOOL_CALLS][", "]"))),
     (lambda t: " functools[" in t, Family(
         "firefunction-v2", (" functools[", "functools["), _object_calls(("name", "arguments")),
-        think=None, call_object=_obj("name", "arguments"), call_gbnf=_JSON_CALL,
-        wrap=_around(" functools[", "]"))),
+        think=None, call_object=obj("name", "arguments"), call_gbnf=JSON_CALL,
+        wrap=around(" functools[", "]"))),
     (lambda t: ">>>all" in t and ">>>${recipient}" in t, Family(
         "functionary-v3.2", (), lambda r, t: [], think=None, parse_all=_functionary_v32,
-        call_gbnf=_seq("NAME\n", "ARGS"), wrap=_repeat(">>>"))),  # no opener: auto is free
+        call_gbnf=seq("NAME\n", "ARGS"), wrap=repeat(">>>"))),  # no opener: auto is free
     (lambda t: "<function=" in t, Family(
         "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^<>]{1,256})>"),
-        think=None, call_gbnf=_seq("<function=NAME>", "ARGS", "</function>"),
-        wrap=_repeat())),
+        think=None, call_gbnf=seq("<function=NAME>", "ARGS", "</function>"),
+        wrap=repeat())),
     (lambda t: "<|tools_prefix|>" in t, Family(
         "apertus", ("<|tools_prefix|>",), _apertus_calls, think=None)),
     (lambda t: "<tool_call>" in t, Family(
         "hermes", ("<tool_call>",), _object_calls(("name", "arguments")),
-        call_object=_obj("name", "arguments"),
-        call_gbnf=_seq("<tool_call>\n", "ARGS", "\n</tool_call>"), wrap=_repeat("\n"))),
+        call_object=obj("name", "arguments"),
+        call_gbnf=seq("<tool_call>\n", "ARGS", "\n</tool_call>"), wrap=repeat("\n"))),
     (lambda t: "<|start_header_id|>" in t and "parameters" in t, Family(
         "llama3", ('{"name"', '{"type"'), _object_calls(("name", "parameters")),
-        think=None, call_object=_obj("name", "parameters"), call_gbnf=_JSON_CALL,
+        think=None, call_object=obj("name", "parameters"), call_gbnf=JSON_CALL,
         # one call a turn; no marker to wait for: auto reads the call from free text
         wrap=lambda c, p: f"({c})", lazy=False)),
 ]

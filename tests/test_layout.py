@@ -9,7 +9,7 @@ from pathlib import Path
 PKG = Path(__file__).parents[1] / "specli"
 CORE = ["engine.py", "generate.py", "loadable.py", "verify.py", "stats.py", "config.py",
         "pairing.py", "headmeta.py", "headconvert.py", "headckpt.py", "ggufmeta.py",
-        "tuning.py", "cost.py", "toolcall.py", "toolstream.py",
+        "tuning.py", "cost.py", "toolcall.py", "toolgrammar.py", "toolstream.py",
         "errors.py", "audit", "backend", "batching.py", "chat.py", "defaults.py", "drafts",
         "grammar_host.py", "plan.py", "prompt.py", "meter.py", "rules.py", "template_host.py",
         "child.py"]

@@ -526,7 +526,7 @@ def test_a_tagged_familys_call_grammar_types_each_parameter(name, q4_1):
     may be left out, and parallel calls follow each other as the family writes them; what
     the grammar took reads back as those calls."""
     fam = _fam(name)
-    text, bad, two = TAGGED_GRAMMAR[name]  # (the _repeat fix: a second call of another tool)
+    text, bad, two = TAGGED_GRAMMAR[name]  # (repeat's fix: a second call of another tool)
     takes, close = _taker(q4_1)
     try:
         assert takes(TOOLS, fam, text)
