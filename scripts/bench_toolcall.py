@@ -60,11 +60,45 @@ def _worst(text: str, piece: int, fams: dict) -> tuple[float, str]:
     return worst
 
 
+def hop(text: str, piece: int, fam) -> tuple[float, float]:
+    """Microseconds a piece: the stream read on the event loop, and the same read handed to
+    a thread and awaited (what moving it off the loop would cost)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    pieces = [text[i:i + piece] for i in range(0, len(text), piece)]
+    s = Splitter(fam, TOOLS, False, "deepseek", True)
+    t0 = time.perf_counter()
+    for p in pieces:
+        s.feed(p)
+    here = (time.perf_counter() - t0) / len(pieces)
+
+    async def away() -> float:
+        loop, pool = asyncio.get_running_loop(), ThreadPoolExecutor(1)
+        s = Splitter(fam, TOOLS, False, "deepseek", True)
+        t0 = time.perf_counter()
+        for p in pieces:
+            await loop.run_in_executor(pool, s.feed, p)
+        pool.shutdown()
+        return (time.perf_counter() - t0) / len(pieces)
+
+    return here * 1e6, asyncio.run(away()) * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--chars", type=int, nargs="+", default=[16000, 64000])
     ap.add_argument("--piece", type=int, default=4)
+    ap.add_argument("--hop", action="store_true", help="Only the event loop's share: a "
+                    "piece read on the loop, against the same read handed to a thread.")
     a = ap.parse_args()
+    if a.hop:
+        fam = next(f for _, f in tc.FAMILIES if f.name == "hermes")
+        text = answers(a.chars[0])["a call with a long argument"]
+        here, away = hop(text, a.piece, fam)
+        print(f"{len(text)} characters, {a.piece} a piece (Hermes): {here:.1f} us a piece on "
+              f"the event loop, {away:.1f} us through a thread")
+        return
     fams = {f.name: f for _, f in tc.FAMILIES} | {"generic": tc.GENERIC}
     sizes = sorted(a.chars)
     print(f"| answer ({a.piece} characters a piece) | worst family | "
