@@ -17,7 +17,7 @@ on the softmax of its top ten logits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -90,6 +90,27 @@ class _Head(DraftSource):
         """The batch's first n rows into the head's cache, the head's own way."""
         raise NotImplementedError
 
+    def _chain(self, items: list, k: int, p_min: float, out: list[int],
+               after: Callable[[int, int, np.ndarray], list],
+               before: Callable[[int], None] | None = None) -> None:
+        """The MTP and EAGLE-3 heads' draft loop, a token per decode: decode `items`, take
+        the last row's top token into `out` (one under p_min stops it, as k does), then
+        after(i, token, its state) gives the next decode's items; before(i), if given, runs
+        before each decode."""
+        m = self.model
+        for i in range(k):
+            if before is not None:
+                before(i)
+            m.run(items)
+            token, p = self.top(len(items) - 1, p_min)
+            state = m.nextn(len(items) - 1)
+            if p < p_min:
+                return
+            out.append(token)
+            if len(out) >= k:
+                return
+            items = after(i, token, state)
+
     def accept(self, outcome: Outcome) -> None:
         """The told rows the target kept into the cache (MTP's pending state and EAGLE-3's
         seed become the last kept token's), the rest dropped."""
@@ -158,27 +179,23 @@ class MtpDraft(_Head):
         if self.pending is None:
             return
         states = [self.pending]
-        items = [(context[-1], n_past, self.pending, True)]
+
+        def head(i: int) -> None:  # several heads: the draft goes through head i
+            m.rewind_cells(n_past)
+            m.layer_offset(i)
+
+        def after(i: int, token: int, state: np.ndarray) -> list:
+            if self.n_heads > 1:  # the whole draft again, through the next head
+                states.append(state)
+                seq = [context[-1], *out]
+                return [(t, n_past + j, states[j], j == len(seq) - 1)
+                        for j, t in enumerate(seq)]
+            # a shared cache: llama.cpp drafts at one position, as transformers
+            return [(token, n_past if self.shared else n_past + i + 1, state, True)]
+
         try:
-            for i in range(k):
-                if self.n_heads > 1:
-                    m.rewind_cells(n_past)
-                    m.layer_offset(i)
-                m.run(items)
-                token, p = self.top(len(items) - 1, p_min)
-                state = m.nextn(len(items) - 1)
-                if p < p_min:
-                    break
-                out.append(token)
-                if len(out) >= k:
-                    break
-                if self.n_heads > 1:  # the whole draft again, through the next head
-                    states.append(state)
-                    seq = [context[-1], *out]
-                    items = [(t, n_past + j, states[j], j == len(seq) - 1)
-                             for j, t in enumerate(seq)]
-                else:  # a shared cache: llama.cpp drafts at one position, as transformers
-                    items = [(token, n_past if self.shared else n_past + i + 1, state, True)]
+            self._chain([(context[-1], n_past, self.pending, True)], k, p_min, out, after,
+                        head if self.n_heads > 1 else None)
         finally:
             if self.n_heads > 1:
                 m.layer_offset(0)
@@ -235,17 +252,8 @@ class Eagle3Draft(_Head):
             return
         pos, g = self.pending
         m.rewind_cells(pos)
-        items = [(context[-1], pos, g, True)]
-        for i in range(k):
-            m.run(items)
-            token, p = self.top(0, p_min)
-            state = m.nextn(0)
-            if p < p_min:
-                break
-            out.append(token)
-            if len(out) >= k:
-                break
-            items = [(token, pos + i + 1, state, True)]
+        self._chain([(context[-1], pos, g, True)], k, p_min, out,
+                    lambda i, token, state: [(token, pos + i + 1, state, True)])
 
 
 class DflashDraft(_Head):
