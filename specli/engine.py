@@ -35,6 +35,7 @@ from specli.verify import (
     TransformError,
     need_for,
     path_probs,
+    penalty_window,
     transform,
     verify_tree,
 )
@@ -359,26 +360,31 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
           rules: Rules | None = None) -> Callable[[int, list[int]], np.ndarray]:
     """Row r of a verification batch as the sampler sees it: transformed with the history it
     follows (the context, then the nodes of `path` above it), then through the rules (DRY,
-    the grammar's mask). verify_tree descends one path, asking for a row only once the node
-    above it is accepted: the rules move past the path's tokens then."""
+    the grammar's mask) once they have followed that path. verify_tree descends one path,
+    asking for a row only once the node above it is accepted; the rules follow the path as
+    it grows, and a row asked for off it is an error, not a wrong mask."""
     if not sp.transforms and rules is None:
         return lambda r, path: rows[r]
-    n = sp.repeat_last_n
-    tail = context if n < 0 else context[-n:] if n > 0 else []
+    tail = list(penalty_window(context, sp))
     need = need_for(sp, rows.shape[1])
-    moved = 0  # path tokens the rules have moved past
+    followed: list[int] = []  # the path's tokens the rules have moved past
     done: dict[int, np.ndarray] = {}  # a row asked for again is the same row
 
+    def follow(above: list[int]) -> None:
+        """The rules moved past the path's tokens they have not yet seen."""
+        if above[:len(followed)] != followed:
+            raise RuntimeError("a verification row asked for off the path the rules follow")
+        for t in above[len(followed):]:
+            rules.accept(t)
+            followed.append(t)
+
     def row(r: int, path: list[int]) -> np.ndarray:
-        nonlocal moved
         if r in done:
             return done[r]
         above = [tree.tokens[i] for i in path]
         x = transform(rows[r], sp, [*tail, *above])
         if rules is not None:
-            for t in above[moved:]:
-                rules.accept(t)
-            moved = max(moved, len(above))
+            follow(above)
             x = rules.apply(x, need)
         done[r] = x
         return x

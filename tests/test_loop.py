@@ -212,3 +212,32 @@ def test_the_fake_is_a_backend():
 
     for role in (Backend, Vocabulary, Decoder, Branches, States):
         assert isinstance(FakeModel(), role), role
+
+
+def test_the_rules_follow_the_path_the_rows_are_asked_along():
+    """_rows moves the rules (DRY, a grammar) past each accepted node as verification
+    descends, once; a row asked for again is the same row; one asked for off that path is
+    an error, never a row masked for the wrong history."""
+    import numpy as np
+
+    from specli.drafts.tree import Tree
+    from specli.engine import _rows
+
+    class Seen:
+        def __init__(self):
+            self.tokens: list[int] = []
+
+        def accept(self, token: int) -> None:
+            self.tokens.append(token)
+
+        def apply(self, row, need):
+            return row
+
+    rules, rows = Seen(), np.zeros((4, 8), np.float32)
+    row = _rows(rows, SamplingParams(temp=0.0), [1, 2], Tree.chain([5, 6, 7]), rules)
+    first = row(0, [])
+    row(1, [0])
+    row(2, [0, 1])
+    assert rules.tokens == [5, 6] and row(0, []) is first
+    with pytest.raises(RuntimeError, match="off the path"):
+        row(3, [1])
