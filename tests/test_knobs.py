@@ -153,3 +153,20 @@ def test_the_request_schema_publishes_each_range(fake):
     assert props["top_p"]["maximum"] == 1 and props["top_p"]["minimum"] == 0
     assert props["repeat_penalty"]["exclusiveMinimum"] == 0
     assert "minimum" not in props["seed"]  # -1: a random one
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"max_output_tokens": 2, "input": "hi"}),
+])
+def test_messages_and_responses_take_every_knob_as_the_chat_route_does(fake, route, body):
+    """Anthropic's Messages and OpenAI's Responses carry config.SAMPLING's parameters by
+    their request names (llama-server's min_p, seed... beside their own temperature, top_p
+    and top_k): the same values pass, the same are refused, naming the parameter."""
+    assert fake.post(route, json={**body, "top_k": 5, "min_p": 0.1, "seed": 3}
+                     ).status_code == 200
+    for knob, value in BAD:
+        r = fake.post(route, content=json.dumps({**body, knob.name: value}),
+                      headers={"Content-Type": "application/json"})
+        assert r.status_code == 400, (knob.name, r.text)
+        assert knob.name in r.text, (knob.name, r.text)

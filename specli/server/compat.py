@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
+from specli.config import SAMPLING
 from specli.server import formats as f
 from specli.server.errors import APIError
 from specli.server.routes import AppState, Pool, _auth, chat_job, chat_tokens, collect, start
@@ -151,9 +152,14 @@ def anthropic_chat(raw: MessagesRequest) -> ChatRequest:
     return _chat({"messages": messages, "tools": tools or None, "tool_choice": choice,
                   "parallel_tool_calls": parallel,
                   "max_tokens": 4096 if raw.max_tokens is None else raw.max_tokens,
-                  "stop": raw.stop_sequences, "temperature": raw.temperature,
-                  "top_p": raw.top_p, "top_k": raw.top_k, "stream": raw.stream,
-                  "chat_template_kwargs": kwargs})
+                  "stop": raw.stop_sequences, "stream": raw.stream,
+                  "chat_template_kwargs": kwargs, **_knobs(raw)})
+
+
+def _knobs(raw: MessagesRequest | ResponsesRequest) -> dict:
+    """The request's sampling parameters (config.SAMPLING's, by their request names), as
+    the chat request takes them: one mapping for every API."""
+    return {k.name: getattr(raw, k.name) for k in SAMPLING}
 
 
 def _json(value, param: str) -> str:
@@ -341,8 +347,7 @@ def responses_chat(raw: ResponsesRequest) -> ChatRequest:
     return _chat({"messages": messages, "tools": tools or None, "tool_choice": choice,
                   "parallel_tool_calls": raw.parallel_tool_calls,
                   "max_tokens": raw.max_output_tokens,
-                  "temperature": raw.temperature, "top_p": raw.top_p, "top_k": raw.top_k,
-                  "stream": raw.stream, "response_format": response_format,
+                  "stream": raw.stream, "response_format": response_format, **_knobs(raw),
                   "reasoning_effort": raw.reasoning.effort if raw.reasoning else None,
                   "timings_per_token": raw.timings_per_token,
                   "return_progress": raw.return_progress})

@@ -418,7 +418,13 @@ class AnthropicThinking(Lenient):
     budget_tokens: int | None = None
 
 
-class MessagesRequest(Lenient):
+# another vendor's body with config.SAMPLING's parameters by their request names (its own
+# temperature, top_p and top_k among them; llama.cpp's others as llama-server takes them)
+LenientKnobs = create_model("LenientKnobs", __base__=Lenient, **{
+    k.name: (k.kind | None, None) for k in SAMPLING})
+
+
+class MessagesRequest(LenientKnobs):
     """Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens)."""
 
     model: str | None = None
@@ -428,9 +434,6 @@ class MessagesRequest(Lenient):
     max_tokens: int | None = None
     stop_sequences: list[str] | None = None
     stream: bool | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
     tools: Annotated[list[AnthropicTool], at_most(MAX_TOOLS)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: AnthropicThinking | None = None
@@ -516,7 +519,7 @@ class ResponsesReasoning(Lenient):
     effort: str | None = None
 
 
-class ResponsesRequest(Lenient):
+class ResponsesRequest(LenientKnobs):
     """OpenAI's Responses API (/v1/responses, /v1/responses/input_tokens)."""
 
     model: str | None = None
@@ -529,9 +532,6 @@ class ResponsesRequest(Lenient):
     text: ResponsesText | None = None
     reasoning: ResponsesReasoning | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
     stream: bool | None = None
     metadata: Metadata | None = None
     # llama-server's telemetry in the stream
