@@ -12,7 +12,7 @@ import codecs
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -306,7 +306,7 @@ class Engine:
         return self.drafts(spec)
 
     def _check(self, prompt: Sequence[int], sp: SamplingParams) -> None:
-        check_bias(dict(sp.logit_bias), self.target.n_vocab)
+        check_bias((t for t, _ in sp.logit_bias), self.target.n_vocab)
         if not prompt:
             raise UsageError("empty prompt", hint="give -p TEXT or -f FILE with some text")
         if len(prompt) >= self.target.n_ctx:
@@ -348,9 +348,9 @@ class Engine:
         return Completion(text, tokens, stats)
 
 
-def check_bias(bias: Mapping[int, float], n_vocab: int) -> None:
+def check_bias(tokens: Iterable[int], n_vocab: int) -> None:
     """UsageError naming the first biased token outside the vocabulary (0..n_vocab - 1)."""
-    bad = next((t for t in bias if not 0 <= t < n_vocab), None)
+    bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
     if bad is not None:
         raise UsageError(f"logit bias for token {bad}, outside the vocabulary "
                          f"(0..{n_vocab - 1})")
@@ -365,7 +365,7 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
     it grows, and a row asked for off it is an error, not a wrong mask."""
     if not sp.transforms and rules is None:
         return lambda r, path: rows[r]
-    tail = list(penalty_window(context, sp))
+    tail = penalty_window(context, sp)  # (a view: [*tail, *above] copies what it needs)
     need = need_for(sp, rows.shape[1])
     followed: list[int] = []  # the path's tokens the rules have moved past
     done: dict[int, np.ndarray] = {}  # a row asked for again is the same row

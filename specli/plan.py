@@ -4,8 +4,7 @@ built from it. run, serve, tune-draft and the server's routes resolve their plan
 Errors are about the plan (PlanError.field names the setting at fault): each front end
 names its own flag or request parameter for it. A command resolves its plan once, checks its
 files once (check_files) and hands it to open_engine or open_slots (the server's through its
-state); a request's own settings are checked against
-it once (SpecPlan.request)."""
+state); a request's own settings are checked against it once (SpecPlan.request)."""
 
 from __future__ import annotations
 
