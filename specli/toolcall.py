@@ -73,6 +73,13 @@ def new_id(length: int = 32) -> str:
     return "".join(secrets.choice(_ALNUM) for _ in range(length))
 
 
+def call_id(fam: Family) -> str:
+    """A new id for a call the model wrote without one: OpenAI's shape ("call_" and 24
+    letters and digits, as its clients show them), or the family's own (Mistral's 9
+    letters and digits, which its template checks)."""
+    return "call_" + new_id(24) if fam.id_length is None else new_id(fam.id_length)
+
+
 # -- the families --------------------------------------------------------------------------
 
 # (name, arguments text, id or None) for each complete call found in a region; arguments None:
@@ -94,9 +101,11 @@ class Family:
     # their rule names, the call's GBNF over them), from its name and parameters
     call_params: Callable[[str, str, dict], tuple[dict[str, dict], str]] | None = None
     wrap: Callable[[str, bool], str] | None = None  # root from the calls' alternation
-    id_length: int = 32
+    id_length: int | None = None  # a generated id's letters and digits (None: OpenAI's)
     content_wrap: tuple[str, str] | None = None  # Command R7B's <|START_RESPONSE|>...
     parse_all: Callable[[str, Sequence[dict], bool], Parsed] | None = None  # GPT-OSS
+    # a parse_all family's call left open at the answer's end (its text), for a cut answer
+    open_call: Callable[[str], str | None] | None = None
     lazy: bool = True  # tool_choice auto: the grammar from the first opener on
 
 
@@ -375,6 +384,18 @@ def harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:
 _RECIPIENT = re.compile(r"[\w.-]{1,256}")
 
 
+def _harmony_open(text: str) -> str | None:
+    """A GPT-OSS call whose message has not ended: from its recipient on."""
+    at = text.rfind("to=functions.")
+    return text[at:] if at >= 0 and HARMONY_END.search(text, at) is None else None
+
+
+def _functionary_open(text: str) -> str | None:
+    """Functionary v3.2's last message, unless it is the answer's text (all)."""
+    seg = text[text.rfind(">>>") + 3:] if ">>>" in text else text
+    return None if seg.startswith("all\n") or "all\n".startswith(seg) else seg
+
+
 def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
     content, calls, pos, lead = [], [], 0, ""
     while True:
@@ -430,7 +451,7 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         think=("[THINK]", "[/THINK]"), call_gbnf=seq("[TOOL_CALLS]NAME[ARGS]", "ARGS"),
         wrap=repeat())),
     (lambda t: "<|channel|>" in t, Family(
-        "gpt-oss", (), lambda r, t: [], think=None, parse_all=harmony,
+        "gpt-oss", (), lambda r, t: [], think=None, parse_all=harmony, open_call=_harmony_open,
         call_gbnf=seq("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>",
                        "ARGS"), wrap=repeat())),
     (lambda t: "<|tool_calls_section_begin|>" in t and "<|tool_call_begin|>" in t, Family(
@@ -508,6 +529,7 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         wrap=around(" functools[", "]"))),
     (lambda t: ">>>all" in t and ">>>${recipient}" in t, Family(
         "functionary-v3.2", (), lambda r, t: [], think=None, parse_all=_functionary_v32,
+        open_call=_functionary_open,
         call_gbnf=seq("NAME\n", "ARGS"), wrap=repeat(">>>"))),  # no opener: auto is free
     (lambda t: "<function=" in t, Family(
         "functionary-v3.1", ("<function=",), _marked_calls(r"<function=([^<>]{1,256})>"),
@@ -574,13 +596,27 @@ def split_reasoning(text: str, think: tuple[str, str] | None, forced_open: bool,
     return body[:at], body[at + len(end):], True
 
 
-def read_generic(text: str, final: bool) -> Parsed:
+def _generic_json(lead: str) -> bool:
+    """Whether an unfinished JSON answer is the generic format's: its calls or its response,
+    or a key that may still become one."""
+    m = re.match(r'\{\s*("[^"]*"?)?', lead)
+    if m is None or m[1] is None:
+        return m is not None and lead[m.end():].strip() == ""
+    return m[1].startswith('"tool_call') or any(w.startswith(m[1])
+                                                 for w in ('"tool_calls"', '"response"'))
+
+
+def read_generic(text: str, final: bool, cut: bool = False, tools: Sequence[dict] = ()
+                 ) -> Parsed:
     lead = text.lstrip()
     got = json_at(lead, 0) if lead.startswith("{") else None
     if got is None:
-        if lead.startswith("{") and not final:  # a JSON answer under way: its response so far
-            m = re.match(r'\{\s*"response"\s*:\s*"', lead)
+        m = re.match(r'\{\s*"response"\s*:\s*"', lead) if lead.startswith("{") else None
+        if lead.startswith("{") and (not final or cut and m):  # its response so far
             return Parsed(_partial_string(lead[m.end():]) if m else "")
+        if cut and _generic_json(lead):
+            c = cut_call(lead, tools)  # the limit cut the JSON answer short: no text
+            return Parsed("", "", (c,) if c else ())
         return Parsed(text if final or not lead.startswith("{") else "")
     value = got[0]
     if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
@@ -611,13 +647,35 @@ def _partial_string(s: str) -> str:
     return utf8_safe(out)
 
 
+def cut_call(region: str, tools: Sequence[dict]) -> ToolCall | None:
+    """The call a token limit cut short, as llama-server and OpenAI give it: its name, once
+    written whole (the first of the tools' names in the call region), and its arguments as
+    far as they were written (from their opening brace; "{" before it): text that is no
+    JSON yet, with finish_reason length to say so. None: no name yet."""
+    best = None
+    for t in tools:
+        name = function_of(t)["name"]
+        m = re.search(rf"(?<![\w-]){re.escape(name)}(?=[^\w.-])", region)
+        if m and (best is None or m.start() < best[0]):
+            best = (m.start(), m.end(), name)
+    if best is None:
+        return None
+    brace = region.find("{", best[1])
+    return ToolCall(best[2], region[brace:] if brace >= 0 else "{", "")
+
+
 def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bool = False,
           reasoning_format: str = "deepseek", parse_calls: bool = True,
-          final: bool = True, ids: list[str] | None = None) -> Parsed:
+          final: bool = True, ids: list[str] | None = None, cut: bool = False) -> Parsed:
     """An answer as content, reasoning and calls. Not final: what is certain so far (text
-    that may still become a marker, and a call not yet complete, are left out)."""
-    if fam.parse_all is not None:
-        p = fam.parse_all(text, tools, final)
+    that may still become a marker, and a call not yet complete, are left out). cut: the
+    answer was cut short by the token limit: a call region left open is no text; its call
+    is given as far as it was written (cut_call), when its name was."""
+    if fam.parse_all is not None:  # (cut: what was certain, never a half call as text)
+        p = fam.parse_all(text, tools, final and not cut)
+        open_call = fam.open_call(text) if cut and fam.open_call else None
+        if open_call and (c := cut_call(open_call, tools)):
+            p = Parsed(p.content, p.reasoning, (*p.calls, c))
         if reasoning_format == "none" and p.reasoning:
             p = Parsed(text if final else held(text, ("<|",)), "", p.calls)
         return named(p, ids, fam) if parse_calls else Parsed(p.content, p.reasoning)
@@ -629,19 +687,26 @@ def parse(fam: Family, text: str, tools: Sequence[dict] = (), *, forced_open: bo
         if not closed:
             return Parsed("", reasoning)
     if fam.name == "generic":
-        p = read_generic(rest, final) if parse_calls else Parsed(rest)
+        p = read_generic(rest, final, cut, tools) if parse_calls else Parsed(rest)
         return named(Parsed(p.content, reasoning, p.calls), ids, fam)
     at = min((i for i in (rest.find(o) for o in fam.openers) if i >= 0), default=-1) \
         if parse_calls and fam.openers else -1
     before, region = (rest, "") if at < 0 else (rest[:at], rest[at:])
     calls = fam.calls(region, tools) if region else []
-    if any(args is None for _, args, _ in calls):
+    no_call = any(args is None for _, args, _ in calls)
+    if no_call:
         calls = []  # a call that is no call: the region is text, as it was written
-    if final and region and not calls:  # an opener that began no call: it was text
-        before, region = rest, ""
+    if final and region and not calls:
+        if cut and not no_call:  # a call the limit cut short: never text
+            c = cut_call(region, tools)
+            calls = [(c.name, c.arguments, None)] if c else []
+        else:  # an opener that began no call: it was text
+            before, region = rest, ""
     if not final and not region:
         before = held(before, (*fam.openers, *(fam.content_wrap or ())) if parse_calls
                        else (fam.content_wrap or ()))
+    elif cut and not region and parse_calls:  # an opener the limit cut short is no text
+        before = held(before, fam.openers)
     if fam.content_wrap is not None:
         before = before.replace(fam.content_wrap[0], "").replace(fam.content_wrap[1], "")
     out = Parsed(before, reasoning, tuple(ToolCall(n, a, i or "") for n, a, i in calls))
@@ -655,7 +720,7 @@ def named(p: Parsed, ids: list[str] | None, fam: Family) -> Parsed:
     calls = []
     for k, c in enumerate(p.calls):
         if k >= len(ids):
-            ids.append(c.id or new_id(fam.id_length))
+            ids.append(c.id or call_id(fam))
         calls.append(ToolCall(c.name, c.arguments, ids[k]))
     return Parsed(p.content, p.reasoning, tuple(calls))
 

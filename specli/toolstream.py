@@ -98,15 +98,15 @@ class Splitter:
     def sent(self) -> Parsed:
         return Parsed("".join(self._content), "".join(self._reasoning), self._calls)
 
-    def finish(self) -> Parsed:
-        return self.feed("", final=True)
+    def finish(self, cut: bool = False) -> Parsed:
+        """The rest of the reading, once the answer is whole (cut: by the token limit, so
+        a call left open is given as far as it was written, toolcall.cut_call)."""
+        return self._final(cut)
 
-    def feed(self, piece: str, final: bool = False) -> Parsed:
+    def feed(self, piece: str) -> Parsed:
         t, self.text = self.text, ""
         t += piece  # grown in place: the only reference is this name
         self.text = t
-        if final:
-            return self._final()
         if self._stage == "harmony":
             content, reasoning = self._h.read(self.text)
             return self._send(content, reasoning, self._new_calls(self._h.calls))
@@ -240,10 +240,10 @@ class Splitter:
                     final=False, ids=self.ids)
         return self._against(now)
 
-    def _final(self) -> Parsed:
+    def _final(self, cut: bool) -> Parsed:
         now = parse(self.fam, self.text, self.tools, forced_open=self.forced_open,
                     reasoning_format=self.reasoning_format, parse_calls=self.parse_calls,
-                    final=True, ids=self.ids)
+                    final=True, ids=self.ids, cut=cut)
         return self._against(now)
 
     def _against(self, now: Parsed) -> Parsed:

@@ -224,6 +224,7 @@ def test_an_image_part_is_a_400_that_says_images_are_not_supported(server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["message"].startswith("image input is not supported")
+    assert err["message"].endswith("(an image_url part)")  # the article fits the word
     assert err["param"] == "messages[0].content[1]"
 
 

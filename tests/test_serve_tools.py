@@ -163,7 +163,8 @@ def test_a_tool_use_round_trip_through_the_anthropic_client(server):
     use = [b for b in r.content if b.type == "tool_use"]
     assert use and use[0].name == "get_weather" and isinstance(use[0].input.get("city"), str)
     assert r.usage.input_tokens > 0 and r.usage.output_tokens > 0
-    r = a.messages.create(model="smollm2", max_tokens=30, tools=ANTHROPIC_TOOLS, messages=[
+    r = a.messages.create(model="smollm2", max_tokens=30, tools=ANTHROPIC_TOOLS,
+                          tool_choice={"type": "none"}, messages=[
         *ASK, {"role": "assistant", "content": r.content},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use[0].id,
                                       "content": "Sunny, 21 C"}]}])
@@ -208,6 +209,12 @@ def test_anthropic_errors_are_400s_and_the_key_comes_as_x_api_key(server):
     with httpx.Client(verify=False, base_url=server.url, timeout=60) as h:
         r = h.post("/v1/messages", json={"max_tokens": 5}, headers={"x-api-key": KEY})
         assert r.status_code == 400 and "messages" in r.json()["error"]["message"]
+        r = h.post("/v1/messages", json={"messages": ASK}, headers={"x-api-key": KEY})
+        assert r.status_code == 400, r.text  # Anthropic's API requires it
+        assert r.json()["error"]["message"].startswith("max_tokens: Field required")
+        r = h.post("/v1/messages/count_tokens", json={"messages": ASK},
+                   headers={"x-api-key": KEY})
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0  # there it is not
         r = h.post("/v1/messages", json={"max_tokens": 5, "messages": ASK},
                    headers={"x-api-key": "wrong"})
         assert r.status_code == 401
@@ -309,3 +316,112 @@ def test_auto_leaves_the_text_free_until_a_call_begins(hermes):
         tools=[WEATHER], max_tokens=24)
     m = r.choices[0].message
     assert m.content and "<tool_call>" not in m.content and not m.tool_calls
+
+
+# -- a call the token limit cuts short (issue 59, point 3) ----------------------------------
+
+RESPONSE_TOOL = {"type": "function", "name": "get_weather",
+                 "parameters": WEATHER["function"]["parameters"]}
+ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}
+
+
+def _events(h: httpx.Client, path: str, body: dict) -> list[dict]:
+    with h.stream("POST", path, json={**body, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        return [json.loads(line[6:]) for line in r.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _chat_cut(h, n: int, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
+    body = {"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+            "max_tokens": n, "parallel_tool_calls": False}
+    if not stream:
+        c = h.post("/v1/chat/completions", json=body).json()["choices"][0]
+        calls = c["message"].get("tool_calls") or []
+        return (c["message"]["content"] or "", [(t["function"]["name"],
+                t["function"]["arguments"]) for t in calls], c["finish_reason"])
+    text, calls, finish = "", {}, None
+    for e in _events(h, "/v1/chat/completions", body):
+        for c in e["choices"]:
+            text += c["delta"].get("content") or ""
+            for t in c["delta"].get("tool_calls") or ():
+                name, args = calls.get(t["index"], ("", ""))
+                calls[t["index"]] = (name + (t["function"].get("name") or ""),
+                                     args + (t["function"].get("arguments") or ""))
+            finish = c["finish_reason"] or finish
+    return text, list(calls.values()), finish
+
+
+def _messages_cut(h, n: int, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
+    body = {"messages": ASK, "tools": [ANTHROPIC_TOOL], "max_tokens": n,
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": True}}
+    if not stream:
+        r = h.post("/v1/messages", json=body, headers={"x-api-key": KEY}).json()
+        return ("".join(b["text"] for b in r["content"] if b["type"] == "text"),
+                [(b["name"], json.dumps(b["input"])) for b in r["content"]
+                 if b["type"] == "tool_use"], r["stop_reason"])
+    text, calls, stop = "", [], None
+    for e in _events(h, "/v1/messages", body):
+        if e["type"] == "content_block_start" and e["content_block"]["type"] == "tool_use":
+            calls.append([e["content_block"]["name"], ""])
+        elif e["type"] == "content_block_delta":
+            d = e["delta"]
+            text += d.get("text", "")
+            if d["type"] == "input_json_delta":
+                calls[-1][1] += d["partial_json"]
+        elif e["type"] == "message_delta":
+            stop = e["delta"]["stop_reason"]
+    return text, [tuple(c) for c in calls], stop
+
+
+def _responses_cut(h, n: int, stream: bool) -> tuple[str, list[tuple[str, str]], str]:
+    body = {"input": ASK[0]["content"], "tools": [RESPONSE_TOOL], "tool_choice": "required",
+            "max_output_tokens": n, "parallel_tool_calls": False}
+    if stream:
+        events = _events(h, "/v1/responses", body)
+        assert events[-1]["type"] == "response.completed"
+        done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+        r = events[-1]["response"]
+        assert r["output"] == done  # the whole response says what the events said
+    else:
+        r = h.post("/v1/responses", json=body).json()
+    items = r["output"]
+    # the statuses agree: the response's, its last item's, the reason it gives
+    assert r["status"] == "incomplete" and items[-1]["status"] == "incomplete"
+    assert r["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert all(i["status"] == "completed" for i in items[:-1])
+    return (r["output_text"], [(i["name"], i["arguments"]) for i in items
+                               if i["type"] == "function_call"], r["status"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("cut,length", [
+    (_chat_cut, "length"), (_messages_cut, "max_tokens"), (_responses_cut, "incomplete")],
+    ids=["chat", "messages", "responses"])
+def test_a_call_cut_by_the_token_limit_is_no_text(server, cut, length, stream):
+    """As llama-server and OpenAI: a call the limit cut short is never content; once its
+    name is written it is the call, its arguments as far as written (no JSON yet), and the
+    finish says the limit; before its name, nothing. Every API, streamed and whole."""
+    with httpx.Client(base_url=server.url, timeout=120,
+                      headers={"Authorization": f"Bearer {KEY}"}) as h:
+        whole = h.post("/v1/chat/completions", json={
+            "messages": ASK, "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80,
+            "parallel_tool_calls": False}).json()
+        n = whole["usage"]["completion_tokens"]
+        assert whole["choices"][0]["finish_reason"] == "tool_calls" and n > 8
+        for k in range(n - 1, n - 8, -1):  # back from the end, into the arguments
+            text, calls, finish = cut(h, k, stream)
+            assert text == "" and finish == length, (k, text, finish)
+            assert [name for name, _ in calls] == ["get_weather"], (k, calls)
+            if cut is _messages_cut:  # (Anthropic's input is an object: {} until whole)
+                break
+            args = calls[0][1]
+            assert args.startswith("{"), args
+            try:
+                json.loads(args)
+            except ValueError:
+                break  # the arguments as far as written
+        else:
+            pytest.fail(f"no cut of the last 7 tokens left the arguments unfinished: {args}")
+        text, calls, finish = cut(h, 3, stream)  # before the name
+        assert (text, calls, finish) == ("", [], length)

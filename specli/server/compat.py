@@ -37,10 +37,9 @@ from specli.server.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from specli.server.slots import Done, Generation, Piece, Progress
-from specli.server.tools import ChatPlan
+from specli.server.slots import Done, Generation, Progress
+from specli.server.tools import ChatPlan, reading
 from specli.toolcall import Parsed, ToolCall
-from specli.toolstream import Splitter
 
 router = APIRouter(dependencies=[Depends(_auth)])
 
@@ -56,24 +55,19 @@ def _chat(fields: dict) -> ChatRequest:
         raise APIError(400, f"{where}: {err['msg']}", param=where) from None
 
 
-async def _pieces(gen: Generation, cp: ChatPlan
-                  ) -> AsyncIterator[tuple[Parsed, dict | None] | Done | Progress]:
-    """The generation as the reading's deltas (reasoning, content, calls) with the timings
-    a piece carries (timings_per_token), its prompt progress (return_progress), then its
-    Done."""
-    s = Splitter(cp.fam, cp.tools, cp.forced_open, cp.reasoning_format, cp.parse_calls)
-    async for ev in gen.events():
-        if isinstance(ev, Piece):
-            yield s.feed(ev.text), f.timings(ev.stats) if ev.stats is not None else None
-        elif isinstance(ev, Done):
-            yield s.finish(), None
-            yield ev
-        else:
-            yield ev
-
-
 def _event(name: str, data: dict) -> str:
     return f"event: {name}\ndata: {json.dumps({'type': name, **data}, separators=(',', ':'))}\n\n"
+
+
+def _toolu(call: ToolCall) -> str:
+    """A call's id as Anthropic's clients show it (toolu_...; a family's own id, Mistral's
+    nine characters, as the template needs it back)."""
+    return "toolu_" + call.id.removeprefix("call_") if call.id.startswith("call_") else call.id
+
+
+def _fc(call: ToolCall) -> str:
+    """A function_call item's id (OpenAI's fc_...; its call_id is the call's own)."""
+    return "fc_" + call.id.removeprefix("call_")
 
 
 def _arguments(call: ToolCall) -> dict:
@@ -198,6 +192,9 @@ def _within(st, body: ChatRequest) -> ChatRequest:
 @router.post("/v1/messages")
 async def messages(raw: MessagesRequest, request: Request, st: AppState, pool: Pool
                    ) -> Response:
+    if raw.max_tokens is None:  # Anthropic's API requires it (count_tokens does not)
+        raise APIError(400, "max_tokens: Field required: the Messages API takes the most "
+                       "tokens to generate", param="max_tokens")
     body = _within(st, anthropic_chat(raw))
     cp, ids, job = await chat_job(st, body)
     head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
@@ -209,13 +206,13 @@ async def messages(raw: MessagesRequest, request: Request, st: AppState, pool: P
                          "type": "api_error" if kind == "server_error" else kind,
                          "message": msg}}))
     d = (await collect(gen, request))[0]
-    p = cp.read(d.text)
+    p = cp.read(d.text, d.finish_reason == "length")
     content: list[dict] = []
     if p.reasoning:
         content.append({"type": "thinking", "thinking": p.reasoning, "signature": ""})
     if p.content:
         content.append({"type": "text", "text": p.content})
-    content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": _arguments(c)}
+    content += [{"type": "tool_use", "id": _toolu(c), "name": c.name, "input": _arguments(c)}
                 for c in p.calls]
     reason, word = _stop(d, bool(p.calls))
     return JSONResponse({**head, "content": content, "stop_reason": reason,
@@ -227,7 +224,7 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
     yield _event("message_start", {"message": {
         **head, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": n_prompt, "output_tokens": 0}}})
-    index, open_kind, calls = -1, None, False
+    index, open_kind = -1, None
 
     def close() -> str:
         out = ""
@@ -236,19 +233,10 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
                 "type": "signature_delta", "signature": ""}})
         return out + _event("content_block_stop", {"index": index})
 
-    async for item in _pieces(gen, cp):
-        if isinstance(item, Progress):
+    async for r in reading(gen.events(), cp):
+        if isinstance(r, Progress):
             continue
-        ev = item if isinstance(item, Done) else item[0]
-        if isinstance(ev, Done):
-            if open_kind is not None:
-                yield close()
-            reason, word = _stop(ev, calls)
-            yield _event("message_delta", {"delta": {"stop_reason": reason,
-                                                     "stop_sequence": word},
-                                           "usage": {"output_tokens": ev.stats.n_predict}})
-            yield _event("message_stop", {})
-            return
+        ev = r.delta
         for kind, text in (("thinking", ev.reasoning), ("text", ev.content)):
             if not text:
                 continue
@@ -263,12 +251,21 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
         for c in ev.calls:
             if open_kind is not None:
                 yield close()
-            index, open_kind, calls = index + 1, None, True
+            index, open_kind = index + 1, None
             yield _event("content_block_start", {"index": index, "content_block": {
-                "type": "tool_use", "id": c.id, "name": c.name, "input": {}}})
+                "type": "tool_use", "id": _toolu(c), "name": c.name, "input": {}}})
             yield _event("content_block_delta", {"index": index, "delta": {
                 "type": "input_json_delta", "partial_json": c.arguments}})
             yield _event("content_block_stop", {"index": index})
+        if r.done is not None:
+            if open_kind is not None:
+                yield close()
+            reason, word = _stop(r.done, r.called)
+            yield _event("message_delta", {"delta": {"stop_reason": reason,
+                                                     "stop_sequence": word},
+                                           "usage": {"output_tokens": r.done.stats.n_predict}})
+            yield _event("message_stop", {})
+            return
 
 
 @router.post("/v1/messages/count_tokens")
@@ -375,7 +372,8 @@ def _resp_usage(s) -> dict:
             "total_tokens": s.n_prompt + s.n_predict}
 
 
-def _items(p: Parsed, msg_id: str, rs_id: str) -> list[dict]:
+def _items(p: Parsed, msg_id: str, rs_id: str, cut: bool = False) -> list[dict]:
+    """A whole answer's output items; cut by the token limit, the last is incomplete."""
     out: list[dict] = []
     if p.reasoning:
         out.append({"id": rs_id, "type": "reasoning", "summary": [], "status": "completed",
@@ -384,6 +382,8 @@ def _items(p: Parsed, msg_id: str, rs_id: str) -> list[dict]:
         out.append({"id": msg_id, "type": "message", "role": "assistant",
                     "status": "completed", "content": [_text_part(p.content)]})
     out += [_call_item(c, "completed") for c in p.calls]
+    if cut:
+        out[-1]["status"] = "incomplete"
     return out
 
 
@@ -392,7 +392,7 @@ def _text_part(text: str) -> dict:
 
 
 def _call_item(c: ToolCall, status: str) -> dict:
-    return {"id": f"fc_{c.id}", "type": "function_call", "status": status,
+    return {"id": _fc(c), "type": "function_call", "status": status,
             "call_id": c.id, "name": c.name, "arguments": c.arguments}
 
 
@@ -429,8 +429,9 @@ async def responses(raw: ResponsesRequest, request: Request, st: AppState, pool:
                      lambda kind, msg, code: _event("error", {"code": code or kind,
                                                               "message": msg, "param": None}))
     d = (await collect(gen, request))[0]
-    status = "incomplete" if d.finish_reason == "length" else "completed"
-    return JSONResponse(_response(head, status, _items(cp.read(d.text), *ids), d))
+    cut = d.finish_reason == "length"
+    return JSONResponse(_response(head, "incomplete" if cut else "completed",
+                                  _items(cp.read(d.text, cut), *ids, cut), d))
 
 
 async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: str,
@@ -445,46 +446,32 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
     output: list[dict] = []
     open_kind, text = None, ""  # the item being written: "reasoning" or "message"
 
-    def close() -> list[str]:
+    def close(status: str = "completed") -> list[str]:
         at, item = len(output) - 1, output[-1]
         if open_kind == "reasoning":
             item["content"] = [{"type": "reasoning_text", "text": text}]
-            item["status"] = "completed"
+            item["status"] = status
             return [ev("response.reasoning_text.done", item_id=rs_id, output_index=at,
                        content_index=0, text=text),
                     ev("response.output_item.done", output_index=at, item=item)]
         part = _text_part(text)
-        item["content"], item["status"] = [part], "completed"
+        item["content"], item["status"] = [part], status
         return [ev("response.output_text.done", item_id=msg_id, output_index=at,
                    content_index=0, text=text, logprobs=[]),
                 ev("response.content_part.done", item_id=msg_id, output_index=at,
                    content_index=0, part=part),
                 ev("response.output_item.done", output_index=at, item=item)]
 
-    async for item in _pieces(gen, cp):
-        if isinstance(item, Progress):  # llama-server's: on response.in_progress
+    async for r in reading(gen.events(), cp):
+        if isinstance(r, Progress):  # llama-server's: on response.in_progress
             yield ev("response.in_progress", response=_response(head, "in_progress", [], None),
-                     prompt_progress=item.progress)
+                     prompt_progress=r.progress)
             continue
-        piece, timing = (item, None) if isinstance(item, Done) else item
-        extra = {"timings": timing} if timing is not None else {}
-        if isinstance(piece, Done):
-            if open_kind is not None:
-                for line in close():
-                    yield line
-            elif not output:  # an empty answer is still a message
-                item = {"id": msg_id, "type": "message", "role": "assistant",
-                        "status": "completed", "content": [_text_part("")]}
-                output.append(item)
-                yield ev("response.output_item.added", output_index=0, item=item)
-                yield ev("response.output_item.done", output_index=0, item=item)
-            # response.completed even when cut short (its status says incomplete), as
-            # llama-server: clients' stream helpers wait for that event alone
-            status = "incomplete" if piece.finish_reason == "length" else "completed"
-            yield ev("response.completed", response=_response(head, status, output, piece),
-                     timings=f.timings(piece.stats))
-            return
-        for kind, delta in (("reasoning", piece.reasoning), ("message", piece.content)):
+        d = r.delta
+        cut = r.done is not None and r.done.finish_reason == "length"  # its last item is
+        extra = {"timings": f.timings(r.piece.stats)} if r.piece is not None and \
+            r.piece.stats is not None else {}
+        for kind, delta in (("reasoning", d.reasoning), ("message", d.content)):
             if not delta:
                 continue
             if open_kind != kind:
@@ -509,7 +496,7 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
                      else msg_id, output_index=len(output) - 1, content_index=0,
                      delta=delta, **({} if kind == "reasoning" else {"logprobs": []}),
                      **extra)
-        for c in piece.calls:
+        for k, c in enumerate(d.calls):
             if open_kind is not None:
                 for line in close():
                     yield line
@@ -517,12 +504,30 @@ async def _responses_events(gen: Generation, cp: ChatPlan, head: dict, msg_id: s
             output.append(_call_item(c, "in_progress") | {"arguments": ""})
             at = len(output) - 1
             yield ev("response.output_item.added", output_index=at, item=output[at])
-            yield ev("response.function_call_arguments.delta", item_id=f"fc_{c.id}",
+            yield ev("response.function_call_arguments.delta", item_id=_fc(c),
                      output_index=at, delta=c.arguments)
-            yield ev("response.function_call_arguments.done", item_id=f"fc_{c.id}",
+            yield ev("response.function_call_arguments.done", item_id=_fc(c),
                      output_index=at, arguments=c.arguments)
-            output[at] = _call_item(c, "completed")
+            output[at] = _call_item(c, "incomplete" if cut and k == len(d.calls) - 1
+                                    else "completed")
             yield ev("response.output_item.done", output_index=at, item=output[at])
+        if r.done is not None:
+            if open_kind is not None:
+                for line in close("incomplete" if cut else "completed"):
+                    yield line
+            elif not output:  # an empty answer is still a message
+                item = {"id": msg_id, "type": "message", "role": "assistant",
+                        "status": "incomplete" if cut else "completed",
+                        "content": [_text_part("")]}
+                output.append(item)
+                yield ev("response.output_item.added", output_index=0, item=item)
+                yield ev("response.output_item.done", output_index=0, item=item)
+            # response.completed even when cut short (its status says incomplete), as
+            # llama-server: clients' stream helpers wait for that event alone
+            status = "incomplete" if r.done.finish_reason == "length" else "completed"
+            yield ev("response.completed", response=_response(head, status, output, r.done),
+                     timings=f.timings(r.done.stats))
+            return
 
 
 @router.post("/v1/responses/input_tokens")

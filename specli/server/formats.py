@@ -14,6 +14,7 @@ from specli.errors import BackendError, SpecliError
 from specli.server.errors import APIError
 from specli.server.schemas import ABSENT
 from specli.server.slots import Done, Generation, Piece, Progress
+from specli.server.tools import Read
 from specli.stats import Stats
 from specli.verify import TokenProbs
 
@@ -173,21 +174,24 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-# choice(text, finish_reason, logprobs, index) -> one choice of a chunk: chat's delta or
-# completion's text
-Choice = Callable[[str | None, str | None, dict | None, int], dict]
+# choice(read, finish_reason, logprobs) -> one choice of a chunk: chat's delta or completion's
+# text
+Choice = Callable[[Read, str | None, dict | None], dict]
 
 
-def chat_choice(text: str | None, finish_reason: str | None,
-                logprobs: dict | None = None, index: int = 0) -> dict:
-    delta = {} if text is None else {"content": text}
-    return {"index": index, "delta": delta, "logprobs": logprobs,
-            "finish_reason": finish_reason}
+def chat_choice(delta: Callable[[Read], dict]) -> Choice:
+    """Chat's chunk choice, its delta written by delta (server/tools.ChatPlan.delta); a
+    finished answer that called a tool finishes with tool_calls."""
+    def choice(r: Read, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+        if finish_reason == "stop" and r.called:
+            finish_reason = "tool_calls"
+        return {"index": r.index, "delta": delta(r), "logprobs": logprobs,
+                "finish_reason": finish_reason}
+    return choice
 
 
-def text_choice(text: str | None, finish_reason: str | None,
-                logprobs: dict | None = None, index: int = 0) -> dict:
-    return {"index": index, "text": text or "", "logprobs": logprobs,
+def text_choice(r: Read, finish_reason: str | None, logprobs: dict | None = None) -> dict:
+    return {"index": r.index, "text": r.delta.content, "logprobs": logprobs,
             "finish_reason": finish_reason}
 
 
@@ -204,35 +208,37 @@ def text_logprobs(gen: Generation, probs: list[TokenProbs], offset: int = 0) -> 
     return legacy_logprobs(gen.slot.engine.target, probs, offset)
 
 
-async def openai_events(gen: Generation, head: dict, choice: Choice, with_usage: bool,
-                        first: list[dict] | None = None,
-                        logprobs: Callable[[Generation, list, int], dict | None] | None = None,
+async def openai_events(reads: AsyncIterator[Read | Progress], head: dict, choice: Choice,
+                        with_usage: bool, first: list[dict] | None = None,
+                        logprobs: Callable[[list, int], dict | None] | None = None,
                         ) -> AsyncIterator[str]:
-    """An OpenAI stream: optional first chunks (one per choice), one chunk per piece, each
-    choice's finish reason, then (stream_options.include_usage) a chunk with no choices and
-    the usage. logprobs writes a piece's token probabilities (from the piece's offset in its
-    choice's text)."""
+    """An OpenAI stream: optional first chunks (one per choice), one chunk per piece read,
+    each choice's finish reason, then (stream_options.include_usage) a chunk with no choices
+    and the usage. logprobs writes a piece's token probabilities (from the piece's offset in
+    its choice's text)."""
     for c in first or ():
         yield data({**head, "choices": [c]})
     offset: dict[int, int] = {}
     dones: list[Done] = []
-    async for ev in gen.events():
-        if isinstance(ev, Progress):
-            yield data({**head, "choices": [], "prompt_progress": ev.progress})
-        elif isinstance(ev, Piece):
-            at = offset.get(ev.index, 0)
-            lp = logprobs(gen, ev.probs, at) if logprobs is not None else None
-            offset[ev.index] = at + len(ev.text)
-            c = choice(ev.text, None, lp, ev.index)
-            if c.get("delta", True) == {} and lp is None and ev.stats is None:
-                continue  # text held back (a tool call being written): nothing to send yet
+    async for r in reads:
+        if isinstance(r, Progress):
+            yield data({**head, "choices": [], "prompt_progress": r.progress})
+        elif r.done is None:
+            piece = r.piece
+            at = offset.get(r.index, 0)
+            lp = logprobs(piece.probs, at) if logprobs is not None else None
+            offset[r.index] = at + len(piece.text)
+            d = r.delta
+            if not (d.content or d.reasoning or d.calls) and lp is None and piece.stats is None:
+                continue  # nothing to send yet: a character's first bytes, a call being written
+            c = choice(r, None, lp)
             chunk = {**head, "choices": [c]}
-            if ev.stats is not None:
-                chunk["timings"] = timings(ev.stats)
+            if piece.stats is not None:
+                chunk["timings"] = timings(piece.stats)
             yield data(chunk)
         else:
-            dones.append(ev)
-            yield data({**head, "choices": [choice(None, finish(ev), None, ev.index)]})
+            dones.append(r.done)
+            yield data({**head, "choices": [choice(r, finish(r.done), None)]})
     if with_usage and dones:
         yield data({**head, "choices": [], "usage": usage_of(dones),
                     "timings": timings(dones[0].stats)})

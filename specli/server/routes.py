@@ -38,7 +38,7 @@ from specli.server.schemas import (
 )
 from specli.server.slots import Busy, Done, Generation, Job, SlotPool
 from specli.server.state import State
-from specli.server.tools import ChatPlan
+from specli.server.tools import ChatPlan, reading
 
 
 def _state(request: Request) -> State:
@@ -247,8 +247,9 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
         return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
-        gen, {**head, "object": "chat.completion.chunk"}, cp.choice(),
-        _include_usage(body), first, lambda g, probs, _: f.chat_logprobs(g, probs)), final)
+        reading(gen.events(), cp), {**head, "object": "chat.completion.chunk"},
+        f.chat_choice(cp.delta), _include_usage(body), first,
+        lambda probs, _: f.chat_logprobs(gen, probs)), final)
 
 
 async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], Job]:
@@ -327,7 +328,8 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
                 "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
-        gen, head, f.text_choice, _include_usage(body), logprobs=f.text_logprobs), final)
+        reading(gen.events(), None), head, f.text_choice, _include_usage(body),
+        logprobs=lambda probs, at: f.text_logprobs(gen, probs, at)), final)
 
 
 @llama.post("/completion")
@@ -494,8 +496,9 @@ def _messages(body: ChatRequest) -> list[dict]:
     for i, m in enumerate(body.messages):
         for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
             if part.type in MEDIA:
+                a = "an" if part.type[0] in "aeiou" else "a"
                 raise APIError(400, f"{MEDIA[part.type]} input is not supported: specli "
-                               f"serves text-only models (a {part.type} part)",
+                               f"serves text-only models ({a} {part.type} part)",
                                param=f"messages[{i}].content[{j}]")
     return [_message(m) for m in body.messages]
 

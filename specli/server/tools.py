@@ -5,10 +5,11 @@ reasoning_content and tool_calls, whole or as stream deltas (toolcall.py)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 
 from specli.server.errors import APIError
-from specli.server.formats import Choice
+from specli.server.slots import Done, Piece, Progress
 from specli.toolcall import (
     GENERIC,
     REASONING_FORMATS,
@@ -43,9 +44,11 @@ class ChatPlan:
                                          self.reasoning_format == "none") and \
             self.fam.parse_all is None and self.fam.content_wrap is None
 
-    def read(self, text: str) -> Parsed:
+    def read(self, text: str, cut: bool = False) -> Parsed:
+        """A whole answer read (cut: by the token limit, toolcall.parse)."""
         return parse(self.fam, text, self.tools, forced_open=self.forced_open,
-                     reasoning_format=self.reasoning_format, parse_calls=self.parse_calls)
+                     reasoning_format=self.reasoning_format, parse_calls=self.parse_calls,
+                     cut=cut)
 
     def prompted(self, prompt: str) -> None:
         """The rendered prompt: a template that ends it with the reasoning's opening marker
@@ -57,7 +60,7 @@ class ChatPlan:
         """The assistant's message and finish_reason for a whole answer."""
         if self.plain:
             return {"role": "assistant", "content": text}, finish
-        p = self.read(text)
+        p = self.read(text, finish == "length")
         msg: dict = {"role": "assistant", "content": p.content or (None if p.calls else "")}
         if p.reasoning:
             msg["reasoning_content"] = p.reasoning
@@ -65,37 +68,62 @@ class ChatPlan:
             msg["tool_calls"] = [c.openai() for c in p.calls]
         return msg, "tool_calls" if p.calls and finish == "stop" else finish
 
-    def choice(self) -> Choice:
-        """formats.openai_events' chunk writer: each choice's answer through a Splitter."""
-        from specli.server.formats import chat_choice
-
+    def reader(self) -> Splitter | None:
+        """A reader for one choice's streamed answer (None: the text is the content)."""
         if self.plain:
-            return chat_choice
-        splitters: dict[int, Splitter] = {}
+            return None
+        return Splitter(self.fam, self.tools, self.forced_open, self.reasoning_format,
+                        self.parse_calls)
 
-        def choice(text: str | None, finish_reason: str | None, logprobs: dict | None = None,
-                   index: int = 0) -> dict:
-            s = splitters.get(index)
-            if s is None:
-                s = splitters[index] = Splitter(
-                    self.fam, self.tools, self.forced_open, self.reasoning_format,
-                    self.parse_calls)
-            d = s.feed(text) if text is not None else s.finish() if finish_reason \
-                else Parsed("")
-            delta: dict = {}
-            if d.reasoning:
-                delta["reasoning_content"] = d.reasoning
-            if d.content:
-                delta["content"] = d.content
-            if d.calls:
-                first = len(s.sent.calls) - len(d.calls)
-                delta["tool_calls"] = [{"index": first + k, **c.openai()}
-                                       for k, c in enumerate(d.calls)]
-            if finish_reason == "stop" and s.sent.calls:
-                finish_reason = "tool_calls"
-            return {"index": index, "delta": delta, "logprobs": logprobs,
-                    "finish_reason": finish_reason}
-        return choice
+    def delta(self, r: Read) -> dict:
+        """OpenAI's chat delta of a step of the reading."""
+        if r.plain:
+            return {"content": r.piece.text} if r.piece is not None and r.piece.text else {}
+        d, delta = r.delta, {}
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.calls:
+            delta["tool_calls"] = [{"index": r.first_call + k, **c.openai()}
+                                   for k, c in enumerate(d.calls)]
+        return delta
+
+
+@dataclass
+class Read:
+    """One step of a choice's answer as read: what its piece adds (the end's reading, with
+    its Done, once it ends). Every API's stream encoder takes these (server/formats.py,
+    server/compat.py)."""
+
+    index: int  # the choice
+    delta: Parsed  # the reasoning, content and calls this step adds
+    piece: Piece | None = None  # the piece read: its tokens, probabilities and timings
+    done: Done | None = None  # the choice's end
+    first_call: int = 0  # the index of delta.calls[0] among the choice's calls
+    called: bool = False  # the choice's answer has calls so far
+    plain: bool = False  # not read: the text is the content
+
+
+async def reading(events: AsyncIterator[Piece | Progress | Done], plan: ChatPlan | None
+                  ) -> AsyncIterator[Read | Progress]:
+    """A generation's events as each choice's answer read (plan None: a completion's text,
+    content as it comes); prompt progress passes through."""
+    readers: dict[int, Splitter | None] = {}
+    async for ev in events:
+        if isinstance(ev, Progress):
+            yield ev
+            continue
+        if ev.index not in readers:
+            readers[ev.index] = plan.reader() if plan is not None else None
+        s = readers[ev.index]
+        piece, done = (ev, None) if isinstance(ev, Piece) else (None, ev)
+        if s is None:
+            yield Read(ev.index, Parsed(piece.text if piece else ""), piece, done, plain=True)
+            continue
+        before = len(s.sent.calls)
+        d = s.feed(piece.text) if piece is not None else s.finish(done.finish_reason == "length")
+        yield Read(ev.index, d, piece, done, before, bool(s.sent.calls))
 
 
 def plan(body, template: str | None, renders_calls: bool, reasoning: str = "auto",
