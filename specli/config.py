@@ -241,7 +241,8 @@ _N_PROBS = Knob("n_probs", ("--n-probs",), "")
 
 class PlanError(UsageError):
     """A drafting setting, or a plan, that cannot run. field: the setting at fault (a
-    DRAFTING knob's field, or "types", "draft" (the draft model), "slots"). The message names
+    DRAFTING knob's field, or "types", "draft" (the draft model), "head" (the draft file a
+    head type needs), "slots"). The message names
     settings as {field} (a brace of its own text doubled: `literal`); each face says it with
     its own names for them (`said`: the CLI its flags, the server its request fields),
     `message` with the fields' own."""

@@ -11,6 +11,9 @@ from specli.errors import IncompatiblePairError
 from specli.ggufmeta import Header, tensor_ints
 
 HEAD_TYPES = ("draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+# each head type as a sentence names it
+A_HEAD = {"draft-eagle3": "an EAGLE-3 head", "draft-mtp": "an MTP head",
+          "draft-dflash": "a DFlash head", "draft-dspark": "a DSpark head"}
 HEAD_ARRAYS = ("eagle3.target_layers", "dflash.target_layers")  # to decode in full
 # a Gemma 4 assistant: MTP layers in a file of their own that attend over the target's cache
 ASSISTANT = "gemma4-assistant"

@@ -523,14 +523,17 @@ def _hub_error(e: Exception, repo: str, file: str | None = None) -> HubError:
 class Pair:
     name: str
     target: Ref
-    draft: Ref
+    draft: Ref  # a draft model's GGUF, or (head) a head's safetensors checkpoint
     note: str
+    head: str | None = None  # the head's --spec-type, when the draft is a head checkpoint
 
 
 def pairs() -> list[Pair]:
-    """The seeds' recommended draft/target pairs (specli/pairs.toml)."""
+    """The seeds' recommended draft/target pairs, and the published heads for their targets
+    (specli/pairs.toml)."""
     doc = tomllib.loads(resources.files("specli").joinpath("pairs.toml").read_text())
-    return [Pair(name, parse_ref(p["target"]), parse_ref(p["draft"]), p.get("note", ""))
+    return [Pair(name, parse_ref(p["target"]), parse_ref(p.get("draft") or p["head"]),
+                 p.get("note", ""), p.get("spec_type") if "head" in p else None)
             for name, p in doc["pair"].items()]
 
 

@@ -46,7 +46,7 @@ from specli.drafts.heads import DflashDraft, Eagle3Draft, MtpDraft
 from specli.drafts.translate import TranslateDraft
 from specli.engine import Engine
 from specli.errors import SpecliError
-from specli.headmeta import HEAD_TYPES, HeadInfo, check_head, head_info
+from specli.headmeta import A_HEAD, HEAD_TYPES, HeadInfo, check_head, head_info
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ: the sequences one context can hold
 
@@ -154,7 +154,7 @@ def _check_head(types: Sequence[str], heads: Sequence[str], draft: bool,
                         "types")
     if not heads:
         if head is not None and "draft-simple" in types:
-            raise PlanError(f"the draft file is a {head.spec_type} head, not a draft model: "
+            raise PlanError(f"the draft file is {A_HEAD[head.spec_type]}, not a draft model: "
                             f"use --spec-type {head.spec_type}", "types")
         return
     kind = heads[0]
@@ -162,11 +162,14 @@ def _check_head(types: Sequence[str], heads: Sequence[str], draft: bool,
         raise PlanError("draft-mtp drafts with the target's own prediction layers, or a "
                         "draft file's (an MTP sidecar): the draft file has none", "types")
     if kind != "draft-mtp" and not draft:
-        raise PlanError(f"{kind} needs its head file as the draft", "draft")
-    if kind != "draft-mtp" and (head is None or head.spec_type != kind):
-        raise PlanError(f"{kind} needs a {kind.removeprefix('draft-')} head as the draft, "
-                        f"and the draft file is "
-                        + (f"a {head.spec_type} head" if head else "a model"), "draft")
+        raise PlanError(f"{kind} drafts with {A_HEAD[kind]}, and no draft file was given",
+                        "head")
+    if kind != "draft-mtp" and head is None:
+        raise PlanError(f"{kind} drafts with {A_HEAD[kind]}, and the draft file is a draft "
+                        "model, not a head", "head")
+    if kind != "draft-mtp" and head.spec_type != kind:
+        raise PlanError(f"{kind} drafts with {A_HEAD[kind]}, and the draft file is "
+                        f"{A_HEAD[head.spec_type]}: use --spec-type {head.spec_type}", "types")
     if policy.translate:
         raise PlanError(f"{kind} reads the target's states: translation is for a draft model",
                         "types")

@@ -329,7 +329,7 @@ def test_download_eagle3_converts_against_the_target(ckpt_hub, tmp_path, heads):
     one_line_error(r, 2, "-m")
     r = specli("download", "--dflash", "acme/tiny-eagle3", "-m", heads["llama"], env=env,
                timeout=120)
-    one_line_error(r, 2, "draft-eagle3 head, not draft-dflash")
+    one_line_error(r, 2, "acme/tiny-eagle3 is an EAGLE-3 head (draft-eagle3), not draft-dflash")
     r = specli("download", "--eagle3", "acme/tiny-eagle3", "-m", heads["llama"], "--json",
                env=env, timeout=120)
     assert r.returncode == 0, r.stderr
@@ -448,3 +448,37 @@ def test_the_output_is_never_an_input(tmp_path, checkpoint, heads):
     one_line_error(cli("convert-head", str(ckpt), "-m", str(target), "-o", str(target)), 2,
                    "is an input")
     assert target.read_bytes() == before
+
+
+def test_a_head_preset_fetches_the_target_and_converts_the_head(made, heads, tmp_path):
+    """`download --pair qwen3-4b-eagle3`: the target GGUF, then the published head converted
+    against it (the preset's repositories played by the tiny llama and the head made for it);
+    --list-pairs shows the head presets beside the draft pairs."""
+    from conftest import specli
+    from fakehub import FakeHub
+
+    from specli import hub
+
+    p = hub.pair("qwen3-4b-eagle3")
+    assert p.head == "draft-eagle3" and p.draft.repo == "AngelSlim/Qwen3-4B_eagle3"
+    _, ckpt = made("specforge")
+    h = FakeHub()
+    try:
+        h.add(p.target.repo, {"Qwen3-4B-Q4_K_M.gguf": Path(heads["llama"]).read_bytes()})
+        h.add(p.draft.repo, {"config.json": (ckpt / "config.json").read_bytes(),
+                             "model.safetensors": (ckpt / "model.safetensors").read_bytes()})
+        env = _env(h, tmp_path)
+        r = specli("download", "--pair", "qwen3-4b-eagle3", env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        target, head = r.stdout.strip().splitlines()[-2:]
+        assert target.endswith("Qwen3-4B-Q4_K_M.gguf")
+        assert Path(head).is_relative_to(tmp_path / "specli" / "heads")
+        assert f"specli run -m {target} -md {head} --spec-type draft-eagle3" in r.stderr
+        r = specli("download", "--pair", "qwen3-4b-eagle3", "--json", env=env, timeout=120)
+        assert json.loads(r.stdout) == {"pair": "qwen3-4b-eagle3", "target": target,
+                                        "draft": head, "spec_type": "draft-eagle3"}
+        listed = specli("download", "--list-pairs", env=env).stdout
+        assert ("qwen3-4b-eagle3: target Qwen/Qwen3-4B-GGUF:Q4_K_M, draft "
+                "AngelSlim/Qwen3-4B_eagle3 (draft-eagle3 head)") in listed
+    finally:
+        h.close()

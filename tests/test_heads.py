@@ -297,11 +297,17 @@ def test_a_head_file_is_placed_as_a_draft_is(heads):
     (["-m", "mtp", "-md", "eagle3"], 1, "is hy_v3, an architecture whose llama.cpp graph "
      "does not keep them"),
     (["-m", "llama", "--spec-type", "draft-mtp"], 1, "no multi-token-prediction layers"),
-    (["-m", "llama", "--spec-type", "draft-eagle3"], 2, "draft-eagle3 needs its head file"),
+    (["-m", "llama", "--spec-type", "draft-eagle3"], 2,
+     "draft-eagle3 drafts with an EAGLE-3 head, and no draft file was given (hint: give the "
+     "head's GGUF with -md FILE, or its published checkpoint with -hfd REPO"),
+    (["-m", "llama", "-md", "llama", "--spec-type", "draft-eagle3"], 2,
+     "draft-eagle3 drafts with an EAGLE-3 head, and the draft file is a draft model, not a "
+     "head (hint: give the head's GGUF"),
     (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-dflash"], 2,
-     "the draft file is a draft-eagle3 head"),
+     "draft-dflash drafts with a DFlash head, and the draft file is an EAGLE-3 head: use "
+     "--spec-type draft-eagle3"),
     (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-simple"], 2,
-     "is a draft-eagle3 head, not a draft model"),
+     "is an EAGLE-3 head, not a draft model"),
     (["-m", "llama", "-md", "eagle3", "--spec-type", "draft-mtp"], 2,
      "the draft file has none"),
     (["-m", "llama", "-md", "mtp"], 1, "is hy_v3, 64 wide, and "),

@@ -142,17 +142,22 @@ def _list_pairs(json_out: bool) -> None:
     presets = hub.pairs()
     if json_out:
         out.print_json(json.dumps([{"name": p.name, "target": str(p.target),
-                                    "draft": str(p.draft), "note": p.note} for p in presets]))
+                                    "draft": str(p.draft), "head": p.head, "note": p.note}
+                                   for p in presets]))
         return
+
+    def draft(p) -> str:
+        return f"{p.draft} ({p.head} head)" if p.head else str(p.draft)
+
     if not out.is_terminal:  # a log or a pipe: one whole record per line, never cut
         for p in presets:
-            sys.stdout.write(f"{p.name}: target {p.target}, draft {p.draft} ({p.note})\n")
+            sys.stdout.write(f"{p.name}: target {p.target}, draft {draft(p)} ({p.note})\n")
         return
     table = Table(show_edge=False, pad_edge=False)
     for name in ("pair", "target", "draft", "note"):
         table.add_column(name, overflow="fold")
     for p in presets:
-        table.add_row(p.name, str(p.target), str(p.draft), p.note)
+        table.add_row(p.name, str(p.target), draft(p), p.note)
     out.print(table)
 
 
@@ -161,10 +166,22 @@ def _pair(p, revision, token, local_dir, progress: bool, json_out: bool) -> None
     from specli.pairing import compare, read_model_info
 
     got = {}
-    for role, ref in (("target", p.target), ("draft", p.draft)):
+    for role, ref in (("target", p.target), ("draft", p.draft))[:1 if p.head else 2]:
         paths = hub.fetch(ref, None, revision, token, str(local_dir) if local_dir else None,
                           progress, on_file=None if progress or json_out else _say)
         got[role] = str(paths[0])
+    if p.head:  # a published head: its checkpoint converted against the target
+        from specli.cli.models import head_from_hub
+
+        got["draft"], _ = head_from_hub(p.draft, got["target"], token, [p.head],
+                                        json_out or not progress)
+        if json_out:
+            out.print_json(json.dumps({"pair": p.name, **got, "spec_type": p.head}))
+        else:
+            err.print(f"run it: specli run -m {got['target']} -md {got['draft']} "
+                      f"--spec-type {p.head}", markup=False, soft_wrap=True)
+            sys.stdout.write(f"{got['target']}\n{got['draft']}\n")
+        return
     report = compare(read_model_info(got["target"]), read_model_info(got["draft"]))
     if json_out:
         out.print_json(json.dumps({"pair": p.name, **got, "check_pair": report.to_dict()}))

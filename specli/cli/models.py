@@ -79,13 +79,14 @@ def head_from_hub(ref, target: str, token: str | None, kinds=(), quiet: bool = F
     files, when the caller has listed them."""
     from specli import hub
     from specli.headconvert import cached_head, plan_head
+    from specli.headmeta import A_HEAD
 
     progress = not quiet and err.is_terminal
     snapshot, commit, within = hub.fetch_checkpoint(ref, revision, token, progress,
                                                     listing=listing)
     _, plan, _ = plan_head(snapshot, target, within)  # checked before any hashing
     if kinds and plan.spec_type not in kinds:
-        raise UsageError(f"{ref.repo} is a {plan.spec_type} head, not "
+        raise UsageError(f"{ref.repo} is {A_HEAD[plan.spec_type]} ({plan.spec_type}), not "
                          f"{' or '.join(kinds)}", hint="ask for its type, or another repository")
     bar = _bar(quiet)
     if bar is None:

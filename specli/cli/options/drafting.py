@@ -37,7 +37,10 @@ PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
               "target alone",
               "n_min": "--draft-min is at most --draft", "p_min": None,
               "n_seq": "a tree takes a fixed --draft N", "p_split": None,
-              "slots": "fewer -np slots or a smaller --draft-n-seq"}
+              "slots": "fewer -np slots or a smaller --draft-n-seq",
+              "head": "give the head's GGUF with -md FILE, or its published checkpoint with "
+              "-hfd REPO (converted against -m; `specli convert-head` does it by hand); "
+              "README, Draft heads, lists who publishes heads for which models"}
 
 
 def refused(e: config.PlanError, **names: str) -> UsageError:
