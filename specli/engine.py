@@ -142,6 +142,8 @@ class Engine:
         if draft is None or not self._tree(draft, policy, rules):
             policy = replace(policy, n_seq=1)  # this generation drafts one sequence a step
         stats.n_seq_dft = policy.n_seq
+        if draft:
+            stats.drafting_with(draft.names())
         meter = Meter(stats, tgt, draft.model if draft else None)
         reads = None
         try:

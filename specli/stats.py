@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 
@@ -111,14 +112,23 @@ class Stats:
             return None
         return self.decode_tps / self.baseline_decode_tps
 
+    def drafting_with(self, names: Sequence[str]) -> None:
+        """The sources a generation drafts with: each gets its statistics line, zeros
+        included (a source that never drafted is shown, as llama.cpp shows it)."""
+        for name in names:
+            self._source(name)
+
+    def _source(self, name: str) -> dict[str, int]:
+        return self.per_source.setdefault(name, {
+            "gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0,
+            "max_tokens": 0})
+
     def record_step(self, n_drafted: int, n_accepted: int, source: str = "",
                     depth: int | None = None, branches: int = 1) -> None:
         """Count one verification step that checked n_drafted tokens and accepted n_accepted.
         A draft tree: n_drafted counts its nodes, depth its deepest, branches its leaves."""
         if source:
-            s = self.per_source.setdefault(
-                source, {"gen_drafts": 0, "acc_drafts": 0, "gen_tokens": 0, "acc_tokens": 0,
-                         "max_tokens": 0})
+            s = self._source(source)
             s["max_tokens"] = max(s["max_tokens"], n_drafted)
             s["gen_drafts"] += 1
             s["acc_drafts"] += n_accepted > 0

@@ -283,3 +283,14 @@ def test_help_spells_every_flag_in_full_at_80_columns(path, cmd):
                 assert opt in words, f"{' '.join(path)} -h does not show {opt}"
     assert "…" not in r.stdout and "<bool>" not in r.stdout
     assert max(len(line) for line in r.stdout.splitlines()) <= 80
+
+
+def test_a_source_that_never_drafted_has_its_statistics_line(f16, q4_1):
+    """Every source a run drafts with gets its `statistics <source>:` line, zeros included
+    (as llama.cpp prints them): one token is the prompt's, so nothing ever drafted."""
+    r = cli("run", "-m", f16, "-md", q4_1, "--spec-type", "ngram-simple,draft-simple", "-p",
+            "Hi", "-n", "1", "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    for source in ("ngram-simple", "draft"):  # (the draft model's line, as llama.cpp's)
+        assert f"statistics {source}: #gen drafts = 0, #acc drafts = 0, #gen tokens = 0" \
+            in r.stderr, r.stderr

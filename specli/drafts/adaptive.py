@@ -252,6 +252,9 @@ class Adaptive(DraftSource):
             k += int(self._rng.choice((-1, 1)))
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
+    def names(self) -> tuple[str, ...]:
+        return self.source.names()
+
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         self._pending, self._first = None, True
         self.batch.drop(self.who)

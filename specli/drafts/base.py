@@ -114,6 +114,10 @@ class DraftSource:
     model: Backend | None = None  # the draft model it decodes with, if any (for timing)
     trees: bool = False  # drafts trees (policy.n_seq > 1) in its model's sequences
 
+    def names(self) -> tuple[str, ...]:
+        """The sources it drafts with, by name (llama.cpp's "statistics <type>:" lines)."""
+        return (self.name,)
+
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         """A new generation starts from `prompt` (its last token is not yet verified).
         Returns what it reads from the target's decodes (None: nothing)."""

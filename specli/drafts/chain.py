@@ -28,6 +28,9 @@ class Chain(DraftSource):
         self.model = next((s.model for s in self.sources if s.model is not None), None)
         self._last: DraftSource | None = None  # the source of the last proposal
 
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for s in self.sources for n in s.names())
+
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         reads = Reads()
         for s in self.sources:
