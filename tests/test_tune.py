@@ -220,3 +220,25 @@ def test_a_tiny_tree_sweep_on_the_real_pair(f16, q4_1):
     bad = cli("tune-draft", "-m", f16, "-md", q4_1, "--draft-n-seq", "2",
                  "--spec-type", "ngram-simple")
     assert bad.returncode == 2 and "draft with the model alone" in bad.stderr
+
+
+def test_the_best_command_carries_every_flag_that_shaped_the_measurement(capsys):
+    """Swept with -t 1 on a busy machine, the suggested command without it ran 50x slower:
+    the threads, batch sizes, cache types and flash attention given go with it."""
+    from specli.cli import options as o
+    from specli.cli.tune import _print
+
+    t = o.Resources().threads + 1  # not the default (the CPU count, or the tests' own)
+    res = o.Resources(threads=t, threads_batch=2, ctk="q8_0", flash_attn=o.FlashAttn.on,
+                      ubatch=128, ngl=99)
+    args = o.speed_args(res, o.GPU_FLAGS.parse())
+    assert args == ["-ngl", "99", "-t", str(t), "-tb", "2", "-ctk", "q8_0", "-fa", "on",
+                    "-ub", "128"]
+    assert o.speed_args(o.Resources(), o.GPU_FLAGS.parse()) == []  # the defaults: nothing
+    best = Point(Setting(8, 0.0, ("draft-simple",), 1, 0.1), tps=[130.0, 131.0], n_drafted=8,
+                 n_accept=6, n_steps=2, speedup=1.3)
+    _print(Sweep(Point(None, tps=[100.0, 101.0]), [best]), "t.gguf", "d.gguf", args)
+    text = capsys.readouterr().out
+    for command in ("run", "serve"):
+        assert (f"specli {command} -m t.gguf -md d.gguf --draft 8 -ngl 99 -t {t} -tb 2 -ctk "
+                "q8_0 -fa on -ub 128") in text

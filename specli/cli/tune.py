@@ -127,7 +127,7 @@ def tune_draft(
     elif csv_out:
         sys.stdout.write(_csv(result))
     else:
-        _print(result, model, model_draft, o.placement_args(resources, gpu))
+        _print(result, model, model_draft, o.speed_args(resources, gpu))
     if plot is not None:
         _plot(result, plot)
 

@@ -39,6 +39,7 @@ from specli.cli.options.resources import (
                                          Resources,
                                          parse_ngl,
                                          placement_args,
+                                         speed_args,
 )
 from specli.cli.options.sampling import SAMPLING_FLAGS
 
@@ -47,4 +48,4 @@ __all__ = ["ALL_LAYERS", "DRAFTING", "DRAFTING_FLAGS", "FFN_EXPS_REGEX", "FLAGS"
            "RESOURCE_FLAGS", "SAMPLING", "SAMPLING_FLAGS", "Drafting", "FlashAttn", "GpuFlags",
            "Group", "Json", "ModelFiles", "NoSpec", "Resources", "Verbose", "check_n_predict",
            "draft_params", "grouped", "ngram_params", "parse_draft", "parse_ngl",
-           "placement_args", "plan", "refused", "spec_types", "with_n_seq"]
+           "placement_args", "plan", "speed_args", "refused", "spec_types", "with_n_seq"]

@@ -57,7 +57,8 @@ class Resources:
             if not local_gpu():
                 for flag, n in (("-ngl", self.ngl), ("-ngld", self.ngld)):
                     if n:
-                        err.print(f"warning: no usable GPU found, {flag} {n} is ignored "
+                        given = "all" if n == ALL_LAYERS else n  # as the user wrote it
+                        err.print(f"warning: no usable GPU found, {flag} {given} is ignored "
                                   "(this llama-cpp-python build, or this machine, has none)",
                                   markup=False, soft_wrap=True)
         if gpu.rpc and self.ngl == 0:
@@ -182,6 +183,27 @@ def parse_ngl(value: str, flag: str) -> int:
     except ValueError:
         raise UsageError(f"{flag} takes a number of layers, auto or all, got {value!r}") \
             from None
+
+
+# the flags besides placement that shape how fast a model runs, by Resources field
+_SPEED = (("-t", "threads"), ("-td", "threads_draft"), ("-tb", "threads_batch"),
+          ("-tbd", "threads_batch_draft"), ("-ctk", "ctk"), ("-ctv", "ctv"),
+          ("-ctkd", "ctkd"), ("-ctvd", "ctvd"), ("-fa", "flash_attn"), ("-b", "batch"),
+          ("-ub", "ubatch"))
+
+
+def speed_args(resources: Resources, gpu: GpuFlags) -> list[str]:
+    """Every flag given that shapes the speed: the placement (placement_args), then the
+    threads, batch sizes, cache types and flash attention that differ from the defaults, to
+    repeat in a command that should run as fast as it was measured (tune-draft's best
+    command: swept with -t 1 on a busy machine, the default ran 50x slower)."""
+    default = Resources()
+    args = placement_args(resources, gpu)
+    for flag, name in _SPEED:
+        value = getattr(resources, name)
+        if value != getattr(default, name):
+            args += [flag, str(getattr(value, "value", value))]
+    return args
 
 
 def placement_args(resources: Resources, gpu: GpuFlags) -> list[str]:
