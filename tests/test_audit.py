@@ -68,7 +68,8 @@ UNPROVEN = "--allow-unproven"
 
 
 def audit(*args: str, kind: str | None = None, mode: str = "isolated", standin: bool = True,
-          tmp: Path | None = None) -> tuple[subprocess.CompletedProcess, dict | None]:
+          tmp: Path | None = None, env: dict | None = None,
+          ) -> tuple[subprocess.CompletedProcess, dict | None]:
     """Run `specli audit ARGS` (with a plant, in a mode); (process, what the stand-in
     listeners received, or None without the stand-in)."""
     cmd = [sys.executable, "-m", "specli", "audit", *args, *MODES[mode]]
@@ -82,7 +83,7 @@ def audit(*args: str, kind: str | None = None, mode: str = "isolated", standin: 
         out = tmp / "standin.json"
         cmd = ["unshare", "--net", "--mount", sys.executable, str(TESTS / "standin.py"),
                str(out), *cmd]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(
         ([str(TESTS / "plant")] if kind else []) + [str(ROOT)])}
     if kind:
         env["SPECLI_TEST_PLANT"] = kind
@@ -681,3 +682,42 @@ def test_the_import_rule_knows_the_audited_role():
     from specli.cli import audit_boot
 
     assert f'os.environ.get("{boot.ROLE_ENV}") != "audited"' in inspect.getsource(audit_boot)
+
+
+@needs_standin
+def test_a_run_that_fails_still_gets_its_report(small, tmp_path):
+    """A CI smoke test needs the report, and the JSON, in every outcome (issue 59): -hf that
+    cannot reach the hub (isolated: its lookup is the attempt that counts) is exit 1 with the
+    attempt listed and the run's own error; a run that fails with no network use is exit 2,
+    "no verdict", with the report all the same."""
+    hub = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "0",
+           "HF_ENDPOINT": "http://hub.invalid"}
+    r, received = audit("-hf", "acme/tiny-GGUF:Q4_K_M", "-p", "hi", "-n", "4", "--json",
+                        tmp=tmp_path, env=hub)
+    assert r.returncode == 1, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "network use seen" and doc["run"] is None and not doc["proof"]
+    assert doc["run_error"]["exit_code"] == 2 and doc["run_error"]["message"]
+    assert any("hub.invalid" in e["address"] for e in doc["counted"]), doc["counted"]
+    assert received["received"] == []  # isolated: nothing got out
+    r, _ = audit("-hf", "acme/tiny-GGUF:Q4_K_M", "-p", "hi", "-n", "4", tmp=tmp_path,
+                 env=hub)
+    assert r.returncode == 1 and "the run failed (exit 2): " in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("verdict: NETWORK USE SEEN")
+    r, _ = audit("-m", str(tmp_path / "missing.gguf"), "-p", "hi", "--json", tmp=tmp_path)
+    assert r.returncode == 2, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "no verdict: the run failed" and doc["counted"] == []
+    assert "missing.gguf" in doc["run_error"]["message"]
+
+
+@needs_netns
+def test_show_text_puts_the_generated_text_in_the_report(small):
+    r = specli("audit", *small, "--show-text", "--json")
+    assert r.returncode == 0, r.stderr
+    text = json.loads(r.stdout)["text"]
+    plain = specli("run", *small)
+    assert text and plain.stdout.startswith(text)  # run's stdout: the text (and a newline)
+    r = specli("audit", *small, "--show-text")
+    assert r.returncode == 0 and "[ generated text ]" in r.stdout
+    assert "text" not in json.loads(specli("audit", *small, "--json").stdout)

@@ -62,6 +62,9 @@ def _audit_flags(
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the report as one JSON object on stdout.",
         rich_help_panel=AUDIT)] = False,
+    show_text: Annotated[bool, typer.Option(
+        "--show-text", help="Put the generated text in the report (its \"text\" with --json).",
+        rich_help_panel=AUDIT)] = False,
 ) -> None:
     """The audit's own flags; the rest are `specli run`'s."""
 
@@ -102,9 +105,9 @@ def _audit(**kw) -> None:
     outlived the run; 2: the audit could not run, or a proof is not possible here (see
     --allow-unproven).
     """
-    isolate, allow, strict, grace, poll_ms, json_out = (
+    isolate, allow, strict, grace, poll_ms, json_out, show_text = (
         kw.pop(k) for k in ("isolate", "allow_unproven", "strict", "grace", "poll_ms",
-                            "json_out"))
+                            "json_out", "show_text"))
     if os.environ.get(boot.ROLE_ENV) == "audited":
         return _audited(kw)
     if poll_ms < 1:
@@ -163,14 +166,16 @@ def _audit(**kw) -> None:
                                  user_site=cfg.get("user_site"), landlock=landlock).run()
     except KeyboardInterrupt:
         raise AuditError("interrupted: no verdict") from None
-    if audit.exit_code != 0 or audit.result is None:
-        if audit.exit_code not in (0, 2):  # exit 2: the audited run said why, in one line
-            err.print(f"error: the audited run ended abnormally (exit {audit.exit_code}): "
-                      "no verdict", markup=False, highlight=False)
-        raise typer.Exit(2)
-    models = [_model(role, path) for role, path in audit.result["models"]]
+    result = audit.result or {}
+    failed = audit.exit_code != 0 or not audit.result or "error" in result
+    if failed and audit.exit_code not in (0, 2):  # 2: the audited run said why, in one line
+        err.print(f"error: the audited run ended abnormally (exit {audit.exit_code})",
+                  markup=False, highlight=False)
+    models = [_model(role, path) for role, path in result.get("models", ())]
     events = sorted(before + streams + audit.events, key=lambda e: e.t)
     code, counted = verdict(events, strict)
+    if failed and code == 0:
+        code = 2  # nothing seen, but the run did not run: no verdict
     if audit.isolated:
         mode, blind = "isolated", list(BLIND_ISOLATED)
     else:
@@ -184,10 +189,11 @@ def _audit(**kw) -> None:
     if code == 0 and audit.isolated and unproven and not allow:
         code = 2  # a proof was expected: no verdict (the report says why)
     report = {
-        "schema_version": 3,
-        "verdict": "network use seen" if code == 1 else "clean",
+        "schema_version": 4,
+        "verdict": "network use seen" if code == 1 else "no verdict: the run failed"
+        if failed else "clean",
         "exit_code": code,
-        "proof": bool(audit.isolated) and not unproven,
+        "proof": bool(audit.isolated) and not unproven and not failed,
         "unproven": unproven,
         "mode": mode,
         "strict": strict,
@@ -204,8 +210,12 @@ def _audit(**kw) -> None:
         "environment": network_environment(),
         "counted": [to_dict(e) for e in counted],
         "events": [to_dict(e) for e in events],
-        "run": _run_figures(audit.result["stats"]),
+        "run": None if failed else _run_figures(result["stats"]),
+        "run_error": {"exit_code": audit.exit_code, "message": result.get("error")}
+        if failed else None,
     }
+    if show_text:
+        report["text"] = result.get("text")
     if json_out:
         sys.stdout.write(json.dumps(report) + "\n")
     else:
@@ -224,13 +234,21 @@ def _audited(kw: dict) -> None:
     try:
         req = run_cmd.request(**kw, quiet=True)  # resolving -hf models is watched too
         gen = generate(req)
-    except (SpecliError, typer.Exit):
+    except SpecliError as e:  # the report says why the run failed, as the run did
+        _result({"error": e.message + (f" (hint: {e.hint})" if e.hint else "")})
+        raise
+    except typer.Exit:
         raise
     except Exception as e:  # exit 1 means "network seen": anything unforeseen is 2
+        _result({"error": f"{type(e).__name__}: {e}"})
         raise AuditError(f"the audited run failed: {type(e).__name__}: {e}") from None
-    doc = {"models": [(role, p.path) for role, p in (("target", req.target),
-                                                      ("draft", req.draft)) if p is not None],
-           "stats": gen.stats.to_dict()}
+    _result({"models": [(role, p.path) for role, p in (("target", req.target),
+                                                        ("draft", req.draft)) if p is not None],
+             "stats": gen.stats.to_dict(), "text": gen.text})
+
+
+def _result(doc: dict) -> None:
+    """What the audited process tells the auditor, into the file it named."""
     with open(os.environ[RESULT_ENV], "w", encoding="utf-8") as f:
         json.dump(doc, f)
 
@@ -305,12 +323,20 @@ def _print(report: dict, events: list[NetEvent],
             w(f"    {_line(e)}\n")
     r = report["run"]
     w("\n[ speculative decoding ]\n")
-    if r["n_drafted"]:
+    if r is None:
+        e = report["run_error"]
+        w(f"  the run failed (exit {e['exit_code']})"
+          + (f": {safe(e['message'])}" if e["message"] else "") + "\n\n")
+    elif r["n_drafted"]:
         w(f"  accepted tokens: {r['n_accept']} / {r['n_drafted']} drafted "
           f"({100 * r['accept_rate']:.1f}% acceptance rate)\n")
     else:
         w("  no tokens drafted\n")
-    w(f"  tokens per second: {r['decode_tps']:.1f} t/s ({r['n_predict']} tokens)\n\n")
+    if r is not None:
+        w(f"  tokens per second: {r['decode_tps']:.1f} t/s ({r['n_predict']} tokens)\n\n")
+    if "text" in report:
+        w("[ generated text ]\n" + "".join(f"  {safe(line)}\n" for line in
+                                             (report["text"] or "").split("\n")) + "\n")
     title = "what this audit cannot see" if report["proof"] else \
         "blind spots of an unisolated audit" if not report["namespace"] else \
         "why this is no proof, and what the audit cannot see"
@@ -321,6 +347,9 @@ def _print(report: dict, events: list[NetEvent],
                else "observed, not isolated")
         w(f"verdict: NETWORK USE SEEN: {len(counted)} event(s) counted"
           f"{' (--strict)' if report['strict'] else ''}: {how}\n")
+    elif report["run"] is None:
+        w("verdict: none: the audited run failed before it could finish; no network use "
+          "seen until then\n")
     elif report["proof"]:
         w("verdict: clean, proven: no network connection from the run's processes could leave "
           "this machine (network namespace with only lo), and none was attempted beyond "
