@@ -31,6 +31,8 @@ class Request:
     baseline: bool = False  # also decode with the target alone, same seed
     ignore_eos: bool = False  # no end-of-generation token is ever sampled (--ignore-eos)
     reverse_prompts: tuple[str, ...] = ()  # -r: the generation stops once one is printed
+    # a person's -p without --chat: say, if the target has a template, that --chat answers
+    suggest_chat: bool = False
 
 
 @dataclass
@@ -99,6 +101,9 @@ def generate(req: Request, *, on_text: Callable[[str], None] | None = None,
                     "the target alone")
         if on_note and req.chat and engine.target.chat_template() is None:
             on_note("note: the target has no chat template; using ChatML")
+        if on_note and req.suggest_chat and engine.target.chat_template() is not None:
+            on_note("note: the prompt is continued as text, as llama-speculative does; --chat "
+                    "wraps it in the model's chat template for an answer")
         if on_note:
             for line in changed(req, engine):
                 on_note(line)

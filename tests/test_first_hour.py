@@ -4,6 +4,7 @@ llama.cpp's libraries, ..."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -138,6 +139,8 @@ def test_what_llama_cpp_changed_is_said(f16, q4_1):
     assert "note: --draft 100000 is more than the 256-token context can verify" in r.stderr
     if not local_gpu():
         assert "warning: no usable GPU found, -ngl 99 is ignored" in r.stderr
+        r = cli("run", "-m", f16, "-ngl", "all", "-n", "1", "-p", "hi", "--temp", "0")
+        assert r.returncode == 0 and "-ngl all is ignored" in r.stderr  # as it was written
     plain = cli("run", "-m", f16, "-c", "256", "-n", "2", "-p", "hi", "--no-spec")
     assert "note: -c" not in plain.stderr and "warning" not in plain.stderr
     r = cli("run", "-m", f16, "--top-p", "2", "-n", "2", "-p", "hi")
@@ -252,3 +255,26 @@ def test_warmup_is_on_as_llama_cpp_and_changes_no_token(q4_1):
     warm, cold = cli(*args), cli(*args, "--no-warmup")
     assert warm.returncode == cold.returncode == 0, cold.stderr
     assert warm.stdout == cold.stdout and warm.stdout.strip()
+
+
+def test_a_prompt_without_chat_gets_a_note_on_a_terminal_only(f16):
+    """-p is continued as text (llama-speculative's default, which scripts compare): a person
+    at a terminal is told that --chat answers; a pipe gets no note."""
+    import shlex
+    import shutil
+
+    if shutil.which("script") is None:
+        pytest.skip("util-linux script is not installed")
+    args = ["run", "-m", f16, "-p", "Write a binary search in Python", "-n", "2", "--temp", "0"]
+    cmd = shlex.join([sys.executable, "-m", "specli", *args])
+    r = subprocess.run(["script", "-qec", f"stty cols 200 rows 40; {cmd}", "/dev/null"],
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TERM": "xterm"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--chat wraps it in the model's chat template" in r.stdout, r.stdout
+    piped = cli(*args)
+    assert piped.returncode == 0 and "--chat wraps" not in piped.stderr
+    chat = subprocess.run(["script", "-qec", f"stty cols 200 rows 40; {cmd} --chat",
+                           "/dev/null"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TERM": "xterm"})
+    assert chat.returncode == 0 and "--chat wraps" not in chat.stdout

@@ -96,6 +96,8 @@ def run(
                   ignore_eos=ignore_eos, grammar=grammar, grammar_file=grammar_file,
                   json_schema=json_schema, json_schema_file=json_schema_file,
                   reverse_prompt=reverse_prompt)
+    # a person at a terminal who gave -p without --chat (scripts compare raw completions)
+    req = replace(req, suggest_chat=prompt is not None and not chat and err.is_terminal)
 
     def write(text: str) -> None:
         sys.stdout.write(text)
