@@ -442,8 +442,8 @@ class ModelParams:
     n_batch: int = 2048
     n_ubatch: int = 512
     n_gpu_layers: int = 0
-    n_threads: int = DEFAULT_THREADS
-    n_threads_batch: int | None = None  # None: same as n_threads
+    n_threads: int | None = DEFAULT_THREADS  # None: measured (-t auto, specli/threads.py)
+    n_threads_batch: int | None = None  # None: same as n_threads (measured, if that is)
     type_k: str | None = None  # KV cache types, llama.cpp names (f16, q8_0, ...); None: default
     type_v: str | None = None
     flash_attn: str = "auto"  # on | off | auto: llama.cpp's C default is auto

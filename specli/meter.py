@@ -45,6 +45,7 @@ class Meter:
             for (m, perf), b in zip(self.models, before, strict=True):
                 secs, perf.eval_runs, perf.eval_n = _since(m, b)
                 perf.eval_ms = 1e3 * secs
+                perf.threads = m.threads
             s.t_target_decode_s = s.target.eval_ms / 1e3
             s.t_draft_decode_s = s.draft.eval_ms / 1e3 if s.draft is not None else 0.0
 

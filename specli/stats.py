@@ -18,6 +18,7 @@ class ModelPerf:
     eval_ms: float = 0.0  # decodes during generation
     eval_runs: int = 0  # llama_decode calls during generation
     eval_n: int = 0  # tokens in those calls
+    threads: str = ""  # its thread counts: as given (-t N), or -t auto's choice and why
 
     def perf_lines(self) -> list[str]:
         name = "llama_perf_context_print"
@@ -208,6 +209,9 @@ def format_llama(s: Stats) -> str:
         f"overhead  = {1e3 * _div(s.overhead_s, s.target.eval_runs):.3f} ms/step "
         f"({100.0 * _div(s.overhead_s, s.t_decode_s):.1f}% of decode time outside llama_decode)",
     ]
+    if s.target.threads:
+        lines.append(f"threads   = target {s.target.threads}" + (
+            f"; draft {s.draft.threads}" if s.draft is not None and s.draft.threads else ""))
     lines += [f"statistics {name}: #gen drafts = {v['gen_drafts']}, #acc drafts = "
               f"{v['acc_drafts']}, #gen tokens = {v['gen_tokens']}, #acc tokens = "
               f"{v['acc_tokens']}, #max draft = {v.get('max_tokens', 0)}"

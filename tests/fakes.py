@@ -42,6 +42,7 @@ class FakeModel:
         self.seq, self.load_ms, self.offloaded = 0, 0.0, False
         self.tokens: list[int] = []
         self.t_decode_s, self.n_decode_calls, self.n_decode_tokens = 0.0, 0, 0
+        self.threads = ""  # no threads of its own (nothing to say in the statistics)
         self.fail_on_call: int | None = None  # the decode call number that raises
         self.n_branch = 1  # > 1: draft-tree branches (set by the tests that use them)
         self.cells: dict[int, dict[int, int]] = {}  # branch -> {position: token} past tokens

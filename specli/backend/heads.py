@@ -24,7 +24,7 @@ from specli.backend import ext
 from specli.backend._lib import ll
 from specli.backend.ext import fn
 from specli.backend.model import _FLASH_ATTN, Model, load_weights
-from specli.config import ModelParams
+from specli.config import DEFAULT_THREADS, ModelParams
 from specli.errors import BackendError
 
 _F = ctypes.POINTER(ctypes.c_float)
@@ -107,8 +107,8 @@ class HeadContext:
         cp.n_ctx = ll.llama_n_ctx(t_ctx) if self.shares_memory else target.n_ctx
         cp.n_batch = target.n_batch
         cp.n_ubatch = min(tp.n_ubatch, target.n_batch)
-        cp.n_threads = tp.n_threads
-        cp.n_threads_batch = tp.n_threads_batch or tp.n_threads
+        cp.n_threads = tp.n_threads or DEFAULT_THREADS  # (-t auto: a head's decodes are small)
+        cp.n_threads_batch = tp.n_threads_batch or cp.n_threads
         cp.flash_attn_type = _FLASH_ATTN[tp.flash_attn]
         cp.n_seq_max = ll.llama_n_seq_max(t_ctx) if self.shares_memory else 1
         cp.ctx_other = t_ctx

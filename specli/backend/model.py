@@ -25,8 +25,9 @@ from specli.backend._lib import ll, set_verbose
 from specli.backend.devices import kv_type, local_gpu, placement
 from specli.backend.files import check_gguf
 from specli.backend.samplers import Dry, Grammar
-from specli.config import ModelParams
+from specli.config import ModelParams, usable_cpus
 from specli.errors import BackendError, ContextOverflowError, ModelFileError, UsageError
+from specli.threads import Threads, candidates
 
 _FLASH_ATTN = {
     "auto": ll.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -170,6 +171,7 @@ class Model:
             self._model, self._ctx, self.vocab, self._mem = (share._model, share._ctx,
                                                               share.vocab, share._mem)
             self._batch = None  # its decodes go through whoever owns the context
+            self._threads = share._threads
             self.load_ms, self.offloaded = share.load_ms, share.offloaded
             self.n_vocab, self.n_batch = share.n_vocab, share.n_batch
             self.n_ctx = n_ctx or share.n_ctx_seq
@@ -183,8 +185,9 @@ class Model:
         cp.n_ubatch = min(params.n_ubatch, params.n_batch)
         cp.n_seq_max = n_seq_max  # > 1: a SharedContext's sequences, n_ctx / n_seq_max each
         cp.kv_unified = tree  # a tree's branches share cells and the whole context
-        cp.n_threads = params.n_threads
-        cp.n_threads_batch = params.n_threads_batch or params.n_threads
+        counts = candidates(usable_cpus())
+        cp.n_threads = params.n_threads or counts[-1]
+        cp.n_threads_batch = params.n_threads_batch or cp.n_threads
         cp.flash_attn_type = _FLASH_ATTN[params.flash_attn]
         if params.type_k:
             cp.type_k = kv_type(params.type_k)
@@ -208,6 +211,10 @@ class Model:
         self.offloaded = (local_gpu() and params.n_gpu_layers != 0
                           and params.devices != ())
         self._batch = ll.llama_batch_init(self.n_batch, 0, n_seq_max if tree else 1)
+        # -t auto: the counts measured at its decodes (an explicit -t stays as given)
+        self._threads = None if params.n_threads is not None else Threads(
+            counts, lambda n, nb: ll.llama_set_n_threads(self._ctx, n, nb),
+            params.n_threads_batch)
         if params.warmup:
             self._warm_up()
             self.load_ms = 1e3 * (time.perf_counter() - t0)
@@ -409,13 +416,27 @@ class Model:
             b.token[j], b.pos[j], b.logits[j], b.n_seq_id[j] = t, p, int(out), len(ss)
             for i, s in enumerate(ss):
                 b.seq_id[j][i] = s
-        b.n_tokens = len(items)
+        b.n_tokens = n = len(items)
+        if self._threads is not None:
+            self._threads.before(n)
         t0 = time.perf_counter()
         rc = ll.llama_decode(self._ctx, b)
         if rc != 0:
             raise BackendError(f"llama_decode failed with code {rc}", hint="rerun with -v")
         ll.llama_synchronize(self._ctx)  # a GPU returns early: wait, or reading pays for it
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        if self._threads is not None:
+            self._threads.after(n, seconds)
+        return seconds
+
+    @property
+    def threads(self) -> str:
+        """Its thread counts, for the statistics: -t auto's choice and why, or as given."""
+        if self._threads is not None:
+            return self._threads.describe()
+        p = self.params
+        return f"{p.n_threads}" + (f", {p.n_threads_batch} for batches"
+                                   if p.n_threads_batch not in (None, p.n_threads) else "")
 
     def keep(self, seq: int, tokens: Sequence[int]) -> None:
         """Branch `seq` up to len(tokens) becomes the committed branch 0, holding `tokens`

@@ -41,6 +41,7 @@ class Decoder(Protocol):
     t_decode_s: float  # wall time inside its decodes
     n_decode_calls: int
     n_decode_tokens: int
+    threads: str  # its thread counts: as given, or -t auto's choice and why
 
     def decode(self, tokens: Sequence[int], logits: str | int = "last") -> np.ndarray: ...
     def sync(self, tokens: Sequence[int], on_progress: Callable[[int, int], None] | None = None,

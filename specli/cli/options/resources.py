@@ -31,7 +31,7 @@ class Resources:
     ctx_draft: int | None = None
     ngl: int = 0
     ngld: int = 0
-    threads: int = config.DEFAULT_THREADS
+    threads: int | None = None  # None: -t auto, measured (specli/threads.py)
     threads_draft: int | None = None
     threads_batch: int | None = None
     threads_batch_draft: int | None = None
@@ -100,9 +100,13 @@ def _resource_flags(
         "-ngld", "--n-gpu-layers-draft", "--gpu-layers-draft", "--spec-draft-ngl",
         metavar="N|auto|all", help="Draft layers to offload to the GPU (as -ngl).",
         envvar="LLAMA_ARG_N_GPU_LAYERS_DRAFT")] = "0",
-    threads: Annotated[int, _res_opt(
-        "-t", "--threads", help="Threads for generation. Default: the CPU count, at most 8.",
-        envvar="LLAMA_ARG_THREADS", show_default=False)] = config.DEFAULT_THREADS,
+    threads: Annotated[str, _res_opt(
+        "-t", "--threads", metavar="N|auto", help="Threads for generation. Default: auto: "
+        "measured, each model's decodes timed at the counts that can win (1, 2, 4... up to "
+        "the usable CPUs, at most 8) and the fastest kept, looked at again when the time a "
+        "token drifts; the statistics say what it chose. On a machine with other work the "
+        "CPU count (llama.cpp's default) can be many times slower than fewer threads.",
+        envvar="LLAMA_ARG_THREADS", show_default=False)] = "auto",
     threads_draft: Annotated[int | None, _res_opt(
         "-td", "--threads-draft", help="Draft threads. Default: same as -t.",
         show_default=False)] = None,
@@ -149,13 +153,12 @@ def _resource_flags(
 ) -> Resources:
     if ctx_size < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
-    if threads < 1:
-        raise UsageError(f"-t/--threads must be at least 1, got {threads}")
+    n_threads = parse_threads(threads)
     if batch_size < 2 or ubatch_size < 1:  # a verification needs room for a drafted token
         raise UsageError(f"-b/--batch-size must be at least 2 and -ub/--ubatch-size at least "
                          f"1, got {batch_size} and {ubatch_size}")
     return Resources(ctx_size, ctx_size_draft, parse_ngl(n_gpu_layers, "-ngl"),
-                     parse_ngl(n_gpu_layers_draft, "-ngld"), threads,
+                     parse_ngl(n_gpu_layers_draft, "-ngld"), n_threads,
                      threads_draft, threads_batch, threads_batch_draft, cache_type_k,
                      cache_type_v, cache_type_k_draft, cache_type_v_draft,
                      FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock,
@@ -166,6 +169,20 @@ RESOURCE_FLAGS = Group(_resource_flags)
 
 
 ALL_LAYERS = 999  # more layers than any model has: every one of them
+
+
+def parse_threads(value: str) -> int | None:
+    """-t N|auto: a count, or None for auto (measured)."""
+    v = value.strip().lower()
+    if v == "auto":
+        return None
+    try:
+        n = int(v)
+    except ValueError:
+        raise UsageError(f"-t/--threads takes a number or auto, got {value!r}") from None
+    if n < 1:
+        raise UsageError(f"-t/--threads must be at least 1, got {n}")
+    return n
 
 
 def parse_ngl(value: str, flag: str) -> int:
