@@ -22,7 +22,8 @@ import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from specli.toolgrammar import JSON_CALL, around, lit, obj, repeat, seq, tags
+from specli import toolgrammar as tg
+from specli.toolgrammar import JSON_CALL, around, lit, loose, obj, repeat, seq, tags
 
 _ALNUM = string.ascii_letters + string.digits
 
@@ -268,7 +269,6 @@ def _typed(raw: str, schema: dict):
 
 
 _GEMMA4_CALL = re.compile(r"<\|tool_call>call:([\w.-]{1,256})")
-_GEMMA4_QUOTE = '<|"|>'  # Gemma 4's string quote
 
 
 def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
@@ -306,19 +306,38 @@ def _python_calls(region: str, tools: Sequence[dict]) -> list:
     out = []
     for _, body in _spans(region, _LFM2_CALL, "<|tool_call_end|>"):
         src = body.strip()
-        src = src.replace("true", "True").replace("false", "False").replace("null", "None")
-        try:
-            tree = ast.parse(src, mode="eval").body
+        try:  # JSON's true, false and null as Python's (names, never inside a string)
+            tree = _JsonNames().visit(ast.parse(src, mode="eval")).body
         except (SyntaxError, ValueError, MemoryError, RecursionError):
             continue
         for c in tree.elts if isinstance(tree, ast.List) else [tree]:
-            if not isinstance(c, ast.Call) or not isinstance(c.func, ast.Name):
+            name = _dotted(c.func) if isinstance(c, ast.Call) else None
+            if name is None:
                 continue
             args = {k.arg: _literal(src, k.value) for k in c.keywords if k.arg}
             text = _json_text(args)
             if text is not None:
-                out.append((c.func.id, text, None))
+                out.append((name, text, None))
     return out
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+class _JsonNames(ast.NodeTransformer):
+    def visit_Name(self, node: ast.Name) -> ast.expr:
+        if node.id in _JSON_NAMES:
+            return ast.copy_location(ast.Constant(_JSON_NAMES[node.id]), node)
+        return node
+
+
+def _dotted(func: ast.expr) -> str | None:
+    """A call's name: f, or a dotted Calendar.create_event (LFM2 writes both)."""
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute) and (head := _dotted(func.value)) is not None:
+        return f"{head}.{func.attr}"
+    return None
 
 
 def _literal(src: str, node: ast.expr):
@@ -470,8 +489,8 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
     (lambda t: "<|tool_call>call:" in t, Family(
         "gemma4", ("<|tool_call>",), _gemma4_calls, think=("<|channel>thought", "<channel|>"),
         call_params=tags("<|tool_call>call:NAME{", "KEY:", "", "}<tool_call|>", sep=",",
-                          text=f"{lit(_GEMMA4_QUOTE)} TEXT {lit(_GEMMA4_QUOTE)}",
-                          body='([^<] | "<" [^|])*'),
+                          text=f"{lit(tg.GEMMA4_QUOTE)} TEXT {lit(tg.GEMMA4_QUOTE)}",
+                          body=tg.GEMMA4_TEXT, values=tg.GEMMA4_VALUE),
         wrap=repeat())),
     (lambda t: "<tool_call>" in t and "<function=" in t and "<parameter=" in t, Family(
         "qwen3-coder", ("<tool_call>", "<function="),
@@ -485,8 +504,8 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
             r"<tool_call>\s{0,64}([^<\n]{1,256})", "</tool_call>",
             r"<arg_key>([^<]{0,256})</arg_key>\s{0,64}<arg_value>", "</arg_value>"),
         call_params=tags("<tool_call>NAME\n", "<arg_key>KEY</arg_key>\n<arg_value>",
-                          "</arg_value>\n", "</tool_call>"),
-        wrap=repeat("\n"))),
+                          "</arg_value>\n", "</tool_call>", literal=loose),  # 4.6 and 4.7
+        wrap=repeat("\n", optional=True))),
     (lambda t: "<minimax:tool_call>" in t, Family(
         "minimax-m2", ("<minimax:tool_call>",), _tagged_calls(
             r'<invoke name="([^"\n]{1,256})">', "</invoke>",

@@ -7,7 +7,9 @@ around). GBNF text only: the schemas are converted where the grammar is built
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 from collections.abc import Callable
 
 
@@ -15,6 +17,24 @@ def lit(s: str) -> str:
     """A GBNF string literal."""
     out = json.dumps(s, ensure_ascii=False)
     return out.replace("\\/", "/")
+
+
+def loose(s: str) -> str:
+    """A literal whose line breaks may be left out (GLM 4.6 writes them, 4.7 does not)."""
+    parts = s.split("\n")
+    return " ".join(x for k, p in enumerate(parts)
+                    for x in ([lit(p)] if p else []) + (['"\\n"?'] if k < len(parts) - 1 else []))
+
+
+def until(tag: str) -> str:
+    """Any text that does not hold the closing `tag` (</parameter>): another tag (a value's
+    own </title>) is text."""
+    alts = ["[^<]"]
+    for k in range(1, len(tag)):
+        c = tag[k]
+        alts.append(f"{lit(tag[:k])} [^{c}]" if c not in "]\\^-" else
+                    f"{lit(tag[:k])} [^\\{c}]")
+    return "(" + " | ".join(alts) + ")*"
 
 
 def seq(*parts: str) -> Callable[[int, str], str]:
@@ -37,10 +57,11 @@ def obj(name_key: str, args_key: str, id_schema: dict | None = None):
     return schema
 
 
-def repeat(sep: str = "") -> Callable[[str, bool], str]:
+def repeat(sep: str = "", optional: bool = False) -> Callable[[str, bool], str]:
     def wrap(call: str, parallel: bool) -> str:
         # (the alternation in parentheses: a separator before any call, not the first tool's)
-        more = f" ({lit(sep) + ' ' if sep else ''}({call}))*" if parallel else ""
+        s = f"{lit(sep)}{'?' if optional else ''} " if sep else ""
+        more = f" ({s}({call}))*" if parallel else ""
         return f"({call}){more}"
     return wrap
 
@@ -58,8 +79,9 @@ TAG_TEXT = '([^<] | "<" [^/])*'
 
 
 def tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
-          sep: str = "", text: str | None = "TEXT", body: str = TAG_TEXT
-          ) -> Callable[[str, str, dict], tuple[dict[str, dict], str]]:
+          sep: str = "", text: str | None = "TEXT", body: str | None = None,
+          literal: Callable[[str], str] = lit, values: tuple[str, str] | None = None
+          ) -> Callable[[str, str, dict], tuple[dict[str, dict | str], str]]:
     """A call written a parameter at a time (Qwen3-Coder's <function=NAME><parameter=KEY>,
     GLM's <arg_key>, MiniMax's <invoke>, Gemma 4's call:NAME{KEY:...}, LFM2's NAME(KEY=...)):
     the literal pieces around NAME and each KEY, `sep` between parameters, the required
@@ -67,13 +89,19 @@ def tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
     its TEXT the string (`body`: any text but what ends it; one of its enum's, where it has
     one): the tag families' text as it is, Gemma 4's between <|"|>; text None: JSON, as
     LFM2's Python reads it. Any other value is JSON by its own schema (rule call-I-J). The
-    family's reader takes what this writes."""
+    family's reader takes what this writes. body None: any text but the parameter's closing
+    tag (until); literal: how the literal pieces are written (loose: line breaks optional);
+    values: (rule name, GBNF) of the family's own spelling of an array or an object (Gemma
+    4's [<|"|>a<|"|>,1], {key:...}), which their values take instead of JSON."""
+    closing = re.search(r"</[^>]*>", param_close)
+    body = body or (until(closing.group(0)) if closing else TAG_TEXT)
+
     def build(i: str, name: str, params: dict) -> tuple[dict[str, dict], str]:
         props = params.get("properties")
         props = props if isinstance(props, dict) else {}
         required = params.get("required")
         required = set(required) if isinstance(required, list) else set()
-        schemas: dict[str, dict] = {}
+        schemas: dict[str, dict | str] = {}
         needed, optional = [], []
         for j, (key, schema) in enumerate(props.items()):
             schema = schema if isinstance(schema, dict) else {}
@@ -84,23 +112,33 @@ def tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
                 value = text.replace("TEXT", "(" + " | ".join(lit(e) for e in enum) + ")")
             elif string and text is not None:
                 value = text.replace("TEXT", body)
+            elif values is not None and kind in ("array", "object"):
+                value, schemas[values[0]] = values  # the family's own containers
             else:
                 value = f"call-{i}-{j}"
                 # (anyOf: a rule of its own name, which a bare primitive does not get)
                 schemas[value] = {"anyOf": [schema]}
-            one = f"{lit(param_open.replace('KEY', key))} {value}" + (
-                f" {lit(param_close)}" if param_close else "")
+            one = f"{literal(param_open.replace('KEY', key))} {value}" + (
+                f" {literal(param_close)}" if param_close else "")
             (needed if key in required else optional).append(one)
-        return schemas, " ".join([lit(call_open.replace("NAME", name)),
-                                  *keyed(needed, optional, sep), lit(call_close)])
+        return schemas, " ".join([literal(call_open.replace("NAME", name)),
+                                  *keyed(needed, optional, sep), literal(call_close)])
     return build
 
 
+ANY_ORDER = 3  # needed parameters up to this many may come in any order (3! = 6 ways)
+
+
 def keyed(needed: list[str], optional: list[str], sep: str) -> list[str]:
-    """Parameters in order, `sep` between two: the needed ones, then each optional one."""
+    """Parameters, `sep` between two: the needed ones (in any order, up to ANY_ORDER of
+    them: test-chat.cpp's Qwen3-Coder edit writes newString first), then each optional one
+    in order."""
     s = f"{lit(sep)} " if sep else ""
     if needed:
-        return [f" {s}".join(needed), *(f"({s}{o})?" for o in optional)]
+        orders = itertools.permutations(needed) if len(needed) <= ANY_ORDER else [needed]
+        ways = [f" {s}".join(order) for order in orders]
+        first = ways[0] if len(ways) == 1 else "(" + " | ".join(f"({w})" for w in ways) + ")"
+        return [first, *(f"({s}{o})?" for o in optional)]
     if not optional:
         return []
     if not sep:
@@ -109,3 +147,16 @@ def keyed(needed: list[str], optional: list[str], sep: str) -> list[str]:
     starts = [" ".join([o, *(f"({s}{p})?" for p in optional[k + 1:])])
               for k, o in enumerate(optional)]
     return ["(" + " | ".join(f"({x})" for x in starts) + ")?"]
+
+
+# Gemma 4's values: a string between its quote, and an array's or an object's value as it
+# writes them (test-chat.cpp's todos:[<|"|>buy milk<|"|>,...], config:{theme:<|"|>dark
+# <|"|>,count:3}): strings quoted its way, bare keys (toolcall's gemma4 family)
+GEMMA4_QUOTE = '<|"|>'
+GEMMA4_TEXT = '([^<] | "<" [^|])*'  # a string's text: up to the closing quote
+_GEMMA4_KEY = "[A-Za-z_] [A-Za-z0-9_-]*"
+GEMMA4_VALUE = ("gemma4-value", " | ".join([
+    f"{lit(GEMMA4_QUOTE)} {GEMMA4_TEXT} {lit(GEMMA4_QUOTE)}",
+    '"-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?', '"true"', '"false"', '"null"',
+    '"[" (gemma4-value ("," gemma4-value)*)? "]"',
+    f'"{{" ({_GEMMA4_KEY} ":" gemma4-value ("," {_GEMMA4_KEY} ":" gemma4-value)*)? "}}"']))

@@ -633,3 +633,142 @@ def test_text_before_a_cut_call_stays_and_a_cut_answer_without_a_call_is_all_tex
     assert parse(fam, "Just text <tool", TOOLS, cut=True).content == "Just text "
     g = parse(GENERIC, '{"response": "Hello, wor', TOOLS, cut=True)
     assert g.content == "Hello, wor" and not g.calls
+
+
+# -- test-chat.cpp's own cases for the tag families (issue 58, point 4) ---------------------
+
+def _tool(name: str, props: dict, required: tuple = ()) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": props, "required": list(required)}}}
+
+
+_INT, _STR = {"type": "integer"}, {"type": "string"}
+CHAT_CPP_TOOLS = [
+    _tool("special_function", {"arg1": _INT}, ("arg1",)),
+    _tool("special_function_with_opt", {"arg1": _INT, "arg2": _INT}, ("arg1",)),
+    _tool("empty_args", {}),
+    _tool("python", {"code": _STR}, ("code",)),
+    _tool("html", {"markup": _STR}, ("markup",)),
+    _tool("get_time", {"city": _STR}, ("city",)),
+    _tool("get_weather", {"city": _STR}, ("city",)),
+    _tool("todo_list", {"todos": {"type": "array"}}, ("todos",)),
+    _tool("edit", {"filename": _STR, "oldString": _STR, "newString": _STR},
+          ("filename", "oldString", "newString")),
+    _tool("set_config", {"config": {"type": "object"}}, ("config",)),
+    _tool("Calendar.create_event", {"title": _STR, "participants": {
+        "type": "array", "items": _STR}, "metadata": {"type": "object"}},
+        ("title", "participants", "metadata")),
+]
+_SF, _OPT = ("special_function", {"arg1": 1}), ("special_function_with_opt",
+                                                 {"arg1": 1, "arg2": 2})
+# (family, what the model writes, the calls, content, reasoning, the prompt opened <think>)
+CHAT_CPP = [
+    ("qwen3-coder", "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n"
+     "</parameter>\n</function>\n</tool_call>", [_SF], "", "", False),
+    ("qwen3-coder", "<tool_call>\n<function=special_function>\n<parameter=arg1>\n1\n"
+     "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=special_function_with_opt>"
+     "\n<parameter=arg1>\n1\n</parameter>\n<parameter=arg2>\n2\n</parameter>\n</function>\n"
+     "</tool_call>", [_SF, _OPT], "", "", False),
+    ("qwen3-coder", '<tool_call>\n<function=python>\n<parameter=code>\ndef hello():\n    print('
+     '"Hello, world!")\n\nhello()\n</parameter>\n</function>\n</tool_call>',
+     [("python", {"code": 'def hello():\n    print("Hello, world!")\n\nhello()'})], "", "",
+     False),
+    ("qwen3-coder", "<tool_call>\n<function=html>\n<parameter=markup>\n<html>\n <head>\n  "
+     "<title>Hello!</title>\n </head>\n</html>\n</parameter>\n</function>\n</tool_call>",
+     [("html", {"markup": "<html>\n <head>\n  <title>Hello!</title>\n </head>\n</html>"})],
+     "", "", False),
+    ("qwen3-coder", '<tool_call>\n<function=todo_list>\n<parameter=todos>\n[{"item": "Check '
+     'stuff", "selected": false}, {"item": "Prepare stuff", "selected": true}]\n</parameter>\n'
+     "</function>\n</tool_call>", [("todo_list", {"todos": [
+         {"item": "Check stuff", "selected": False},
+         {"item": "Prepare stuff", "selected": True}]})], "", "", False),
+    ("qwen3-coder", "<tool_call>\n<function=edit>\n<parameter=newString>\n#include\n"
+     "</parameter>\n<parameter=filename>\nfoo.c\n</parameter>\n<parameter=oldString>\n"
+     "#iclunde\n</parameter>\n</function>\n</tool_call>", [("edit", {
+         "newString": "#include", "filename": "foo.c", "oldString": "#iclunde"})], "", "",
+     False),
+    ("glm", "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n"
+     "</tool_call>", [_SF], "", "", False),
+    ("glm", "<tool_call>special_function<arg_key>arg1</arg_key><arg_value>1</arg_value>"
+     "</tool_call>", [_SF], "", "", False),
+    ("glm", "I'm\nthinking</think><tool_call>special_function<arg_key>arg1</arg_key>"
+     "<arg_value>1</arg_value></tool_call>", [_SF], "", "I'm\nthinking", True),
+    ("glm", "<tool_call>special_function<arg_key>arg1</arg_key><arg_value>1</arg_value>"
+     "</tool_call><tool_call>special_function_with_opt<arg_key>arg1</arg_key><arg_value>1"
+     "</arg_value><arg_key>arg2</arg_key><arg_value>2</arg_value></tool_call>", [_SF, _OPT],
+     "", "", False),
+    ("minimax-m2", 'Let\'s call a tool:\n</think>\n\n<minimax:tool_call>\n<invoke name='
+     '"empty_args">\n</invoke>\n</minimax:tool_call>', [("empty_args", {})], "",
+     "Let's call a tool:", True),
+    ("minimax-m2", '\n</think>\n\n<minimax:tool_call>\n<invoke name="special_function">\n'
+     '<parameter name="arg1">1</parameter>\n</invoke>\n</minimax:tool_call>', [_SF], "", "",
+     True),
+    ("gemma4", '<|tool_call>call:get_time{city:<|"|>London<|"|>}<tool_call|>',
+     [("get_time", {"city": "London"})], "", "", False),
+    ("gemma4", "<|tool_call>call:empty_args{}<tool_call|>", [("empty_args", {})], "", "",
+     False),
+    ("gemma4", 'Hello, world!\nWhat\'s up?<|tool_call>call:get_time{city:<|"|>Paris<|"|>}'
+     "<tool_call|>", [("get_time", {"city": "Paris"})], "Hello, world!\nWhat's up?", "",
+     False),
+    ("gemma4", '<|tool_call>call:get_time{city:<|"|>London<|"|>}<tool_call|><|tool_call>call:'
+     'get_weather{city:<|"|>Paris<|"|>}<tool_call|>', [("get_time", {"city": "London"}),
+                                                        ("get_weather", {"city": "Paris"})],
+     "", "", False),
+    ("gemma4", "<|tool_call>call:special_function{arg1:42}<tool_call|>",
+     [("special_function", {"arg1": 42})], "", "", False),
+    ("gemma4", '<|tool_call>call:todo_list{todos:[<|"|>buy milk<|"|>,<|"|>walk dog<|"|>]}'
+     "<tool_call|>", [("todo_list", {"todos": ["buy milk", "walk dog"]})], "", "", False),
+    ("gemma4", '<|tool_call>call:set_config{config:{theme:<|"|>dark<|"|>,count:3}}'
+     "<tool_call|>", [("set_config", {"config": {"theme": "dark", "count": 3}})], "", "",
+     False),
+    ("lfm2", "<|tool_call_start|>[special_function(arg1=1)]<|tool_call_end|>", [_SF], "", "",
+     False),
+    ("lfm2", '<|tool_call_start|>[get_time(city="XYZCITY")]<|tool_call_end|>',
+     [("get_time", {"city": "XYZCITY"})], "", "", False),
+    ("lfm2", '<|tool_call_start|>[Calendar.create_event(title="demo", participants=["Alice", '
+     '"Bob"], metadata={"priority": "high", "reminder": true})]<|tool_call_end|>',
+     [("Calendar.create_event", {"title": "demo", "participants": ["Alice", "Bob"],
+                                 "metadata": {"priority": "high", "reminder": True}})],
+     "", "", False),
+    ("lfm2", '<|tool_call_start|>[python(code="def hello():\\n    print(\'hey\')")]'
+     "<|tool_call_end|>", [("python", {"code": "def hello():\n    print('hey')"})], "", "",
+     False),
+    ("lfm2", '<|tool_call_start|>[python(code="print(\\"hi\\")")]<|tool_call_end|>',
+     [("python", {"code": 'print("hi")'})], "", "", False),
+    ("lfm2", 'Let me check the time.<|tool_call_start|>[get_time(city="Paris")]'
+     "<|tool_call_end|>", [("get_time", {"city": "Paris"})], "Let me check the time.", "",
+     False),
+    ("lfm2", "<|tool_call_start|>[special_function(arg1=1), special_function_with_opt(arg1=1, "
+     "arg2=2)]<|tool_call_end|>", [_SF, _OPT], "", "", False),
+    ("lfm2", '<think>I need to call a function</think>Let me check the time.'
+     '<|tool_call_start|>[get_time(city="Paris")]<|tool_call_end|>',
+     [("get_time", {"city": "Paris"})], "Let me check the time.", "I need to call a function",
+     False),
+]
+
+
+@pytest.mark.parametrize("name,text,calls,content,reasoning,opened", CHAT_CPP)
+def test_test_chat_cpps_tag_family_cases_read_back(name, text, calls, content, reasoning,
+                                                    opened):
+    """The answers llama.cpp's tests/test-chat.cpp parses for Qwen3-Coder, GLM 4.6/4.7,
+    MiniMax-M2, Gemma 4 and LFM2, read as it reads them, whole and streamed."""
+    fam = _fam(name)
+    p = parse(fam, text, CHAT_CPP_TOOLS, forced_open=opened)
+    assert (p.content.strip(), p.reasoning.strip()) == (content.strip(), reasoning.strip())
+    assert [(n, a) for n, a, _ in _calls(p)] == calls
+    s = Splitter(fam, CHAT_CPP_TOOLS, opened)
+    streamed = [s.feed(c) for c in text] + [s.finish()]
+    assert [(c.name, json.loads(c.arguments)) for d in streamed for c in d.calls] == calls
+
+
+@pytest.mark.parametrize("name,text,calls", [
+    (n, t, c) for n, t, c, content, reasoning, opened in CHAT_CPP
+    if not content and not reasoning and not opened])
+def test_test_chat_cpps_calls_are_what_a_required_grammar_takes(name, text, calls, q4_1):
+    """test-chat.cpp checks each expected call against the family's grammar: a required
+    call's grammar here takes each one too (parallel where there are several)."""
+    takes, close = _taker(q4_1)
+    try:
+        assert takes(CHAT_CPP_TOOLS, _fam(name), text, parallel=len(calls) > 1)
+    finally:
+        close()

@@ -91,6 +91,8 @@ class HeadContext:
         self.t_decode_s = 0.0
         self.n_decode_calls = self.n_decode_tokens = 0
         self.tokens: list[int] = []  # the target's tokens the head has taken in, committed
+        tp = target.params  # its context's counts (-t auto: the default, its decodes small)
+        self.threads = f"{tp.n_threads or DEFAULT_THREADS}"
         self._owned = HeadModel(head) if isinstance(head, ModelParams) else None
         shared = self._owned or head
         self.params = shared.params if shared is not None else target.params

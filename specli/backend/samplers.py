@@ -189,22 +189,28 @@ def trigger_tokens(model: Vocabulary, texts: list[str]) -> list[int]:
     return out
 
 
-def schemas_grammar(schemas: dict[str, dict], root: str, triggers: list[str] = ()) -> str:
+def schemas_grammar(schemas: dict[str, dict | str], root: str, triggers: list[str] = ()
+                    ) -> str:
     """JSON schemas as GBNF rules, each under its own name (a tool's call), and `root` over
-    them (toolcall.grammar_parts): llama-cpp-python's converter, as schema_grammar. With
-    triggers, the grammar is lazy: it applies from the first of them the model writes."""
+    them (toolcall.grammar_parts): llama-cpp-python's converter, as schema_grammar; a rule
+    given as text (a family's own value syntax, Gemma 4's) is GBNF as it is. With triggers,
+    the grammar is lazy: it applies from the first of them the model writes."""
     from llama_cpp.llama_grammar import SchemaConverter
 
     conv = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    raw = "".join(f"{name} ::= {rule}\n" for name, rule in schemas.items()
+                  if isinstance(rule, str))
     try:
         for name, schema in schemas.items():
+            if isinstance(schema, str):
+                continue
             if conv.visit(conv.resolve_refs(schema, name), name) != name:
                 raise ValueError(f"rule {name} named twice")
     except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError,
             RecursionError, AttributeError) as e:
         raise UsageError(f"a tool's parameters cannot be turned into a grammar: {e}") from None
     head = f"{LAZY}{json.dumps(list(triggers))}\n" if triggers else ""
-    return f"{head}root ::= {root}\n{conv.format_grammar()}"
+    return f"{head}root ::= {root}\n{raw}{conv.format_grammar()}"
 
 
 def schema_grammar(schema: dict) -> str:
