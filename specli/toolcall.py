@@ -561,7 +561,9 @@ FAMILIES: list[tuple[Callable[[str], bool], Family]] = [
         call_object=obj("name", "arguments"),
         call_gbnf=seq("<tool_call>\n", "ARGS", "\n</tool_call>"), wrap=repeat("\n"))),
     (lambda t: "<|start_header_id|>" in t and "parameters" in t, Family(
-        "llama3", ('{"name"', '{"type"'), _object_calls(("name", "parameters")),
+        # (the call grammar's JSON may put a blank after the brace: llama.cpp's " "?)
+        "llama3", ('{"name"', '{"type"', '{ "name"', '{ "type"'),
+        _object_calls(("name", "parameters")),
         think=None, call_object=obj("name", "parameters"), call_gbnf=JSON_CALL,
         # one call a turn; no marker to wait for: auto reads the call from free text
         wrap=lambda c, p: f"({c})", lazy=False)),

@@ -772,3 +772,23 @@ def test_test_chat_cpps_calls_are_what_a_required_grammar_takes(name, text, call
         assert takes(CHAT_CPP_TOOLS, _fam(name), text, parallel=len(calls) > 1)
     finally:
         close()
+
+
+def test_the_llama3_reader_takes_the_blank_its_grammar_allows(q4_1):
+    """Issue 60, point 2: Llama 3's required-call grammar (llama.cpp's JSON, a blank allowed
+    after each brace) let the model write `{ "name": ...`, which the reader took for text:
+    the call came back as content, finish stop. Both spellings are the grammar's and calls."""
+    fam = _fam("llama3")
+    takes, close = _taker(q4_1)
+    try:
+        for text in ('{"name": "special_function", "parameters": {"arg1": 1}}',
+                     '{ "name": "special_function", "parameters": { "arg1": 1 } }'):
+            assert takes(TOOLS, fam, text), text
+            p = parse(fam, text, TOOLS)
+            assert p.content == "" and _calls(p)[0][:2] == CALL, (text, p)
+            s = Splitter(fam, TOOLS)
+            got = [s.feed(c) for c in text] + [s.finish()]
+            assert "".join(d.content for d in got) == ""
+            assert [c.name for d in got for c in d.calls] == ["special_function"]
+    finally:
+        close()
