@@ -52,18 +52,31 @@ class _Class:
     recent: float = 0.0  # the time a token at the choice, decayed
     looks: int = 0
     why: str = "not measured yet"
+    # the decode size a look times and the drift compares (a batch's time a token falls as
+    # it grows: counts are compared at one size, the first the look meets)
+    size: int | None = None
+    settled: int = 0  # decodes of that size at the choice
+    skipped: int = 0  # decodes of other sizes in a row during the look
 
     def look(self, why: str) -> None:
         self.trying, self.times, self.since, self.recent = list(self.counts), {}, 0, 0.0
-        self.why = why
+        self.why, self.size, self.settled, self.skipped = why, None, 0, 0
 
     @property
     def current(self) -> int:
         return self.trying[0] if self.trying else self.chosen
 
-    def timed(self, per_token: float) -> None:
+    def timed(self, n_tokens: int, per_token: float) -> None:
+        if self.size is None:
+            self.size = n_tokens
         if self.trying:
-            c = self.trying[0]
+            if n_tokens != self.size:  # another size: not comparable with this look's
+                self.skipped += 1
+                if self.skipped >= 2 * TRIALS:  # that size is gone: time this one instead
+                    self.trying, self.times = list(self.counts), {}
+                    self.size, self.skipped = n_tokens, 0
+                return
+            c, self.skipped = self.trying[0], 0
             got = self.times.setdefault(c, [])
             got.append(per_token)
             if len(got) >= TRIALS:
@@ -72,9 +85,12 @@ class _Class:
                     self._choose()
             return
         self.since += 1
-        self.recent = per_token if self.since == 1 else 0.8 * self.recent + 0.2 * per_token
+        if n_tokens == self.size:
+            self.settled += 1
+            self.recent = per_token if self.settled == 1 else \
+                0.8 * self.recent + 0.2 * per_token
         best = self.measured.get(self.chosen)
-        if best and self.since >= SETTLE and self.recent > DRIFT * best:
+        if best and self.settled >= SETTLE and self.recent > DRIFT * best:
             self.look(f"looked again: {1e3 * self.recent:.2f} ms a token against the "
                       f"{1e3 * best:.2f} measured")
         elif self.since >= RECHECK:
@@ -90,7 +106,8 @@ class _Class:
         if not self.measured:
             return f"{self.chosen} (not measured: too few of these decodes)"
         ms = ", ".join(f"{c}: {1e3 * t:.2f}" for c, t in sorted(self.measured.items()))
-        return f"{self.chosen} (ms a token at {ms}; {self.looks} look(s))"
+        at = f" of {self.size}-token decodes" if self.size and self.size > 1 else ""
+        return f"{self.chosen} (ms a token{at} at {ms}; {self.looks} look(s))"
 
 
 class Threads:
@@ -125,7 +142,7 @@ class Threads:
     def after(self, n_tokens: int, seconds: float) -> None:
         kind = self._kind(n_tokens)
         if kind is not None and n_tokens > 0:
-            kind.timed(seconds / n_tokens)
+            kind.timed(n_tokens, seconds / n_tokens)
 
     def describe(self) -> str:
         """What it chose and why, for the statistics."""

@@ -24,16 +24,19 @@ from dataclasses import dataclass, field
 
 from specli import toolgrammar as tg
 from specli.toolgrammar import JSON_CALL, around, lit, loose, obj, repeat, seq, tags
+from specli.tooljson import (
+    DECODER,
+    args_text,
+    held,
+    json_at,
+    json_text,
+    partial_string,
+    utf8_safe,
+)
 
 _ALNUM = string.ascii_letters + string.digits
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not JSON")  # as llama.cpp's reader (nlohmann) refuses it
-
-
-# strict JSON, as a client reads the arguments back: NaN and Infinity are not numbers there
-_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 REASONING_FORMATS = ("none", "auto", "deepseek", "deepseek-legacy")
 
 
@@ -110,54 +113,6 @@ class Family:
     lazy: bool = True  # tool_choice auto: the grammar from the first opener on
 
 
-def json_at(text: str, at: int) -> tuple[object, int] | None:
-    """The JSON value starting at `at` (after blanks) and where it ends; None if it is not
-    complete there."""
-    n = len(text)
-    while at < n and text[at] in " \t\r\n":
-        at += 1
-    try:
-        value, end = _DECODER.raw_decode(text, at)
-    except (ValueError, RecursionError):  # deeper than the decoder goes: no value either
-        return None
-    return value, end
-
-
-def _json_text(value) -> str | None:
-    """value as JSON text, or None where it has none: what a model may write that only
-    Python reads (a complex number, a set, an Ellipsis), an integer past Python's limit on
-    converting digits, NaN, or nesting past the encoder's depth."""
-    try:
-        return utf8_safe(json.dumps(value, ensure_ascii=False, allow_nan=False))
-    except (TypeError, ValueError, RecursionError):
-        return None
-
-
-def utf8_safe(text: str) -> str:
-    """text with any lone UTF-16 surrogate (a model's JSON may spell one, "\\ud800") as
-    U+FFFD: no UTF-8 encoder takes it, and a client's reply is UTF-8."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return text
-
-
-def args_text(value) -> str | None:
-    """A call's arguments as the JSON text of an object, from an object or from text that
-    holds one (OpenAI's own form); None for anything else (a string that is no object, an
-    array, a number, a value with no JSON form): no call, the answer stays text."""
-    if value is None:
-        value = {}  # null: a call without arguments
-    if isinstance(value, str):
-        try:
-            value = _DECODER.decode(value) if value.strip() else {}
-        except (ValueError, RecursionError):
-            return None
-    return _json_text(value) if isinstance(value, dict) else None
-
-
-
 def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
     """Calls written as JSON objects (or lists of them) anywhere in the region, with the name
     and arguments under these keys."""
@@ -180,7 +135,7 @@ def _object_calls(keys: tuple[str, str], id_key: str | None = None) -> CallsFn:
                                                             v.get("parameters", {}))))
                     ident = v.get(id_key) if id_key else None
                     out.append((v[name_key], args, None if ident is None else
-                                ident if isinstance(ident, str) else _json_text(ident)))
+                                ident if isinstance(ident, str) else json_text(ident)))
         return out
     return calls
 
@@ -237,7 +192,7 @@ def _tagged_calls(call_rx: str, close: str, param_rx: str, param_close: str) -> 
                 raw = raw[1:] if raw.startswith("\n") else raw
                 raw = raw[:-1] if raw.endswith("\n") else raw
                 args[key] = _typed(raw, props.get(key, {}))
-            out.append((name, _json_text(args), None))
+            out.append((name, json_text(args), None))
         return out
     return calls
 
@@ -259,13 +214,13 @@ def _typed(raw: str, schema: dict):
     if kind == "string" or (isinstance(kind, list) and kind == ["string"]):
         return raw
     try:
-        value = _DECODER.decode(raw)
+        value = DECODER.decode(raw)
     except (ValueError, RecursionError):
         try:  # Python's spellings (True, None, 'x') as llama.cpp accepts them
             value = ast.literal_eval(raw)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return raw
-    return value if _json_text(value) is not None else raw
+    return value if json_text(value) is not None else raw
 
 
 _GEMMA4_CALL = re.compile(r"<\|tool_call>call:([\w.-]{1,256})")
@@ -278,7 +233,7 @@ def _gemma4_calls(region: str, tools: Sequence[dict]) -> list:
         if not (body.startswith("{") and body.endswith("}")):
             continue
         try:
-            args = _json_text(_gemma4_json(body))
+            args = json_text(_gemma4_json(body))
         except (ValueError, RecursionError):
             args = None
         out.append((m.group(1), args, None))
@@ -295,7 +250,7 @@ def _gemma4_json(body: str):
     body = re.sub(r'<\|"\|>(.*?)<\|"\|>', keep, body, flags=re.S)
     body = re.sub(r"([{,]\s*)([A-Za-z_][\w-]*)\s*:", r'\1"\2":', body)
     body = re.sub(r"\x00(\d+)\x00", lambda s: json.dumps(strings[int(s.group(1))]), body)
-    return _DECODER.decode(body)
+    return DECODER.decode(body)
 
 
 _LFM2_CALL = re.compile(re.escape("<|tool_call_start|>"))
@@ -315,7 +270,7 @@ def _python_calls(region: str, tools: Sequence[dict]) -> list:
             if name is None:
                 continue
             args = {k.arg: _literal(src, k.value) for k in c.keywords if k.arg}
-            text = _json_text(args)
+            text = json_text(args)
             if text is not None:
                 out.append((name, text, None))
     return out
@@ -348,7 +303,7 @@ def _literal(src: str, node: ast.expr):
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         value = None
     else:
-        if _json_text(value) is not None:
+        if json_text(value) is not None:
             return value
     return ast.get_source_segment(src, node) or ""
 
@@ -410,9 +365,14 @@ def _harmony_open(text: str) -> str | None:
 
 
 def _functionary_open(text: str) -> str | None:
-    """Functionary v3.2's last message, unless it is the answer's text (all)."""
+    """Functionary v3.2's last message, unless it is the answer's text (all) or a call
+    already whole (its JSON complete: the reading has it)."""
     seg = text[text.rfind(">>>") + 3:] if ">>>" in text else text
-    return None if seg.startswith("all\n") or "all\n".startswith(seg) else seg
+    nl = seg.find("\n")
+    if seg.startswith("all\n") or "all\n".startswith(seg) or \
+            nl >= 0 and json_at(seg, nl + 1) is not None:
+        return None
+    return seg
 
 
 def _functionary_v32(text: str, tools: Sequence[dict], final: bool) -> Parsed:
@@ -583,17 +543,6 @@ def family(template: str, renders_calls: bool) -> Family:
 
 # -- reading an answer ---------------------------------------------------------------------
 
-def held(text: str, markers: Sequence[str]) -> str:
-    """text without a tail that may still grow into one of the markers."""
-    cut = len(text)
-    for m in markers:
-        for k in range(min(len(m) - 1, len(text)), 0, -1):
-            if text.endswith(m[:k]):
-                cut = min(cut, len(text) - k)
-                break
-    return text[:cut]
-
-
 def split_reasoning(text: str, think: tuple[str, str] | None, forced_open: bool,
                     final: bool) -> tuple[str, str, bool]:
     """(reasoning, the rest, whether the reasoning is closed). Reasoning is the text between
@@ -627,6 +576,25 @@ def _generic_json(lead: str) -> bool:
                                                  for w in ('"tool_calls"', '"response"'))
 
 
+_CALL_OBJECT = re.compile(r'\{\s*"name"\s*:')
+
+
+def _cut_calls(lead: str, tools: Sequence[dict]) -> tuple[ToolCall, ...]:
+    """The generic answer's calls when the limit cut it: each whole call object, then the
+    last one as far as it was written (cut_call)."""
+    starts = [m.start() for m in _CALL_OBJECT.finditer(lead)]
+    out = []
+    for at in starts[:-1]:
+        got = json_at(lead, at)
+        value = got[0] if got is not None else None
+        args = args_text(value.get("arguments")) if isinstance(value, dict) else None
+        if args is None or not isinstance(value.get("name"), str):
+            return ()  # a whole call that is no call: nothing read as a call
+        out.append(ToolCall(value["name"], args, ""))
+    last = cut_call(lead[starts[-1]:], tools) if starts else None
+    return (*out, *((last,) if last else ()))
+
+
 def read_generic(text: str, final: bool, cut: bool = False, tools: Sequence[dict] = ()
                  ) -> Parsed:
     lead = text.lstrip()
@@ -634,38 +602,21 @@ def read_generic(text: str, final: bool, cut: bool = False, tools: Sequence[dict
     if got is None:
         m = re.match(r'\{\s*"response"\s*:\s*"', lead) if lead.startswith("{") else None
         if lead.startswith("{") and (not final or cut and m):  # its response so far
-            return Parsed(_partial_string(lead[m.end():]) if m else "")
-        if cut and _generic_json(lead):
-            c = cut_call(lead, tools)  # the limit cut the JSON answer short: no text
-            return Parsed("", "", (c,) if c else ())
+            return Parsed(partial_string(lead[m.end():]) if m else "")
+        if cut and _generic_json(lead):  # the limit cut the JSON answer short: no text
+            return Parsed("", "", _cut_calls(lead, tools))
         return Parsed(text if final or not lead.startswith("{") else "")
     value = got[0]
     if isinstance(value, dict) and ("tool_calls" in value or "tool_call" in value):
-        raw = _json_text(value.get("tool_calls", [value.get("tool_call")]))
+        raw = json_text(value.get("tool_calls", [value.get("tool_call")]))
         calls = _object_calls(("name", "arguments"), "id")(raw, ()) if raw else []
         if any(a is None for _, a, _ in calls):
             return Parsed(text)  # a call that is no call: the answer is text
         return Parsed("", "", tuple(ToolCall(n, a, i or "") for n, a, i in calls))
     if isinstance(value, dict) and "response" in value:
         r = value["response"]
-        return Parsed(utf8_safe(r) if isinstance(r, str) else _json_text(r) or text)
+        return Parsed(utf8_safe(r) if isinstance(r, str) else json_text(r) or text)
     return Parsed(text)
-
-
-STRING_BODY = re.compile(r'(?:[^"\\]|\\u[0-9a-fA-F]{4}|\\[^u])*')
-
-
-def _partial_string(s: str) -> str:
-    """The decoded part of a JSON string's body that has arrived (up to its closing quote,
-    not into an escape cut short)."""
-    i = STRING_BODY.match(s).end()
-    try:
-        out = json.loads('"' + s[:i] + '"')
-    except ValueError:
-        return ""
-    if out and "\ud800" <= out[-1] <= "\udbff":  # a pair's first half: its second may come
-        out = out[:-1]
-    return utf8_safe(out)
 
 
 def cut_call(region: str, tools: Sequence[dict]) -> ToolCall | None:

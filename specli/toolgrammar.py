@@ -26,14 +26,21 @@ def loose(s: str) -> str:
                     for x in ([lit(p)] if p else []) + (['"\\n"?'] if k < len(parts) - 1 else []))
 
 
-def until(tag: str) -> str:
-    """Any text that does not hold the closing `tag` (</parameter>): another tag (a value's
-    own </title>) is text."""
-    alts = ["[^<]"]
-    for k in range(1, len(tag)):
-        c = tag[k]
-        alts.append(f"{lit(tag[:k])} [^{c}]" if c not in "]\\^-" else
-                    f"{lit(tag[:k])} [^\\{c}]")
+def until(*tags: str) -> str:
+    """Any text that holds none of the closing `tags` (a parameter's </parameter>, and its
+    call's </function>, which the reader would end the call at): another tag (a value's
+    own </title>) is text. Each proper prefix of a tag may be followed by anything but the
+    tags' next characters and "<" (which begins a prefix of its own)."""
+    nexts: dict[str, set[str]] = {}
+    for tag in tags:
+        for k in range(1, len(tag)):
+            nexts.setdefault(tag[:k], set()).add(tag[k])
+
+    def esc(c: str) -> str:
+        return "\\" + c if c in "]\\-" else c
+
+    alts = ["[^<]"] + [f"{lit(p)} [^{''.join(esc(c) for c in sorted(cs | {'<'}))}]"
+                       for p, cs in sorted(nexts.items())]
     return "(" + " | ".join(alts) + ")*"
 
 
@@ -93,8 +100,8 @@ def tags(call_open: str, param_open: str, param_close: str, call_close: str, *,
     tag (until); literal: how the literal pieces are written (loose: line breaks optional);
     values: (rule name, GBNF) of the family's own spelling of an array or an object (Gemma
     4's [<|"|>a<|"|>,1], {key:...}), which their values take instead of JSON."""
-    closing = re.search(r"</[^>]*>", param_close)
-    body = body or (until(closing.group(0)) if closing else TAG_TEXT)
+    closing = re.findall(r"</[^>]*>", param_close + call_close)
+    body = body or (until(*closing) if closing else TAG_TEXT)
 
     def build(i: str, name: str, params: dict) -> tuple[dict[str, dict], str]:
         props = params.get("properties")
@@ -157,6 +164,6 @@ GEMMA4_TEXT = '([^<] | "<" [^|])*'  # a string's text: up to the closing quote
 _GEMMA4_KEY = "[A-Za-z_] [A-Za-z0-9_-]*"
 GEMMA4_VALUE = ("gemma4-value", " | ".join([
     f"{lit(GEMMA4_QUOTE)} {GEMMA4_TEXT} {lit(GEMMA4_QUOTE)}",
-    '"-"? [0-9]+ ("." [0-9]+)? ([eE] [-+]? [0-9]+)?', '"true"', '"false"', '"null"',
+    '"-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)? ([eE] [-+]? [0-9]+)?', '"true"', '"false"', '"null"',
     '"[" (gemma4-value ("," gemma4-value)*)? "]"',
     f'"{{" ({_GEMMA4_KEY} ":" gemma4-value ("," {_GEMMA4_KEY} ":" gemma4-value)*)? "}}"']))

@@ -22,19 +22,15 @@ from dataclasses import dataclass, field
 
 from specli.toolcall import (
     HARMONY_END,
-    STRING_BODY,
     Family,
     Parsed,
     ToolCall,
-    args_text,
     harmony,
-    held,
-    json_at,
     named,
     parse,
     read_generic,
-    utf8_safe,
 )
+from specli.tooljson import STRING_BODY, args_text, held, json_at, utf8_safe
 
 SMALL = 2048  # characters of a region read again whole at every piece
 

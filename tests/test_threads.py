@@ -100,3 +100,32 @@ def test_the_text_does_not_depend_on_the_thread_count(f16, q4_1):
 def test_a_thread_count_that_is_no_count_is_one_line(value):
     r = cli("run", "-t", value, "-p", "hi")
     assert r.returncode == 2 and r.stderr.startswith("error: -t/--threads ")
+
+
+def test_batches_of_different_sizes_are_not_compared():
+    """A batch's time a token falls as it grows: a look compares the counts at one size
+    (the first it meets); decodes of another size neither count nor drift; a size that is
+    gone for good gives way to the one that came instead."""
+    per_decode = {1: 0.010, 2: 0.006}  # seconds a decode, whatever its size (a CPU's floor)
+    applied = []
+    t = Threads((1, 2), lambda n, nb: applied.append((n, nb)))
+
+    def decode(n: int) -> None:
+        t.before(n)
+        t.after(n, per_decode[applied[-1][1]])
+
+    for _ in range(2 * TRIALS):
+        decode(9)
+        decode(3)  # smaller: far more a token, at whichever count is being tried
+    assert t.batch.chosen == 2 and t.batch.size == 9
+    assert "of 9-token decodes" in t.describe()
+    for _ in range(SETTLE * 2):
+        decode(2)  # only this size now: no drift from comparing it with the 9s
+    assert not t.batch.trying
+    t.batch.look("test")
+    decode(9)
+    for _ in range(2 * TRIALS):
+        decode(4)  # the 9s are gone: the look times the 4s instead, and ends
+    for _ in range(2 * TRIALS):
+        decode(4)
+    assert not t.batch.trying and t.batch.size == 4 and t.batch.chosen == 2

@@ -792,3 +792,36 @@ def test_the_llama3_reader_takes_the_blank_its_grammar_allows(q4_1):
             assert [c.name for d in got for c in d.calls] == ["special_function"]
     finally:
         close()
+
+
+def test_a_cut_answer_keeps_its_whole_calls_once_and_the_cut_one_last():
+    """A review's cases: Functionary v3.2's call already whole when the limit came is read
+    once, not twice; the generic answer's whole calls stay, in order, before the cut one."""
+    f32 = _fam("functionary-v3.2")
+    for text in ('special_function\n{"arg1": 1}', 'special_function\n{"arg1": 1}\n>>'):
+        p = parse(f32, text, TOOLS, cut=True)
+        assert [c.name for c in p.calls] == ["special_function"], (text, p)
+    g = parse(GENERIC, '{"tool_calls": [{"name": "special_function", "arguments": {"arg1": 1}}'
+              ', {"name": "get_time", "arguments": {"city": "Par', TOOLS, cut=True)
+    assert [(c.name, c.arguments) for c in g.calls] == [
+        ("special_function", '{"arg1": 1}'), ("get_time", '{"city": "Par')]
+
+
+def test_a_tag_value_may_hold_any_tag_but_its_closers(q4_1):
+    """A Qwen3-Coder string value holds a tag of its own (</title>), never the parameter's
+    closing tag nor its call's (the reader would end the call there)."""
+    fam = _fam("qwen3-coder")
+    tools = [_tool("html", {"markup": _STR}, ("markup",))]
+    call = "<tool_call>\n<function=html>\n<parameter=markup>\n{}\n</parameter>\n</function>\n" \
+           "</tool_call>"
+    takes, close = _taker(q4_1)
+    try:
+        assert takes(tools, fam, call.format("<b>x</b></title>"))
+        assert not takes(tools, fam, call.format("a </function> b"))
+        assert not takes(tools, fam, call.format("a </tool_call> b"))
+        gemma = _fam("gemma4")
+        nums = [_tool("set_config", {"config": {"type": "object"}}, ("config",))]
+        assert takes(nums, gemma, "<|tool_call>call:set_config{config:{n:10,m:0}}<tool_call|>")
+        assert not takes(nums, gemma, "<|tool_call>call:set_config{config:{n:01}}<tool_call|>")
+    finally:
+        close()

@@ -70,6 +70,16 @@ def _fc(call: ToolCall) -> str:
     return "fc_" + call.id.removeprefix("call_")
 
 
+def _json_or_empty(call: ToolCall) -> str:
+    """A call's arguments as Anthropic's stream sends them: JSON its clients parse (a call
+    the token limit cut, whose arguments are no JSON yet, sends {} as its input is)."""
+    try:
+        json.loads(call.arguments)
+    except ValueError:
+        return "{}"
+    return call.arguments
+
+
 def _arguments(call: ToolCall) -> dict:
     try:
         value = json.loads(call.arguments)
@@ -255,7 +265,7 @@ async def _anthropic_events(gen: Generation, cp: ChatPlan, head: dict,
             yield _event("content_block_start", {"index": index, "content_block": {
                 "type": "tool_use", "id": _toolu(c), "name": c.name, "input": {}}})
             yield _event("content_block_delta", {"index": index, "delta": {
-                "type": "input_json_delta", "partial_json": c.arguments}})
+                "type": "input_json_delta", "partial_json": _json_or_empty(c)}})
             yield _event("content_block_stop", {"index": index})
         if r.done is not None:
             if open_kind is not None:
