@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from conftest import cli
 
-from specli.config import usable_cpus
 from specli.threads import BATCH, DRIFT, RECHECK, SETTLE, TRIALS, Threads, candidates
 
 
@@ -85,7 +84,9 @@ def test_the_text_does_not_depend_on_the_thread_count(f16, q4_1):
     args = ["run", "-m", f16, "-md", q4_1, "-p", "Explain how a hash map works.", "--chat",
             "-n", "48", "--temp", "0"]
     texts = {}
-    for t in ("auto", *map(str, candidates(usable_cpus()))):
+    # every count auto may choose on the 2-core machines this runs on, given explicitly: the
+    # suite's workers are pinned to one CPU each, where auto alone would only ever try 1
+    for t in ("auto", "1", "2"):
         r = cli(*args, "-t", t)
         assert r.returncode == 0, r.stderr
         texts[t] = r.stdout
