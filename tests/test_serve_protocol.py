@@ -8,7 +8,7 @@ import asyncio
 from contextlib import nullcontext
 
 import pytest
-from fakeserver import serve
+from fakeserver import config, serve
 from fastapi.testclient import TestClient
 
 from specli.config import ModelParams
@@ -362,3 +362,19 @@ def test_a_generation_that_fails_frees_its_slot_before_its_reader_sees_the_error
         return seen
 
     assert asyncio.run(fail()) == (False, 1)
+
+
+def test_header_names_are_spelled_as_llama_server_spells_them():
+    """Issue 60: Starlette lower-cases header names; llama.cpp's suite reads them into a
+    plain dict (`"Process-Start-Time-Unix" in res.headers`), so specli sends llama-server's
+    spelling (h11 writes a name as the app gives it)."""
+    from specli.server.app import header_name
+
+    with serve(config(metrics=True)) as client:
+        r = client.get("/metrics", headers={"Origin": "http://localhost"})
+    names = [k for k, _ in r.headers.raw]
+    assert r.status_code == 200
+    assert {b"Process-Start-Time-Unix", b"Content-Type",
+            b"Access-Control-Allow-Origin"} <= set(names), names
+    assert all(n == header_name(n) for n in names)
+    assert header_name(b"www-authenticate") == b"WWW-Authenticate"

@@ -8,6 +8,7 @@ answers every error in OpenAI's envelope; formats.py writes usage, timings and s
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import re
 import sys
@@ -65,7 +66,8 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
     app.state.specli = st
     app.add_middleware(BodyLimit, limit=config.max_body)
     app.add_middleware(CountRequests, metrics=st.metrics)
-    app.add_middleware(Cors, config=config)  # outermost: a preflight needs no key
+    app.add_middleware(Cors, config=config)  # a preflight needs no key
+    app.add_middleware(HeaderCase)  # outermost: every answer's header names, Cors's too
     errors.install(app)
     for router in (routes.public, routes.info, routes.openai, routes.llama, compat.router):
         app.include_router(router)
@@ -124,6 +126,36 @@ def _localhost(origin: str) -> bool:
     except ValueError:
         return False
     return host in ("localhost", "127.0.0.1", "::1")
+
+
+class HeaderCase:
+    """Response header names as llama-server spells them (Content-Type,
+    Process-Start-Time-Unix): Starlette lower-cases them, and h11 sends a name as the app
+    gives it. HTTP says case does not matter; a client that reads headers into a plain dict
+    (llama.cpp's own test suite does) sees the difference. Names only, once per answer."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def sent(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [(header_name(k), v) for k, v in message.get("headers", ())]
+            await send(message)
+
+        await self.app(scope, receive, sent)
+
+
+_SPELLED = {b"www-authenticate": b"WWW-Authenticate"}
+
+
+@functools.lru_cache(maxsize=256)
+def header_name(name: bytes) -> bytes:
+    """A header name in the usual spelling: each dash-separated word capitalised."""
+    return _SPELLED.get(name.lower()) or b"-".join(w.capitalize() for w in name.split(b"-"))
 
 
 class CountRequests:
