@@ -315,7 +315,13 @@ DRAFTING = (
               "this (with --draft-n-seq or run's -np above 1).", low=0, high=1,
               envvars=("LLAMA_ARG_SPEC_DRAFT_P_SPLIT",)),
 )
-PLAN_FIELDS = frozenset([*(k.field for k in DRAFTING), "types", "draft", "slots"])
+PLAN_FIELDS = frozenset([*(k.field for k in DRAFTING), "types", "draft", "slots", "sampling"])
+# how a sampled draft is verified (--spec-sampling, a request's speculative.sampling): exact
+# samples the target at every position with the request's seeded generator and accepts a
+# drafted token while it equals the sample (llama-server's rule: one seed, one text, with
+# or without a draft); rejection accepts x with probability min(1, p(x)/q(x)) (Leviathan/
+# Chen: the same distribution, more tokens accepted at high temperatures, another text)
+SPEC_SAMPLING = ("exact", "rejection")
 
 
 def _check_drafting(values: object) -> None:
@@ -329,6 +335,12 @@ def _check_drafting(values: object) -> None:
     if n_min is not None and n_max is not None and n_min > n_max:
         raise PlanError(f"{{n_min}} must be between 0 and {{n_max}} ({n_max}), got {n_min}",
                         "n_min")
+
+
+def _check_sampling(value: str | None) -> None:
+    if value is not None and value not in SPEC_SAMPLING:
+        raise PlanError(f"{{sampling}} must be one of {', '.join(SPEC_SAMPLING)}, got "
+                        f"{literal(repr(value))}", "sampling")
 
 
 @dataclass(frozen=True)
@@ -345,10 +357,12 @@ class SpecRequest:
     p_min: float | None = None
     n_seq: int | None = None  # draft-tree branches, up to the engine's (tune-draft's sweep)
     p_split: float | None = None
+    sampling: str | None = None  # SPEC_SAMPLING's
     checked: bool = field(default=False, compare=False)
 
     def __post_init__(self):
         _check_drafting(self)
+        _check_sampling(self.sampling)
         unknown = [t for t in self.types or () if t not in SPEC_TYPES]
         if unknown:
             raise PlanError(f"unknown speculation type {literal(', '.join(unknown))}: one of "
@@ -364,8 +378,9 @@ class DraftPolicy:
     adaptive: --draft auto, k chosen each step. n_seq, p_split: a draft tree of up to n_seq
     branches (llama-speculative's -np), a branch splitting where the draft's next candidate
     is more likely than p_split (--draft-p-split). translate: --spec-type draft-translate,
-    a draft model with another tokenizer (drafts/translate.py). Checks its values itself
-    against DRAFTING (PlanError naming the field), a tree's fixed length included."""
+    a draft model with another tokenizer (drafts/translate.py). sampling: how a sampled
+    draft is verified (SPEC_SAMPLING). Checks its values itself against DRAFTING (PlanError
+    naming the field), a tree's fixed length included."""
 
     n_max: int = DEFAULT_DRAFT_MAX
     n_min: int = 0
@@ -376,9 +391,11 @@ class DraftPolicy:
     n_seq: int = 1
     p_split: float = 0.1
     translate: bool = False  # the draft model has another tokenizer: go through the text
+    sampling: str = "exact"  # SPEC_SAMPLING's: how a sampled draft is verified
 
     def __post_init__(self):
         _check_drafting(self)
+        _check_sampling(self.sampling)
         if self.limit is not None:
             DRAFTING[0].check(self.limit)
         if self.n_seq > 1 and self.adaptive:
@@ -394,7 +411,13 @@ class DraftPolicy:
             p_min=self.p_min if request.p_min is None else request.p_min,
             limit=self.limit if request.n_max is None else request.n_max,
             n_seq=self.n_seq if request.n_seq is None else request.n_seq,
-            p_split=self.p_split if request.p_split is None else request.p_split)
+            p_split=self.p_split if request.p_split is None else request.p_split,
+            sampling=self.sampling if request.sampling is None else request.sampling)
+
+    @property
+    def exact(self) -> bool:
+        """Whether a sampled draft is verified by matching the target's own sample."""
+        return self.sampling == "exact"
 
     def k_for(self, own_length: bool, k: int) -> int:
         """The most tokens a source drafts in a step that can take k: --draft caps it unless

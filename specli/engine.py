@@ -144,6 +144,12 @@ class Engine:
         stats.n_seq_dft = policy.n_seq
         if draft:
             stats.drafting_with(draft.names())
+        # exact verification matches the target's own samples: a tree drafts its most
+        # likely tokens (llama.cpp's draft sampler), a chain samples (_propose)
+        dsp = replace(sp, temp=0.0) if policy.exact and policy.n_seq > 1 and not sp.greedy \
+            else sp
+        if draft:
+            stats.spec_sampling = "greedy" if sp.greedy else policy.sampling
         meter = Meter(stats, tgt, draft.model if draft else None)
         reads = None
         try:
@@ -167,7 +173,7 @@ class Engine:
                             tgt.n_ctx if policy.limit is None else policy.limit
                             ) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
-                                                        stats, rules, probs, reads)
+                                                        stats, rules, probs, reads, dsp)
                     if not stats.n_first:  # llama-server's rates start after the first
                         stats.n_first = len(tokens)
                         stats.t_first_s = time.perf_counter() - t0
@@ -192,19 +198,21 @@ class Engine:
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,
               rules: Rules | None = None, probs: list[TokenProbs] | None = None,
-              reads: Reads | None = None) -> tuple[list[int], int, bool]:
+              reads: Reads | None = None,
+              dsp: SamplingParams | None = None) -> tuple[list[int], int, bool]:
         """One speculative step: (tokens to emit, how many of them the draft proposed, whether
         the target ended the generation). A drafted sequence is a tree of one branch. Whatever
         happens, both caches end at a committed length: the accepted path on success, the
-        previous one on an exception (a failed decode, a closed stream)."""
+        previous one on an exception (a failed decode, a closed stream). dsp: the draft's
+        sampling settings (sp's unless policy.exact makes a tree's greedy)."""
         tree, path, token = _EMPTY, [], None
         try:
             # 1. propose (empty: the target decodes its next token alone)
-            tree = self._propose(draft, policy, context, k, sp, rng, rules)
+            tree = self._propose(draft, policy, context, k, dsp or sp, rng, rules)
             # 2. verify: one target decode of [last token, *nodes], a logits row each
             rows = self._verify_batch(context, tree, draft, reads)
             row = _rows(rows, sp, context, tree, rules)
-            path, token = verify_tree(tree, row, sp, rng)
+            path, token = verify_tree(tree, row, sp, rng, policy.exact)
             # 3. accept: the rules move past the target's token; an accepted
             # end-of-generation token ends the step as the target's
             if rules is not None and not self.target.is_eog(token):
@@ -236,6 +244,11 @@ class Engine:
         n_min = max(policy.n_min, 1)
         if not draft or k < n_min:
             return _EMPTY
+        if policy.exact and not sp.greedy:
+            # the draft draws with the uniforms the target will draw at the same positions
+            # (a copy of the generator): where q is close to p, it proposes the very token
+            # the target's sample will be, and the request's stream is left untouched
+            rng = _peek(rng)
         tree = draft.propose(context, policy.k_for(draft.own_length, k), sp, rng, policy, rules)
         if rules is not None:  # a chain (trees are drafted without rules)
             tree = tree.prefix(rules.allowed_prefix(tree.tokens))
@@ -392,6 +405,13 @@ def _rows(rows: np.ndarray, sp: SamplingParams, context: list[int], tree: Tree,
         return x
 
     return row
+
+
+def _peek(rng: np.random.Generator) -> np.random.Generator:
+    """A generator that draws what `rng` will draw next, leaving `rng` where it is."""
+    twin = np.random.Generator(type(rng.bit_generator)(0))  # (0: no entropy to gather)
+    twin.bit_generator.state = rng.bit_generator.state
+    return twin
 
 
 _EMPTY = Tree()  # no nodes: the target decodes the last token alone

@@ -61,6 +61,9 @@ class Stats:
     draft: ModelPerf | None = None
     target: ModelPerf = field(default_factory=ModelPerf)
     seed: int | None = None
+    # how drafts were verified: greedy, exact (the target's own seeded samples, matched) or
+    # rejection (Leviathan/Chen); "" without a draft
+    spec_sampling: str = ""
     finish_reason: str = ""
     baseline_decode_tps: float | None = None
     # per draft source (llama.cpp's "statistics <type>:" lines): gen_drafts, acc_drafts,
@@ -199,7 +202,8 @@ def format_llama(s: Stats) -> str:
     if len(rates) > max(last, 1):  # drafted that deep, never accepted there
         per_pos += f" (positions {max(last, 1) + 1}-{len(rates)}: never accepted)"
     lines += [
-        f"seed      = {s.seed if s.seed is not None else '-'}",
+        f"seed      = {s.seed if s.seed is not None else '-'}"
+        + (f" (verified: {s.spec_sampling})" if s.spec_sampling else ""),
         f"finish    = {s.finish_reason or '-'}",
         f"max draft = {s.max_drafted} (the longest draft verified)",
         f"mean acceptance length = {s.mean_accept_len:.3f} (1 + accepted/steps, {s.n_steps} steps)",

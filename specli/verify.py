@@ -55,9 +55,14 @@ class Dist:
         return float(self.probs[hit[0]]) if hit.size else 0.0
 
     def sample(self, rng: np.random.Generator) -> int:
-        cdf = np.cumsum(self.probs)
+        """One draw, the cumulative mass laid out in token-id order, not by probability: two
+        nearly tied tokens whose order a batched decode's rounding swaps (F16: logits move by
+        a few hundredths) then move a draw only if it falls in the sliver of mass that moved,
+        so a seed gives the same token however the row was decoded (exact verification)."""
+        order = np.argsort(self.ids, kind="stable")
+        cdf = np.cumsum(self.probs[order])
         i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        return int(self.ids[min(i, self.ids.size - 1)])
+        return int(self.ids[order[min(i, order.size - 1)]])
 
 
 def penalty_window(context: Sequence[int], sp: SamplingParams) -> Sequence[int]:
@@ -180,13 +185,14 @@ def verify(
     target_row: Callable[[int], np.ndarray],
     sp: SamplingParams,
     rng: np.random.Generator,
+    exact: bool = False,
 ) -> tuple[int, int]:
     """Return (accepted count, next token) for one drafted sequence: verify_tree on a tree of
     one branch, q[i] the distribution drafted[i] was drawn from (None: deterministic).
     `target_row(i)` gives logits row i lazily."""
     chain = _Chain(drafted, {i - 1: [i] for i in range(len(drafted))},
                    {i - 1: d for i, d in enumerate(q)} if q else {})
-    path, token = verify_tree(chain, lambda r, _: target_row(r), sp, rng)
+    path, token = verify_tree(chain, lambda r, _: target_row(r), sp, rng, exact)
     return len(path), token
 
 
@@ -219,7 +225,7 @@ def sampled_probs(d: Dist, token: int, n: int) -> TokenProbs:
 
 
 def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: SamplingParams,
-                rng: np.random.Generator) -> tuple[list[int], int]:
+                rng: np.random.Generator, exact: bool = False) -> tuple[list[int], int]:
     """Return (the accepted path's nodes, next token) for a draft tree (drafts/tree.py), whose
     node i is row i + 1 of the verification batch (row 0: the root); a drafted sequence is a
     tree of one branch.
@@ -231,6 +237,9 @@ def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: Sa
     q this draws from p exactly; a one-hot q (greedy children, n-gram drafts) zeroes x
     instead. On one branch this is Leviathan et al.'s rule: accept x with min(1, p(x)/q(x)),
     on rejection sample norm(max(0, p - q)), after a full acceptance the bonus row.
+    Exact (llama-server's rule): sample p itself at each node and descend into the child
+    spelling the sample: one draw per emitted token, as without a draft, so a seed gives the
+    same tokens with or without one (q is not used: drafts are greedy there).
     `target_row(row, path)` gives the batch row, `path` the nodes above it."""
     path: list[int] = []
     node = -1
@@ -248,6 +257,13 @@ def verify_tree(tree, target_row: Callable[[int, list[int]], np.ndarray], sp: Sa
                 return path, best
             continue
         r = sampling_dist(row, sp, node + 1)
+        if exact:
+            x = r.sample(rng)
+            node = next((c for c in draws if tree.tokens[c] == x), None)
+            if node is None:
+                return path, x
+            path.append(node)
+            continue
         q = tree.q.get(node)
         for c in draws:
             x = tree.tokens[c]

@@ -3,6 +3,9 @@
 The target's exact distribution is computed from its logits with the same transforms (temp,
 top-k, top-p, min-p), and seeded speculative runs (2,000; 1,000 on the real pair) are compared
 with it by chi-square.
+Both ways of verifying a sampled draft are checked (--spec-sampling exact and rejection) on
+the fake model; on the real pair, rejection (exact draws the target's own sample at every
+position: test_exact_sampling checks that its tokens are those of the target alone).
 The first token is checked on a real SmolLM2 pair (the F16 target, the Q2_K as its draft:
 rejected about half the time, so the residual is sampled); the first three tokens and n-gram
 proposals on the fake model (tests/fakes.py), where 2,000 runs take seconds, not minutes,
@@ -21,7 +24,7 @@ from fakes import FakeModel
 from scipy import stats as sst
 
 from specli import verify
-from specli.config import DraftParams, ModelParams, SamplingParams
+from specli.config import SPEC_SAMPLING, DraftParams, ModelParams, SamplingParams
 from specli.drafts import ModelDraft, NgramSimple
 from specli.engine import Engine
 from specli.plan import load, load_slots
@@ -41,16 +44,17 @@ pytestmark = pytest.mark.slow
 def engine(f16, q2_k):
     """The F16 target with the Q2_K draft: its first draft is rejected about half the time
     (the Q4_1's was accepted in 965 of 1,000 runs, so its residual was sampled in 35)."""
-    e = load(ModelParams(f16), ModelParams(q2_k), DraftParams(n_max=4))
+    e = load(ModelParams(f16), ModelParams(q2_k), DraftParams(n_max=4, sampling="rejection"))
     yield e
     e.close()
 
 
-@pytest.fixture
-def fake():
-    """A target and a draft that often disagrees with it (acceptance about one half)."""
+@pytest.fixture(params=SPEC_SAMPLING)
+def fake(request):
+    """A target and a draft that often disagrees with it (acceptance about one half), in
+    each way of verifying a sampled draft."""
     return Engine(FakeModel(seed=5), ModelDraft(FakeModel(seed=5, noise=1.5)),
-                  DraftParams(n_max=4))
+                  DraftParams(n_max=4, sampling=request.param))
 
 
 def exact_sequences(e: Engine, prompt: list[int], depth: int, sp: SamplingParams = SP,
@@ -135,7 +139,7 @@ def test_first_token_follows_the_target_distribution_in_a_full_batch(f16, q2_k, 
     prompt: their drafts and verifications are combined into shared decodes
     (batching.SharedContext), each slot's rows and seeded draws still its own."""
     engines, shared = load_slots(n_slots, ModelParams(f16, n_ctx=256), ModelParams(q2_k),
-                                 DraftParams(n_max=4))
+                                 DraftParams(n_max=4, sampling="rejection"))
     try:
         prompts = [engines[0].tokenize("My favourite fruit is"),
                    engines[0].tokenize("The capital of France is")]
@@ -177,11 +181,13 @@ def test_first_three_tokens_follow_the_target_distribution(fake):
     assert chi_square(Counter(runs), exact, N_SEEDS) > 0.01
 
 
-def test_ngram_proposals_keep_the_target_distribution():
+@pytest.mark.parametrize("sampling", SPEC_SAMPLING)
+def test_ngram_proposals_keep_the_target_distribution(sampling):
     """A deterministic proposal x is accepted with probability p(x), else the target samples
-    from p without x (q one-hot): the first token still follows the target exactly."""
+    from p without x (q one-hot), or (exact) p's own sample is accepted when it is x: the
+    first token still follows the target exactly."""
     target = FakeModel(seed=5)
-    e = Engine(target, NgramSimple(size_n=2, size_m=4), DraftParams(n_max=4))
+    e = Engine(target, NgramSimple(size_n=2, size_m=4), DraftParams(n_max=4, sampling=sampling))
     # text that repeats the target's own greedy path, so a match proposes likely tokens
     path = target.greedy(target.tokenize("My favourite fruits are"), 12)
     prompt = [*path, *target.tokenize(" and "), *path[:6]]
@@ -194,7 +200,8 @@ def test_ngram_proposals_keep_the_target_distribution():
 def test_the_check_catches_sampling_from_the_wrong_residual(monkeypatch):
     """On a rejection the target must sample from norm(max(0, p - q)); sampling from p itself
     over-weights what the draft proposes, and the chi-square check above says so."""
-    e = Engine(FakeModel(seed=5), ModelDraft(FakeModel(seed=6)), DraftParams(n_max=4))
+    e = Engine(FakeModel(seed=5), ModelDraft(FakeModel(seed=6)),
+               DraftParams(n_max=4, sampling="rejection"))
     monkeypatch.setattr(verify, "residual", lambda p, q, drafted: p)
     prompt = e.tokenize("The three primary colours are red,")
     exact = exact_sequences(e, prompt, 1)

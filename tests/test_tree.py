@@ -22,7 +22,7 @@ from test_serve import KEY, InProcess
 
 from specli import verify
 from specli.backend import Model
-from specli.config import DraftPolicy, ModelParams, SamplingParams
+from specli.config import SPEC_SAMPLING, DraftPolicy, ModelParams, SamplingParams
 from specli.drafts import ModelDraft
 from specli.drafts.tree import ROOT, Tree
 from specli.engine import Engine
@@ -35,10 +35,11 @@ GREEDY = SamplingParams(temp=0.0)
 
 
 def fake_tree_engine(n_seq: int, noise: float = 1.5, p_split: float = 0.05, k: int = 6,
-                     draft_seed: int = 5) -> Engine:
+                     draft_seed: int = 5, sampling: str = "exact") -> Engine:
     target, draft = FakeModel(seed=5), FakeModel(seed=draft_seed, noise=noise)
     target.n_branch = draft.n_branch = n_seq
-    return Engine(target, ModelDraft(draft), DraftPolicy(n_max=k, n_seq=n_seq, p_split=p_split))
+    return Engine(target, ModelDraft(draft), DraftPolicy(n_max=k, n_seq=n_seq, p_split=p_split,
+                                                         sampling=sampling))
 
 
 @pytest.mark.parametrize("n_seq", [2, 4])
@@ -55,9 +56,10 @@ def test_greedy_tree_equals_plain_on_the_fake(n_seq):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sampling", SPEC_SAMPLING)
 @pytest.mark.parametrize("n_seq", [2, 4])
-def test_tree_sampling_keeps_the_first_three_tokens_distribution(n_seq):
-    e = fake_tree_engine(n_seq, k=4)
+def test_tree_sampling_keeps_the_first_three_tokens_distribution(n_seq, sampling):
+    e = fake_tree_engine(n_seq, k=4, sampling=sampling)
     prompt = e.tokenize("The three primary colours are red,")
     exact = exact_sequences(e, prompt, 3)
     runs, branches, steps, accepted = [], 0, 0, 0
@@ -83,7 +85,7 @@ def exact_first(exact: dict) -> dict:
 def test_the_tree_check_catches_a_residual_that_is_not_recursive(monkeypatch):
     """After a rejected draw the next one must be judged against norm(max(0, r - q)); judging
     every draw against p itself accepts the drafts too often, and the check says so."""
-    e = fake_tree_engine(4, k=4, draft_seed=6, noise=0.0)
+    e = fake_tree_engine(4, k=4, draft_seed=6, noise=0.0, sampling="rejection")
     monkeypatch.setattr(verify, "residual", lambda p, q, drafted: p)
     prompt = e.tokenize("The three primary colours are red,")
     exact = exact_first(exact_sequences(e, prompt, 1))

@@ -128,3 +128,20 @@ def test_a_nan_or_infinite_row_is_refused_and_a_masked_one_is_not(top_k):
     rows = np.stack([base, masked, -base])
     assert finite_argmaxes(rows) == [finite_argmax(r) for r in rows]
     assert finite_argmaxes(rows[:, :700]) == [finite_argmax(r) for r in rows[:, :700]]
+
+
+@pytest.mark.parametrize("drafted", [[], [0], [0, 1, 2], [4, 4], [0, 0, 0, 0]])
+def test_exact_verification_draws_once_per_emitted_token(drafted):
+    """--spec-sampling exact: each position's token is the target's own sample from the
+    request's generator, one draw each, so the tokens are those of plain sampling with the
+    same seed whatever was drafted (llama-server's property), and q plays no part."""
+    sp = SamplingParams(temp=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    rows = np.log(np.random.default_rng(3).dirichlet(np.ones(5), size=8))
+    q = [sampling_dist(np.zeros(5), sp)] * len(drafted)
+    for seed in range(200):
+        plain_rng, rng = np.random.default_rng(seed), np.random.default_rng(seed)
+        n_acc, nxt = verify(drafted, q, rows.__getitem__, sp, rng, exact=True)
+        plain = [sampling_dist(rows[i], sp).sample(plain_rng) for i in range(n_acc + 1)]
+        assert plain == [*drafted[:n_acc], nxt]
+        assert n_acc == len(drafted) or plain[-1] != drafted[n_acc]
+        assert rng.random() == plain_rng.random()  # the same draws consumed

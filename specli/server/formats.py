@@ -329,5 +329,6 @@ def settings(sp, n_predict: int, stop=(), policy=None, speculative: bool = True,
                 "speculative": speculative})
     if policy is not None:
         out.update({"speculative.n_max": policy.n_draft, "speculative.n_min": policy.n_min,
-                    "speculative.p_min": policy.p_min, "speculative.types": ",".join(types)})
+                    "speculative.p_min": policy.p_min, "speculative.types": ",".join(types),
+                    "speculative.sampling": policy.sampling})
     return out

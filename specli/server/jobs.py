@@ -141,7 +141,8 @@ def logit_bias(st: State, raw: dict | list) -> tuple[tuple[int, float], ...]:
 
 # each plan setting by its request field (config.PlanError.said), and what to do about it
 SPEC_FIELDS = {**{k.field: f"speculative.{k.name}" for k in DRAFTING},
-               "types": "speculative.type", "draft": "speculative.type"}
+               "types": "speculative.type", "draft": "speculative.type",
+               "sampling": "speculative.sampling"}
 SPEC_HINTS = {"draft": "start the server with -md", "types": "start the server with -md",
               "n_seq": "start the server with --draft-n-seq N"}
 
@@ -162,7 +163,8 @@ def spec_of(st: State, spec: Speculative | bool | None) -> tuple[bool, SpecReque
                            f"{', '.join(SPEC_TYPES)}", param="speculative.type") from None
     try:
         return True, st.plan.request(SpecRequest(
-            names, **{k.field: getattr(spec, k.name) for k in DRAFTING}))
+            names, **{k.field: getattr(spec, k.name) for k in DRAFTING},
+            sampling=spec.sampling))
     except PlanError as e:
         hint = SPEC_HINTS.get(e.field)
         raise APIError(400, e.said(SPEC_FIELDS) + (f": {hint}" if hint else ""),

@@ -377,8 +377,9 @@ async def _completion(body: LlamaCompletionRequest, prompt, request: Request, st
     ids = await _prompt_ids(st, prompt)
     spec = body.speculative
     flat = {k.name: getattr(body, f"spec_{k.field}") for k in DRAFTING}
-    if spec is None and any(v is not None for v in (*flat.values(), body.spec_type)):
-        spec = Speculative(**flat, type=body.spec_type)
+    if spec is None and any(v is not None for v in (*flat.values(), body.spec_type,
+                                                     body.spec_sampling)):
+        spec = Speculative(**flat, type=body.spec_type, sampling=body.spec_sampling)
     sampling = Sampling(stop=body.stop, speculative=spec,
                         timings_per_token=body.timings_per_token, id_slot=body.id_slot,
                         return_progress=body.return_progress,

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specli.config import DRAFTING, DRY_BREAKERS_MAX, SAMPLING, SPEC_TYPES
+from specli.config import DRAFTING, DRY_BREAKERS_MAX, SAMPLING, SPEC_SAMPLING, SPEC_TYPES
 
 # Counts checked before validation, which runs on the event loop: each message, part or
 # field costs it microseconds (250,000 parts held /health for 1.4 s, 65,536 messages 0.5 s)
@@ -128,11 +128,15 @@ Speculative = create_model("Speculative", __base__=Strict, **{
     k.name: (k.kind | None, Field(default=None, description=k.help,
                                   json_schema_extra=k.schema() or None)) for k in DRAFTING},
     type=(str | None, Field(default=None, description="llama.cpp --spec-type names, "
-                            "comma-separated: " + ", ".join(SPEC_TYPES))))
+                            "comma-separated: " + ", ".join(SPEC_TYPES))),
+    sampling=(Literal[SPEC_SAMPLING] | None, Field(  # type: ignore[valid-type]
+        default=None, description="how a sampled draft is verified (--spec-sampling)")))
 # llama-server's flat spellings of the same on /completion ("speculative.n_max"...)
 FlatSpeculative = create_model("FlatSpeculative", __base__=Strict, **{
     f"spec_{k.field}": (k.kind | None, Field(default=None, alias=f"speculative.{k.name}"))
-    for k in DRAFTING}, spec_type=(str | None, Field(default=None, alias="speculative.type")))
+    for k in DRAFTING}, spec_type=(str | None, Field(default=None, alias="speculative.type")),
+    spec_sampling=(Literal[SPEC_SAMPLING] | None,  # type: ignore[valid-type]
+                   Field(default=None, alias="speculative.sampling")))
 
 
 class StreamOptions(Strict):

@@ -31,12 +31,13 @@ class Drafting:
 
 # each plan setting by its flag (config.PlanError.said), and what to do about it
 FLAGS = {**{k.field: k.flags[0] for k in config.DRAFTING}, "types": "--spec-type",
-         "draft": "-md"}
+         "draft": "-md", "sampling": "--spec-sampling"}
 PLAN_HINTS = {"types": "check --spec-type", "draft": "add -md FILE",
               "n_max": "give --draft N (1 or more) or auto; --no-spec decodes with the "
               "target alone",
               "n_min": "--draft-min is at most --draft", "p_min": None,
               "n_seq": "a tree takes a fixed --draft N", "p_split": None,
+              "sampling": None,
               "slots": "fewer -np slots or a smaller --draft-n-seq",
               "head": "give the head's GGUF with -md FILE, or its published checkpoint with "
               "-hfd REPO (converted against -m; `specli convert-head` does it by hand); "
@@ -126,6 +127,14 @@ def _drafting_flags(
         "are turned into text and the text into the target's tokens, which the target "
         "verifies (a pair llama.cpp refuses; it accepts less than a same-family draft).",
         rich_help_panel=DRAFTING)] = False,
+    spec_sampling: Annotated[str, typer.Option(
+        "--spec-sampling", help="How a sampled draft is verified (temperature above 0). "
+        "exact: the target's own seeded sample at each position, a drafted token accepted "
+        "while it equals it, as llama-server does: -s gives the same text with or without "
+        "a draft. rejection: Leviathan/Chen rejection sampling, the same distribution and "
+        "more tokens accepted at high temperatures (docs/performance.md), but another text "
+        "than without a draft.", metavar="exact|rejection",
+        envvar="SPECLI_SPEC_SAMPLING", rich_help_panel=DRAFTING)] = config.DraftPolicy.sampling,
     **knobs: Any,
 ) -> Drafting:
     """The drafting flags, checked: draft lengths (config.DRAFTING's flags, in `knobs`),
@@ -135,7 +144,8 @@ def _drafting_flags(
         draft_translate = True
         spec_type = ",".join(dict.fromkeys("draft-simple" if t == "draft-translate" else t
                                            for t in names))
-    params = draft_params(translate=draft_translate, **knobs)
+    params = draft_params(translate=draft_translate, sampling=spec_sampling.strip().lower(),
+                          **knobs)
     ngram = ngram_params(
         size_n=ngram_size_n, size_m=ngram_size_m, min_hits=ngram_min_hits,
         simple_n=simple_size_n, simple_m=simple_size_m, simple_hits=simple_min_hits,
