@@ -40,7 +40,7 @@ DROP = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "--no-
         "--spec-synth-len": 1, "--spec-synth-rates": 1, "--slot-save-path": 1,
         "--grp-attn-n": 1, "--grp-attn-w": 1, "--cache-ram": 1, "--no-cache-idle-slots": 0,
         "--sleep-idle-seconds": 1, "--models-dir": 1, "--models-max": 1,
-        "--models-preset": 1, "--no-models-autoload": 0, "--tags": 1, "--pooling": 1,
+        "--models-preset": 1, "--no-models-autoload": 0, "--pooling": 1,
         "--embedding": 0, "--reranking": 0, "--mmproj-url": 1, "--no-mmproj": 0,
         "--media-path": 1,
         "--backend_sampling": 0, "--ui-mcp-proxy": 0, "--tools": 1, "--tools-runtime": 1,

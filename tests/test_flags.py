@@ -61,3 +61,18 @@ def test_run_refuses_a_glued_spelling_before_anything_runs(args, says):
     r = cli("run", "-n", "1", *args)
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith(f"error: {says}") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("args,says", [
+    (["run", "--spec-synth-rates", "0,0"], "specli tune-draft"),
+    (["tune-draft", "--spec-synth-len", "2"], "always the target's"),
+    (["run", "--tools", "all"], "a client runs its tools itself"),
+])
+def test_llama_cpp_flags_left_out_on_purpose_say_why(args, says):
+    """Issue 60: llama.cpp's synthetic acceptance and llama-server's built-in tools are
+    refused in one line that gives the reason, not as a typo."""
+    r = cli(*args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: no such option {args[1]}: ")
+    assert says in lines[0]

@@ -308,16 +308,29 @@ def test_slots_timings_per_token_and_progress(fake):
     with fake.http() as h:
         slots = h.get("/slots").json()
         assert [s["id"] for s in slots] == [0, 1] and slots[0]["n_ctx"] == 512
+        # llama-server: a slot that has served nothing has no params
+        assert not any("params" in s for s in slots if not s["n_requests"])
         with h.stream("POST", "/v1/chat/completions", json={
                 "messages": [{"role": "user", "content": "This is a test " * 10}],
                 "max_tokens": 6, "stream": True, "timings_per_token": True,
                 "return_progress": True, "stream_options": {"include_usage": True}}) as r:
             events = [json.loads(line[6:]) for line in r.iter_lines()
                       if line.startswith("data: {")]
+        served = [s for s, b in zip(h.get("/slots").json(), slots, strict=True)
+                  if s["n_requests"] > b["n_requests"]]  # the slot that served it
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert len(served) == 1 and served[0]["params"]["n_predict"] == 6
     progress = [e["prompt_progress"] for e in events if "prompt_progress" in e]
     assert progress[0]["processed"] == progress[0]["cache"]
     assert progress[-1]["processed"] == progress[-1]["total"] > 0
+    # with timings_per_token the progress chunks carry the timings so far (llama-server's
+    # test_metrics_timings_on_prompt_progress): zeros first, never null, never backwards
+    timed = [e["timings"] for e in events if "prompt_progress" in e]
+    assert len(timed) == len(progress) and timed[0]["prompt_n"] == 0
+    assert timed[0]["prompt_ms"] == 0.0 and timed[0]["predicted_ms"] == 0.0
+    assert all(v is not None and v >= 0 for t in timed for v in t.values())
+    assert [t["prompt_ms"] for t in timed] == sorted(t["prompt_ms"] for t in timed)
+    assert timed[-1]["prompt_n"] == progress[-1]["processed"] - progress[-1]["cache"]
     content = [e for e in events if e["choices"] and e["choices"][0]["delta"].get("content")]
     assert content and all("timings" in e for e in content)
     assert events[-1]["usage"]["completion_tokens"] <= 6 and "timings" in events[-1]

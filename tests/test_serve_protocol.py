@@ -86,6 +86,10 @@ def test_ignore_eos_and_response_fields(server):
         long = h.post("/completion", json={"prompt": "Say hi.", "n_predict": n,
                                            "ignore_eos": True}).json()
         assert long["tokens_predicted"] == n and long["stop_type"] == "limit"
+        # the end-of-generation bans, -inf written as null, as llama-server writes them
+        bans = long["generation_settings"]["logit_bias"]
+        assert bans and all(b["bias"] is None for b in bans), bans
+        assert short["generation_settings"]["logit_bias"] == []
         picked = h.post("/completion", json={
             "prompt": PROMPT, "n_predict": 3,
             "response_fields": ["content", "generation_settings/n_predict", "prompt",
@@ -136,12 +140,13 @@ def test_timings_are_numbers_and_the_rate_starts_after_the_first_step():
     assert t["predicted_per_second"] == pytest.approx(8.0)  # 8 tokens after the first 3
     assert t["predicted_per_token_ms"] == pytest.approx(125)
     assert formats.speculative(s)["accepted_per_position"] == [0.75, 0.5, 0.25]
-    # a short answer, or a stop string inside the first step: the rate over the whole
-    # generation (a dashboard must not show 0 t/s), never a negative one
-    s.n_predict = 1
+    # a one-token answer, or a stop string inside the first step: no token after the
+    # first, so no rate (llama-server's test_metrics_generation_rate_excludes_first_token),
+    # never a negative one
+    s.n_predict = s.n_first = 1
     t = formats.timings(s)
-    assert t["predicted_per_second"] == pytest.approx(1 / 1.5)
-    assert t["predicted_ms"] == pytest.approx(1500) and t["predicted_n"] == 1
+    assert t["predicted_per_second"] == 0.0 and t["predicted_per_token_ms"] == 0.0
+    assert t["predicted_ms"] == 0.0 and t["predicted_n"] == 1
 
 
 def test_without_jinja_a_template_llama_cpp_does_not_know_is_chatml():
@@ -182,9 +187,17 @@ def test_every_route_not_served_is_in_the_readme():
 # -- several aliases and the slot choice (part 8) ------------------------------------------------
 
 def test_several_aliases_name_the_model():
-    c = cors_client(aliases=("first", "second"))
+    from specli.cli.serve import names
+
+    # llama-server keeps -a and --tags as sets: the model's id is the first alias in
+    # alphabetical order (its test_server_model_aliases_and_tags)
+    assert names("tinyllama-2, fim,code,,fim") == ("code", "fim", "tinyllama-2")
+    c = cors_client(aliases=names("second,first"), tags=names("chat,fim,small"))
     models = c.get("/v1/models", headers={"Authorization": "Bearer k"}).json()["data"]
     assert models[0]["id"] == "first" and models[0]["aliases"] == ["first", "second"]
+    assert models[0]["tags"] == ["chat", "fim", "small"]
+    assert cors_client().get("/v1/models", headers={"Authorization": "Bearer k"}
+                             ).json()["data"][0]["tags"] == []
 
 
 def _slot(i: int, tokens: list[int], last_used: float):
@@ -378,3 +391,21 @@ def test_header_names_are_spelled_as_llama_server_spells_them():
             b"Access-Control-Allow-Origin"} <= set(names), names
     assert all(n == header_name(n) for n in names)
     assert header_name(b"www-authenticate") == b"WWW-Authenticate"
+
+
+def test_serve_v_puts_llama_servers_verbose_in_every_answer():
+    """llama-server -v (its suite's `server.debug`): chat and completions answers carry
+    __verbose, the answer as /completion gives it, its prompt as rendered."""
+    msgs = [{"role": "user", "content": "What is the best book"}]
+    with serve(config(verbose=True)) as client:
+        chat = client.post("/v1/chat/completions", json={"messages": msgs,
+                                                         "max_tokens": 4}).json()
+        text = client.post("/v1/completions", json={"prompt": "Once upon",
+                                                    "max_tokens": 4}).json()
+    assert "What is the best book" in chat["__verbose"]["prompt"]
+    assert chat["__verbose"]["content"] == chat["choices"][0]["message"]["content"]
+    assert text["__verbose"]["prompt"].endswith("Once upon")
+    with serve() as client:
+        plain = client.post("/v1/chat/completions", json={"messages": msgs,
+                                                          "max_tokens": 4}).json()
+    assert "__verbose" not in plain

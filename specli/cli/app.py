@@ -230,6 +230,17 @@ def _from_environment(e: Exception, param) -> str | None:
     return f"{var} ({'/'.join(getattr(param, 'opts', None) or [param.name])})"
 
 
+# llama.cpp flags specli leaves out on purpose, and why (docs/server-suite.md)
+_SYNTH = ("llama.cpp's synthetic acceptance accepts drafts by a given rate whatever the "
+          "target says (benchmarking only: its text 'is not valid'); specli's output is "
+          "always the target's: measure a real pair with `specli tune-draft`")
+NOT_OFFERED = {
+    "--spec-synth-rates": _SYNTH, "--spec-synth-len": _SYNTH,
+    "--tools": "llama-server's built-in tools act on this machine (files, shell) for any "
+    "caller; specli serves no tools of its own: a client runs its tools itself",
+}
+
+
 def usage_line(e: Exception) -> str:
     """A Click error as one line in specli's words: `no such option --draf (did you mean
     --draft?)`, `invalid value for -fa/--flash-attn: 'maybe' is not one of ...`,
@@ -237,8 +248,11 @@ def usage_line(e: Exception) -> str:
     name = type(e).__name__
     message = getattr(e, "message", "") or ""
     if name == "NoSuchOption":
+        option = getattr(e, "option_name", "?")
+        if option in NOT_OFFERED:
+            return f"no such option {option}: {NOT_OFFERED[option]}"
         maybe = getattr(e, "possibilities", None) or []
-        return f"no such option {getattr(e, 'option_name', '?')}" + (
+        return f"no such option {option}" + (
             f" (did you mean {' or '.join(maybe[:3])}?)" if maybe else "")
     param = getattr(e, "param", None)
     if param is not None:

@@ -92,9 +92,14 @@ def serve(
         "--max-queue", help="Requests that may wait for a slot; one more gets a 503 with "
         "Retry-After.", rich_help_panel=SERVER)] = 16,
     alias: Annotated[str | None, typer.Option(
-        "-a", "--alias", help="Model names, comma-separated: the first in /v1/models and "
-        "responses (a request may name any model). Default: the file name.",
+        "-a", "--alias", help="Model names, comma-separated: as in llama-server, the first "
+        "in alphabetical order names the model in /v1/models and responses (a request may "
+        "name any model). Default: the file name.",
         envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
+    tags: Annotated[str | None, typer.Option(
+        "--tags", help="Model tags, comma-separated: the `tags` of /v1/models "
+        "(informational, as in llama-server).", rich_help_panel=SERVER,
+        show_default=False)] = None,
     grammar: Annotated[str | None, typer.Option(
         "--grammar", metavar="GBNF", help="A GBNF grammar for requests that bring no grammar "
         "or JSON schema of their own (llama-server's default).", rich_help_panel=SERVER,
@@ -169,7 +174,7 @@ def serve(
                          f"{slot_similarity}")
     hosts = _hosts(host, port)
     keys = _keys(api_key or [], api_key_file)
-    aliases = tuple(a.strip() for a in (alias or "").split(",") if a.strip())
+    aliases = names(alias)
     template = _template(chat_template, chat_template_file, jinja)
     drafting = batch_policy(drafting)
     if drafting.ngram.lookup_dynamic and parallel > 1:
@@ -199,6 +204,7 @@ def serve(
     config = ServerConfig(
         target=target, draft=draft_model, plan=plan, checked=True, sampling=sampling,
         n_predict=n_predict, parallel=parallel, api_keys=tuple(keys), aliases=aliases,
+        tags=names(tags), verbose=verbose,
         slot_similarity=slot_similarity,
         metrics=metrics, slots=slots, timeout=timeout, max_queue=max_queue,
         cors_origins=cors_origins, cors_methods=cors_methods, cors_headers=cors_headers,
@@ -430,6 +436,12 @@ def serving(config, socks: list[socket.socket], on_ready: Callable[[int], None]
     server = Server(uvicorn.Config(app, http=conn.Guarded, ws="none", log_level="warning",
                                    timeout_keep_alive=30, timeout_graceful_shutdown=5))
     return server, failure
+
+
+def names(value: str | None) -> tuple[str, ...]:
+    """A comma-separated list (-a, --tags) as llama-server keeps it: a sorted set of the
+    names, blanks dropped."""
+    return tuple(sorted({a.strip() for a in (value or "").split(",") if a.strip()}))
 
 
 def batch_policy(drafting: o.Drafting) -> o.Drafting:

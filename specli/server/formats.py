@@ -77,15 +77,16 @@ def timings(s: Stats) -> dict:
     """llama-server's timings object, numbers only, computed as llama-server computes them:
     the first token comes with the prompt's logits there, so its time is the prompt's and
     the generation rate counts the tokens after it (here: after the first step's tokens,
-    one plus any accepted draft; an answer that ends within it is rated over its whole
-    generation, not shown as 0 t/s). The draft totals are here; the acceptance per draft
-    position is in the `speculative` object."""
+    one plus any accepted draft; an answer that ends within it has a rate of 0, as
+    llama-server's test_metrics_generation_rate_excludes_first_token defines it). The
+    draft totals are here; the acceptance per draft position is in the `speculative`
+    object."""
     prompt_n = s.target.prompt_n + 1 if s.n_prompt else 0  # the last prompt token opens step 1
     prompt_ms = 1e3 * (s.t_encode_s + s.t_first_s)
     predicted_ms = 1e3 * max(s.t_decode_s - s.t_first_s, 0.0)
     after = max(s.n_predict - s.n_first, 0)
-    if not after or not predicted_ms:  # a short answer, all of it in the first step: the
-        predicted_ms, after = 1e3 * s.t_decode_s, s.n_predict  # rate over what was measured
+    if not after:
+        predicted_ms = 0.0
     return {"cache_n": cached(s),
             "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
@@ -98,6 +99,23 @@ def timings(s: Stats) -> dict:
             # beyond llama-server: steps that verified a draft, and steps of the target alone
             # (--draft auto choosing 0 in a full batch, or nothing to propose)
             "draft_steps": s.n_steps, "plain_steps": s.n_plain}
+
+
+def progress_json(p: Progress) -> dict:
+    """A prompt-progress chunk's fields: prompt_progress, and with timings_per_token the
+    timings so far, as llama-server sends them (the prompt's tokens decoded and their time;
+    nothing predicted yet; the first update, before any decode, all zeros)."""
+    out = {"prompt_progress": p.progress}
+    if p.timed:
+        pr = p.progress
+        n = max(pr["processed"] - pr["cache"], 0)
+        ms = pr["time_ms"] if n else 0.0
+        out["timings"] = {"cache_n": pr["cache"], "prompt_n": n, "prompt_ms": ms,
+                          "prompt_per_token_ms": ms / n if n else 0.0,
+                          "prompt_per_second": 1e3 * n / ms if ms else 0.0,
+                          "predicted_n": 0, "predicted_ms": 0.0,
+                          "predicted_per_token_ms": 0.0, "predicted_per_second": 0.0}
+    return out
 
 
 _LOWEST = -3.4028234663852886e38  # log(0) as llama-server writes it (JSON has no -inf)
@@ -222,7 +240,7 @@ async def openai_events(reads: AsyncIterator[Read | Progress], head: dict, choic
     dones: list[Done] = []
     async for r in reads:
         if isinstance(r, Progress):
-            yield data({**head, "choices": [], "prompt_progress": r.progress})
+            yield data({**head, "choices": [], **progress_json(r)})
         elif r.done is None:
             piece = r.piece
             at = offset.get(r.index, 0)
@@ -249,7 +267,7 @@ async def llama_events(gen: Generation, model: str, gs: dict) -> AsyncIterator[s
     async for ev in gen.events():
         if isinstance(ev, Progress):
             yield data({"index": 0, "content": "", "tokens": [], "stop": False,
-                        "id_slot": gen.slot.id, "prompt_progress": ev.progress})
+                        "id_slot": gen.slot.id, **progress_json(ev)})
         elif isinstance(ev, Piece):
             out = {"index": 0, "content": ev.text, "tokens": ev.tokens, "stop": False,
                    "id_slot": gen.slot.id}
@@ -307,8 +325,8 @@ SAMPLERS = ("penalties", "dry", "top_k", "top_p", "min_p", "temperature")
 
 def bias_json(logit_bias) -> list[dict]:
     """(token, bias) pairs as llama-server writes them: a ban (-inf, which JSON cannot
-    spell) is false, as in a request."""
-    return [{"token": t, "bias": b if math.isfinite(b) else False} for t, b in logit_bias]
+    spell) is null, as nlohmann's JSON writes a non-finite number (a request says false)."""
+    return [{"token": t, "bias": b if math.isfinite(b) else None} for t, b in logit_bias]
 
 
 def settings(sp, n_predict: int, stop=(), policy=None, speculative: bool = True,

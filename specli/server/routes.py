@@ -130,7 +130,7 @@ for (_method, _path), _what in NOT_SERVED.items():
 async def models(st: AppState) -> dict:
     c = st.config
     return {"object": "list", "data": [{
-        "id": c.model_id, "aliases": list(c.aliases), "object": "model",
+        "id": c.model_id, "aliases": list(c.aliases), "tags": list(c.tags), "object": "model",
         "created": st.created, "owned_by": "specli",
         "meta": {"path": c.target.path, "draft": c.draft.path if c.draft else None}}]}
 
@@ -173,17 +173,16 @@ async def slots(st: AppState, pool: Pool) -> list:
         raise APIError(501, "This server does not support slots endpoint. Start it with "
                        "`--slots`", "not_supported_error", code="not_supported")
     c = st.config
-    return [{"id": s.id, "id_task": -1, "n_ctx": s.engine.target.n_ctx,
-             "speculative": bool(c.plan.types),
-             "is_processing": s.busy, "n_requests": s.n_requests,
-             "n_cached": len(s.engine.target.tokens),
-             "params": {"n_predict": c.n_predict, "temperature": c.sampling.temp,
-                        "top_k": c.sampling.top_k, "top_p": c.sampling.top_p,
-                        "min_p": c.sampling.min_p,
-                        "speculative.n_max": c.plan.policy.n_max,
-                        "speculative.n_min": c.plan.policy.n_min,
-                        "speculative.p_min": c.plan.policy.p_min}}
-            for s in pool.slots]
+
+    def one(s) -> dict:
+        out = {"id": s.id, "id_task": -1, "n_ctx": s.engine.target.n_ctx,
+               "speculative": bool(c.plan.types), "is_processing": s.busy,
+               "n_requests": s.n_requests, "n_cached": len(s.engine.target.tokens)}
+        if s.job is not None:  # llama-server: the settings of the slot's last task, if any
+            out["params"] = jobs.settings(st, s.job)
+        return out
+
+    return [one(s) for s in pool.slots]
 
 
 @info.get("/openapi.json", include_in_schema=False)
@@ -240,7 +239,8 @@ async def chat(body: ChatRequest, request: Request, st: AppState, pool: Pool) ->
                             "logprobs": f.chat_logprobs(gen, d.probs)})
         out = {**head, "object": "chat.completion", "choices": choices,
                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
-        if body.verbose:  # llama-server's debugging aid: the answer as /completion gives it
+        if body.verbose or st.config.verbose:  # llama-server's debugging aid (-v for all):
+            # the answer as /completion gives it
             job.prompt_text = _text(st, ids)
             out["__verbose"] = f.llama_final(dones[0].text, dones[0], gen,
                                              st.config.model_id, jobs.settings(st, job))
@@ -320,12 +320,17 @@ async def completions(body: CompletionRequest, request: Request, st: AppState,
             "system_fingerprint": FINGERPRINT}
 
     def final(dones: list[Done], gen: Generation) -> dict:
-        return {**head, "choices": [{"index": d.index, "text": d.text,
-                                     "logprobs": f.text_logprobs(gen, d.probs),
-                                     "finish_reason": f.finish(d),
-                                     **({"tokens": d.tokens} if body.return_tokens else {})}
-                                    for d in dones],
-                "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
+        out = {**head, "choices": [{"index": d.index, "text": d.text,
+                                    "logprobs": f.text_logprobs(gen, d.probs),
+                                    "finish_reason": f.finish(d),
+                                    **({"tokens": d.tokens} if body.return_tokens else {})}
+                                   for d in dones],
+               "usage": f.usage_of(dones), "timings": f.timings(dones[0].stats)}
+        if st.config.verbose:  # -v: llama-server's __verbose, the answer as /completion's
+            job.prompt_text = _text(st, job.prompt)
+            out["__verbose"] = f.llama_final(dones[0].text, dones[0], gen,
+                                             st.config.model_id, jobs.settings(st, job))
+        return out
 
     return await _answer(request, pool, job, bool(body.stream), lambda gen: f.openai_events(
         reading(gen.events(), None), head, f.text_choice, _include_usage(body),

@@ -61,10 +61,12 @@ class Piece:
 
 @dataclass
 class Progress:
-    """llama-server's prompt_progress: total, cache, processed, time_ms."""
+    """llama-server's prompt_progress: total, cache, processed, time_ms; timed: the request
+    asked for timings_per_token (its progress chunks carry the timings so far too)."""
 
     progress: dict
     index: int = 0
+    timed: bool = False
 
 
 @dataclass
@@ -111,6 +113,7 @@ class Slot:
     busy: bool = False
     n_requests: int = 0
     last_used: float = 0.0  # monotonic time of its last release (least recently used first)
+    job: Job | None = None  # the last request it served (GET /slots' params)
 
 
 class StopMatcher:
@@ -228,7 +231,8 @@ class Generation:
         pieces: list[str] = []
         pending, sent, tokens = Pending(), [], []
         finish = None
-        progress = (lambda p: self._push(Progress(p, index))) if job.return_progress else None
+        progress = (lambda p: self._push(Progress(p, index, job.timings_per_token))
+                    ) if job.return_progress else None
         chunks = engine.stream(job.prompt, job.n_predict, sp, job.speculative, job.spec,
                                stats, progress, job.draft_prompt)
         try:
@@ -348,6 +352,7 @@ class SlotPool:
         self._queue().put_nowait(slot)
 
     def start(self, slot: Slot, job: Job) -> Generation:
+        slot.job = job
         return Generation(self, slot, job)
 
     def fail(self, message: str) -> None:

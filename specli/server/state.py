@@ -41,6 +41,8 @@ class ServerConfig:
     parallel: int = 1
     api_keys: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # -a: the model's names, the first in answers
+    tags: tuple[str, ...] = ()  # --tags: informational (/v1/models)
+    verbose: bool = False  # -v: every OpenAI-style answer carries llama-server's __verbose
     slot_similarity: float = 0.1  # -sps: llama-server's slot choice by shared prompt
     metrics: bool = False
     slots: bool = True  # GET /slots

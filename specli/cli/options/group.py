@@ -71,7 +71,9 @@ Json = Annotated[bool, typer.Option(
 
 
 Verbose = Annotated[bool, typer.Option(
-    "-v", "--verbose", help="Show llama.cpp's own log on stderr.", rich_help_panel=OUTPUT)]
+    "-v", "--verbose", help="Show llama.cpp's own log on stderr (serve: and, as "
+    "llama-server -v, a __verbose object in every chat and completions answer).",
+    rich_help_panel=OUTPUT)]
 
 
 NoSpec = Annotated[bool, typer.Option(
