@@ -320,7 +320,7 @@ def _apertus_calls(region: str, tools: Sequence[dict]) -> list:
 # final: the answer), a call where the header names `to=functions.NAME`. Read by a scan,
 # linear in the text: a lazy regex over the whole answer was cubic over a stream of an
 # answer without markers (18,000 characters took minutes)
-HARMONY_END = re.compile(r"<\|(?:end|call|return|start)\|>")
+HARMONY_END = re.compile(r"<\|(?:end|call|return|start|channel)\|>")
 
 
 def harmony(text: str, tools: Sequence[dict], final: bool) -> Parsed:

@@ -825,3 +825,118 @@ def test_a_tag_value_may_hold_any_tag_but_its_closers(q4_1):
         assert not takes(nums, gemma, "<|tool_call>call:set_config{config:{n:01}}<tool_call|>")
     finally:
         close()
+
+
+def _writer(q4_1):
+    """write(tools, fam, parallel, seed): an answer a required call's grammar lets the model
+    write, drawn at random token by token (the grammar's own characters favoured, so that
+    strings and tags close), or None when a walk runs past its length; close() when done."""
+    import numpy as np
+
+    from specli.backend import Grammar, Tokenizer, schemas_grammar
+    from specli.ggufmeta import read_header
+
+    tok = Tokenizer(q4_1)
+    eos = read_header(q4_1).kv["tokenizer.ggml.eos_token_id"]
+
+    def pieces(chars) -> np.ndarray:
+        return np.array(sorted({t for c in chars for t in tok.tokenize(
+            c, add_special=False, parse_special=False)}), dtype=np.int32)
+
+    closers = set(pieces('"}]>):\n '))
+
+    def write(tools, fam, parallel: bool, seed: int) -> str | None:
+        rng = np.random.default_rng(seed)
+        schemas, root, _ = toolcall.grammar_parts(fam, tools, True, parallel)
+        gbnf = schemas_grammar(schemas, root)
+        g = Grammar(tok, gbnf)
+        own = pieces(set(gbnf) | set("0123456789abc xyz"))
+        out: list[int] = []
+        for _ in range(600):
+            if g.allowed(np.array([eos], dtype=np.int32))[0] and (rng.random() < 0.5 or
+                                                                   len(out) > 100):
+                return tok_text(out)
+            cands = np.unique(np.concatenate([own, rng.integers(0, tok.n_vocab, 48,
+                                                                dtype=np.int32)]))
+            ok = cands[g.allowed(cands)]
+            if not ok.size:  # what the grammar needs is none of these: look at them all
+                every = np.arange(tok.n_vocab, dtype=np.int32)
+                ok = every[g.allowed(every)]
+                if not ok.size:
+                    return None
+            w = np.array([40.0 if t in closers else 1.0 for t in ok])
+            t = int(rng.choice(ok, p=w / w.sum()))
+            g.accept(t)
+            out.append(t)
+        return None
+
+    def tok_text(ids) -> str:
+        return b"".join(piece(t) for t in ids).decode("utf-8")
+
+    def piece(t: int) -> bytes:
+        import ctypes
+
+        import llama_cpp as ll
+
+        buf = ctypes.create_string_buffer(256)
+        n = ll.llama_token_to_piece(tok.vocab, t, buf, 256, 0, False)
+        return buf.raw[:n]
+
+    return write, tok.close
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["one", "parallel"])
+@pytest.mark.parametrize("name", [*sorted(TEMPLATE), "generic"])
+def test_what_a_familys_call_grammar_writes_reads_back_as_its_calls(name, parallel, q4_1):
+    """Issue 60, point 2: every family's reader takes everything its required-call grammar
+    lets the model write (Llama 3's blank after a brace was one it did not): random answers
+    drawn from the grammar itself, read whole and streamed, are calls of the tools, with
+    JSON arguments, and no text."""
+    fam = _fam(name)
+    if toolcall.grammar_parts(fam, TOOLS, True, parallel) is None:
+        pytest.skip(f"{name} has no call grammar")
+    write, close = _writer(q4_1)
+    names = {"special_function", "get_time"}
+    try:
+        written = [t for t in (write(TOOLS, fam, parallel, seed) for seed in range(12)) if t]
+        assert len(written) >= 6, "the walks must end for this to test anything"
+        for text in written:
+            p = parse(fam, text, TOOLS)
+            calls = _calls(p)
+            assert calls and {n for n, _, _ in calls} <= names, (text, p)
+            assert p.content.strip() == "", (text, p)
+            assert all(isinstance(a, dict) for _, a, _ in calls), text
+            s = Splitter(fam, TOOLS)
+            got = [s.feed(c) for c in text] + [s.finish()]
+            assert [(c.name, json.loads(c.arguments)) for d in got for c in d.calls] == \
+                [(n, a) for n, a, _ in calls], text
+    finally:
+        close()
+
+
+def test_a_json_strings_grammar_refuses_raw_control_characters(q4_1):
+    """llama-cpp-python's schema converter let a JSON string hold a raw newline, so a
+    constrained answer could be no JSON (found by the walk above: 12 families' calls came
+    back as text). llama.cpp's own converter refuses control characters; so does specli's
+    grammar now, for response_format and tool calls alike."""
+    import numpy as np
+
+    from specli.backend import Grammar, Tokenizer, schema_grammar
+
+    tok = Tokenizer(q4_1)
+    try:
+        gbnf = schema_grammar({"type": "object", "properties": {"a": {"type": "string"}},
+                               "required": ["a"]})
+
+        def takes(text: str) -> bool:
+            g = Grammar(tok, gbnf)
+            for t in tok.tokenize(text, add_special=False, parse_special=False):
+                if not g.allowed(np.array([t], dtype=np.int32))[0]:
+                    return False
+                g.accept(t)
+            return True
+
+        assert takes('{"a": "x\\ny \\u00e9 é"}')  # escapes and any other character
+        assert not takes('{"a": "x\ny"}') and not takes('{"a": "x\ty"}')
+    finally:
+        tok.close()

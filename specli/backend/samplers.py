@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import json
+import re
 from typing import Protocol
 
 import numpy as np
@@ -210,7 +211,19 @@ def schemas_grammar(schemas: dict[str, dict | str], root: str, triggers: list[st
             RecursionError, AttributeError) as e:
         raise UsageError(f"a tool's parameters cannot be turned into a grammar: {e}") from None
     head = f"{LAZY}{json.dumps(list(triggers))}\n" if triggers else ""
-    return f"{head}root ::= {root}\n{raw}{conv.format_grammar()}"
+    return f"{head}root ::= {root}\n{raw}{json_chars(conv.format_grammar())}"
+
+
+# llama-cpp-python's converter lets a JSON string hold raw control characters (a newline, a
+# tab): what the model writes there is then no JSON, and no reader takes the call. llama.cpp's
+# own converter (common/json-schema-to-grammar.cpp) leaves them out, as JSON does.
+_LOOSE_CHAR = re.compile(r'^char ::= \[\^"\\\\\] \|', re.M)
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
+def json_chars(gbnf: str) -> str:
+    """The converter's grammar with JSON's string characters: no control characters raw."""
+    return _LOOSE_CHAR.sub(lambda _: _JSON_CHAR, gbnf)
 
 
 def schema_grammar(schema: dict) -> str:
@@ -219,7 +232,7 @@ def schema_grammar(schema: dict) -> str:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        return json_chars(json_schema_to_gbnf(json.dumps(schema)))
     except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError,
             RecursionError) as e:
         raise UsageError(f"the JSON schema cannot be turned into a grammar: {e}") from None
