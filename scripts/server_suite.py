@@ -35,7 +35,7 @@ FILES = ["test_chat_completion.py", "test_completion.py", "test_tokenize.py",
 # llama-server flags specli serve does not have, with how many values each takes
 DROP = {"--hf-repo": 1, "--hf-file": 1, "--model-url": 1, "--offline": 0, "--no-ui": 0,
         "--cont-batching": 0, "--kv-unified": 0,
-        "--swa-full": 0, "--context-shift": 0, "--no-context-shift": 0,
+        "--swa-full": 0,
         "--reasoning-budget": 1, "--reasoning-budget-message": 1,
         "--spec-synth-len": 1, "--spec-synth-rates": 1, "--slot-save-path": 1,
         "--grp-attn-n": 1, "--grp-attn-w": 1, "--cache-ram": 1, "--no-cache-idle-slots": 0,

@@ -487,3 +487,7 @@ class ModelParams:
     use_mmap: bool = True  # --no-mmap: read the weights into memory instead of mapping them
     use_mlock: bool = False  # --mlock: keep them in RAM (never swapped out)
     warmup: bool = True  # one decode at load, as llama.cpp's (--no-warmup: none)
+    # llama.cpp's --context-shift (off by default, as there) and --keep: a full context
+    # drops the older half after the first n_keep tokens (-1: the prompt) and goes on
+    context_shift: bool = False
+    n_keep: int = 0

@@ -70,6 +70,10 @@ class Engine:
         self.draft = draft
         self.draft_params = draft_params or DraftPolicy()
         self.drafts = drafts
+        # llama.cpp's --context-shift and --keep: a full context drops the older half of
+        # what follows the first n_keep tokens (-1: the whole prompt) and goes on
+        self.context_shift = False
+        self.n_keep = 0
 
     @property
     def draft_model(self) -> Backend | None:
@@ -167,9 +171,18 @@ class Engine:
             stats.finish_reason = "length"
             with meter.decode():
                 t0 = time.perf_counter()
-                while n_left > 0 and len(context) <= tgt.n_ctx:
+                while n_left > 0:
+                    if len(context) >= tgt.n_ctx and self.context_shift:
+                        self._shift(context, len(prompt), draft, reads, policy, stats)
+                    if len(context) > tgt.n_ctx:
+                        stats.truncated = True  # llama-server's: the context ran out
+                        break
                     # draft at most what the budget, the context and one batch can take
-                    k = min(n_left - 1, tgt.n_ctx - len(context), tgt.n_batch - 1,
+                    # (with context shift, a step ends at a full context at the latest, so
+                    # that the shift comes where the target alone would make it: the same
+                    # tokens dropped, the same text)
+                    k = min(n_left - 1, tgt.n_ctx - len(context) - self.context_shift,
+                            tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit
                             ) if draft else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
@@ -194,6 +207,33 @@ class Engine:
                 draft.end()
             if rules is not None:
                 rules.close()
+
+    def _shift(self, context: list[int], n_prompt: int, draft: DraftSource | None,
+               reads: Reads | None, policy: DraftPolicy, stats: Stats) -> None:
+        """llama-server's context shift, where the caches allow it: keep the first n_keep
+        tokens (+1 for a BOS; at most n_ctx - 4), drop half of what follows them from the
+        target's cache and the context, move the rest back; a draft begins again on the
+        shifted context (a draft model's cache keeps the prefix they share). A head, which
+        reads the target's states of every token, a tree's branches and a translating draft
+        do not shift: the generation ends at a full context, as without --context-shift."""
+        tgt = self.target
+        if draft is not None and (policy.n_seq > 1 or policy.translate or (
+                reads is not None and (reads.hidden or reads.layers or reads.nextn))):
+            return
+        n_keep = n_prompt if self.n_keep < 0 else self.n_keep
+        bos = tgt.tokenize("", add_special=True)  # what the tokenizer puts first, if any
+        n_keep += int(bool(bos) and context[:1] == bos[:1])
+        n_keep = min(tgt.n_ctx - 4, n_keep)
+        n_left = len(context) - 1 - n_keep  # the cache holds all of the context but its last
+        n_discard = min(n_left // 2, max(0, n_left - 1))
+        if n_discard <= 0 or not tgt.shift(n_keep, n_discard):
+            return
+        del context[n_keep:n_keep + n_discard]
+        stats.truncated = True
+        stats.n_shifts += 1
+        if draft is not None:
+            draft.end()
+            draft.begin(context)
 
     def _step(self, draft: DraftSource | None, policy: DraftPolicy, context: list[int], k: int,
               sp: SamplingParams, rng: np.random.Generator, stats: Stats,

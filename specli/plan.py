@@ -407,4 +407,8 @@ def engine(plan: SpecPlan, target: Backend, draft: Backend | None,
     (a real model, a slot's view, or a test's fake); batch: the slots it shares decodes with
     (--draft auto chooses its k for them)."""
     drafts = Drafts(plan, target, draft, batch)
-    return Engine(target, drafts(), plan.policy, drafts=drafts)
+    e = Engine(target, drafts(), plan.policy, drafts=drafts)
+    params = getattr(target, "params", None)  # a test's fake has no ModelParams
+    if isinstance(params, ModelParams):
+        e.context_shift, e.n_keep = params.context_shift, params.n_keep
+    return e

@@ -65,6 +65,9 @@ class Stats:
     # rejection (Leviathan/Chen); "" without a draft
     spec_sampling: str = ""
     finish_reason: str = ""
+    # the context filled: shifted (--context-shift, n_shifts times) or the generation ended
+    truncated: bool = False
+    n_shifts: int = 0
     baseline_decode_tps: float | None = None
     # per draft source (llama.cpp's "statistics <type>:" lines): gen_drafts, acc_drafts,
     # gen_tokens, acc_tokens

@@ -96,6 +96,11 @@ class FakeModel:
     def rewind(self, n_keep: int) -> None:
         del self.tokens[n_keep:]
 
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        """The logits depend on (token, position): the tokens after the cut move back."""
+        del self.tokens[n_keep:n_keep + n_discard]
+        return True
+
     # -- draft trees: the logits depend on (token, position) only, so a node's row is exact ---
     def branch(self, seqs: Sequence[int]) -> None:
         for s in seqs:

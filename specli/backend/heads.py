@@ -226,6 +226,11 @@ class HeadContext:
         del self.tokens[n_keep:]
         self.rewind_cells(n_keep)
 
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        """A head's cache follows the target's hidden states: it is not shifted (a
+        generation with a head ends at a full context)."""
+        return False
+
     def rewind_cells(self, pos: int) -> None:
         """Drop the cache's positions from pos on (a draft's own cells; none when the cache
         is the target's, where llama.cpp leaves them to the target)."""

@@ -490,6 +490,20 @@ class Model:
                                    hint="speculative decoding needs a transformer KV cache")
             del self.tokens[n_keep:]
 
+    def shift(self, n_keep: int, n_discard: int) -> bool:
+        """llama.cpp's context shift: drop the cached tokens at n_keep .. n_keep + n_discard
+        - 1 and move the later ones back by n_discard (llama.cpp rotates their keys at the
+        next decode). False, and nothing changed, where the cache cannot shift."""
+        with self._runner.editing() as live:
+            if live:
+                if not ll.llama_memory_can_shift(self._mem) or not ll.llama_memory_seq_rm(
+                        self._mem, self.seq, n_keep, n_keep + n_discard):
+                    return False
+                ll.llama_memory_seq_add(self._mem, self.seq, n_keep + n_discard, -1,
+                                        -n_discard)
+            del self.tokens[n_keep:n_keep + n_discard]
+        return True
+
     def kv_pos_max(self) -> int:
         """The highest position llama.cpp holds for the sequence (-1 when empty)."""
         with self._runner.editing() as live:

@@ -98,8 +98,8 @@ def serve(
         envvar="LLAMA_ARG_ALIAS", rich_help_panel=SERVER, show_default=False)] = None,
     tags: Annotated[str | None, typer.Option(
         "--tags", help="Model tags, comma-separated: the `tags` of /v1/models "
-        "(informational, as in llama-server).", rich_help_panel=SERVER,
-        show_default=False)] = None,
+        "(informational, as in llama-server).", envvar="LLAMA_ARG_TAGS",
+        rich_help_panel=SERVER, show_default=False)] = None,
     grammar: Annotated[str | None, typer.Option(
         "--grammar", metavar="GBNF", help="A GBNF grammar for requests that bring no grammar "
         "or JSON schema of their own (llama-server's default).", rich_help_panel=SERVER,

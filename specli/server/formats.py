@@ -293,7 +293,7 @@ def llama_final(text: str, done: Done, gen: Generation, model: str, gs: dict,
            "id_slot": gen.slot.id, "stop": True, "model": model,
            "tokens_predicted": s.n_predict, "tokens_evaluated": s.n_prompt,
            "generation_settings": gs, "prompt": job.prompt_text,
-           "has_new_line": "\n" in text, "truncated": False, "stop_type": stop_type,
+           "has_new_line": "\n" in text, "truncated": s.truncated, "stop_type": stop_type,
            "stopping_word": done.stopping_word,
            # what the slot's cache holds now: the prompt and the output but its last token
            "tokens_cached": max(s.n_prompt + s.n_predict - 1, 0),

@@ -45,6 +45,8 @@ class Resources:
     mmap: bool = True
     mlock: bool = False
     warmup: bool = True
+    context_shift: bool = False
+    keep: int = 0
 
     def model_params(self, model: str, model_draft: str | None, *, verbose: bool = False,
                      gpu: GpuFlags | None = None,
@@ -69,7 +71,7 @@ class Resources:
             n_threads_batch=self.threads_batch, type_k=self.ctk, type_v=self.ctv,
             flash_attn=self.flash_attn, verbose=verbose, n_batch=self.batch,
             n_ubatch=self.ubatch, use_mmap=self.mmap, use_mlock=self.mlock,
-            warmup=self.warmup)
+            warmup=self.warmup, context_shift=self.context_shift, n_keep=self.keep)
         if model_draft is None:
             return gpu.apply(target, None)
         td = self.threads_draft or self.threads
@@ -150,9 +152,20 @@ def _resource_flags(
         "--warmup/--no-warmup", help="Decode once at load (llama.cpp's warmup: the weights "
         "paged in and the graph allocated before the first prompt is timed), or not.")
     ] = True,
+    context_shift: Annotated[bool, _res_opt(
+        "--context-shift/--no-context-shift", help="When the context is full, drop the "
+        "older half of what follows the first --keep tokens and go on generating (llama.cpp's "
+        "context shift; with a draft model or n-gram drafts too, not with a head or a draft "
+        "tree). Off: the generation ends at a full context, as in llama.cpp.",
+        envvar="LLAMA_ARG_CONTEXT_SHIFT")] = False,
+    keep: Annotated[int, _res_opt(
+        "--keep", metavar="N", help="Tokens of the prompt a context shift keeps (-1: all of "
+        "it; a BOS is kept besides).")] = 0,
 ) -> Resources:
     if ctx_size < 16:
         raise UsageError(f"-c/--ctx-size must be at least 16, got {ctx_size}")
+    if keep < -1:
+        raise UsageError(f"--keep must be -1 (the whole prompt) or more, got {keep}")
     n_threads = parse_threads(threads)
     if batch_size < 2 or ubatch_size < 1:  # a verification needs room for a drafted token
         raise UsageError(f"-b/--batch-size must be at least 2 and -ub/--ubatch-size at least "
@@ -162,7 +175,7 @@ def _resource_flags(
                      threads_draft, threads_batch, threads_batch_draft, cache_type_k,
                      cache_type_v, cache_type_k_draft, cache_type_v_draft,
                      FlashAttn(flash_attn).value, batch_size, ubatch_size, mmap, mlock,
-                     warmup)
+                     warmup, context_shift, keep)
 
 
 RESOURCE_FLAGS = Group(_resource_flags)
