@@ -158,6 +158,9 @@ class SharedContext:
         self.timed = timed
         self.chunk = min(params.n_ubatch, params.n_batch)  # prompt tokens in one decode
         self.n_seq = n_seq
+        # llama-server's n_decode_total and n_busy_slots_per_decode: combined decodes, and
+        # the slots in them (each decode counted once, however many slots it holds)
+        self.n_decodes = self.n_seq_decodes = 0
         self.width = width  # draft-tree branches per slot: sequences seq*width.. of each
         self.sched = sched or Scheduler()
         # built on the loop's thread, whose load-time warm-up decode is then its first: a
@@ -338,6 +341,8 @@ class SharedContext:
         m = self.base
         if len(batch) == 1 or sum(r.take for r in batch) > m.n_batch:
             for r in batch:  # alone (a long step is decoded in chunks of n_batch)
+                self.n_decodes += 1
+                self.n_seq_decodes += 1
                 try:
                     if r.nodes is not None or r.take < len(r.tokens):
                         dt = m.decode_items(r.items())
@@ -360,6 +365,8 @@ class SharedContext:
         # puts in one ubatch only sequences that follow each other (split_equal, sequential),
         # so 8 slots in arrival order made up to 8 graph runs of one token (119 ms, not 47)
         batch = sorted(batch, key=lambda r: r.seq)
+        self.n_decodes += 1
+        self.n_seq_decodes += len({r.seq for r in batch})
         try:
             dt = m.decode_items([item for r in batch for item in r.items()])
         except BackendError as e:

@@ -286,6 +286,14 @@ def test_metrics_move_by_exactly_one_requests_figures(server):
     assert _metric(after, "llamacpp:predicted_tokens_seconds") > 0
     assert _metric(after, "llamacpp:requests_processing") == 0
     assert 0 < _metric(after, "llamacpp:kv_cache_usage_ratio") <= 1
+    # the target's llama_decode calls: a prompt's one at least, then one a step
+    steps = t["draft_steps"] + t["plain_steps"]
+    assert _metric(after, "llamacpp:n_decode_total") - _metric(before,
+                                                              "llamacpp:n_decode_total") >= steps
+    assert _metric(after, "llamacpp:n_busy_slots_per_decode") >= 1
+    for name, kind in (("n_decode_total", "counter"), ("n_tokens_max", "counter"),
+                       ("n_busy_slots_per_decode", "gauge")):  # llama-server's types
+        assert f"# TYPE llamacpp:{name} {kind}" in after, name
     with server.http() as h:
         again = h.get("/metrics")
     assert _metric(again.text, "llamacpp:predicted_tokens_seconds") == 0  # nothing since

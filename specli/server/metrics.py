@@ -9,7 +9,6 @@ import threading
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from specli.stats import Stats
 
@@ -48,8 +47,7 @@ class Metrics:
         self.queue = Gauge("specli_requests_waiting", "Requests waiting for a slot.",
                            registry=r)
 
-        self.llama = LlamaMetrics()
-        r.register(self.llama)
+        self.llama = LlamaMetrics()  # written by hand after the registry's (its text())
 
     def observe(self, s: Stats) -> None:
         """Count one finished (or abandoned) generation."""
@@ -67,21 +65,23 @@ class Metrics:
             self.accepted_per_pos.labels(position=str(i + 1)).inc(a)
 
     def render(self, busy: int, total: int, waiting: int,
-               kv: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> bytes:
-        """The exposition; kv() gives the tokens cached in all slots and the slots' room."""
+               kv: Callable[[], tuple[int, int]] = lambda: (0, 0),
+               decodes: tuple[int, int] = (0, 0)) -> bytes:
+        """The exposition; kv() gives the tokens cached in all slots and the slots' room;
+        decodes: the target's llama_decode calls and the slots they held, in all."""
         self.slots_busy.set(busy)
         self.slots_total.set(total)
         self.queue.set(waiting)
         self.llama.now = (busy, waiting, *kv())
-        return generate_latest(self.registry)
+        self.llama.decodes = decodes
+        return generate_latest(self.registry) + self.llama.text().encode()
 
 
 class LlamaMetrics:
     """llama-server's llamacpp:* series (its server-task.cpp to_metrics), from the same Stats:
     totals as counters; throughput gauges averaged over the window since the previous
-    scrape, as llama-server does; the slots and the KV cache as they are now. llama-server's
-    n_decode_total and n_busy_slots_per_decode are not kept (specli does not count decode
-    calls across slots)."""
+    scrape, as llama-server does; the slots and the KV cache as they are now; the target's
+    decodes as the slots' loop counts them (batching.SharedContext)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()  # observe runs on the slots' threads, collect on the loop
@@ -90,6 +90,7 @@ class LlamaMetrics:
         self.prompt_s = self.predicted_s = 0.0
         self.accepted_per_pos: list[int] = []
         self.now = (0, 0, 0, 0)  # busy slots, waiting requests, KV tokens, KV room
+        self.decodes = (0, 0)  # the target's llama_decode calls, and the slots in them
         # throughput since the last scrape: (tokens, seconds) for prompts and generation
         self._window = [0, 0.0, 0, 0.0]
 
@@ -118,53 +119,61 @@ class LlamaMetrics:
         w[2] += s.n_predict
         w[3] += s.t_decode_s
 
-    def describe(self) -> list:
-        return []  # registered without a first collect: the values change after
+    def text(self) -> str:
+        """The llamacpp:* series in the exposition format, as llama-server writes them: by
+        hand, since its names are not all Prometheus client names (n_tokens_max is a counter
+        without _total). A snapshot: the scrape window is read and reset at once."""
+        with self.lock:
+            rows = self._rows()
+        out = []
+        for name, kind, doc, value in rows:
+            if isinstance(value, list):  # a labelled family: (labels, value) pairs
+                out += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}"]
+                out += [f"llamacpp:{name}{{{labels}}} {float(v)!r}" for labels, v in value]
+            else:
+                out += [f"# HELP llamacpp:{name} {doc}", f"# TYPE llamacpp:{name} {kind}",
+                        f"llamacpp:{name} {float(value)!r}"]
+        return "\n".join(out) + "\n"
 
-    def collect(self):
-        with self.lock:  # a snapshot: the window is read and reset at once
-            families = list(self._collect())
-        yield from families
-
-    def _collect(self):
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            return CounterMetricFamily(f"llamacpp:{name}", doc, value=value)
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"llamacpp:{name}", doc, value=value)
-
-        yield counter("prompt_tokens", "Number of prompt tokens processed, excluding cached "
-                      "tokens", self.prompt_tokens)
-        yield counter("prompt_tokens_cached", "Number of prompt tokens reused from the cache",
-                      self.prompt_cached)
-        yield counter("prompt_seconds", "Total time spent processing prompts", self.prompt_s)
-        yield counter("tokens_predicted", "Number of generation tokens processed",
-                      self.predicted)
-        yield counter("tokens_predicted_seconds", "Total time spent generating tokens",
-                      self.predicted_s)
-        yield gauge("n_tokens_max", "Largest observed sequence length (prompt + generation)",
-                    self.n_tokens_max)
-        yield counter("spec_decode_num_draft_tokens", "Speculative: Total draft tokens "
-                      "generated", self.drafted)
-        yield counter("spec_decode_num_accepted_tokens", "Speculative: Total draft tokens "
-                      "accepted by the target model", self.accepted)
-        yield counter("spec_decode_num_drafts", "Speculative: Total speculative decoding "
-                      "verification steps", self.drafts)
+    def _rows(self) -> list[tuple[str, str, str, float | list]]:
         n_p, s_p, n_g, s_g = self._window
         self._window = [0, 0.0, 0, 0.0]  # the gauges average over the window between scrapes
-        yield gauge("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
-                    n_p / s_p if s_p else 0.0)
-        yield gauge("predicted_tokens_seconds", "Average generation throughput in tokens/s",
-                    n_g / s_g if s_g else 0.0)
+        n_dec, n_seqs = self.decodes
         busy, waiting, kv_tokens, kv_room = self.now
-        yield gauge("requests_processing", "Number of requests processing", busy)
-        yield gauge("requests_deferred", "Number of requests deferred", waiting)
-        yield gauge("kv_cache_tokens", "KV-cache tokens (the target's, all slots)", kv_tokens)
-        yield gauge("kv_cache_usage_ratio", "KV-cache usage: 1 means 100 percent usage",
-                    kv_tokens / kv_room if kv_room else 0.0)
+        rows = [
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding "
+             "cached tokens", self.prompt_tokens),
+            ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the "
+             "cache", self.prompt_cached),
+            ("prompt_seconds_total", "counter", "Total time spent processing prompts",
+             self.prompt_s),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed",
+             self.predicted),
+            ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens",
+             self.predicted_s),
+            ("n_decode_total", "counter", "Total number of llama_decode() calls", n_dec),
+            ("n_tokens_max", "counter", "Largest observed n_tokens", self.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft "
+             "tokens generated", self.drafted),
+            ("spec_decode_num_accepted_tokens_total", "counter", "Speculative: Total draft "
+             "tokens accepted by the target model", self.accepted),
+            ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative "
+             "decoding verification steps", self.drafts),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s",
+             n_p / s_p if s_p else 0.0),
+            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
+             n_g / s_g if s_g else 0.0),
+            ("requests_processing", "gauge", "Number of requests processing", busy),
+            ("requests_deferred", "gauge", "Number of requests deferred", waiting),
+            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per "
+             "llama_decode() call", n_seqs / n_dec if n_dec else 0.0),
+            ("kv_cache_tokens", "gauge", "KV-cache tokens (the target's, all slots)",
+             kv_tokens),
+            ("kv_cache_usage_ratio", "gauge", "KV-cache usage: 1 means 100 percent usage",
+             kv_tokens / kv_room if kv_room else 0.0),
+        ]
         if self.accepted_per_pos:
-            per = CounterMetricFamily("llamacpp:spec_decode_num_accepted_tokens_per_pos",
-                                      "Accepted tokens per draft position", labels=["position"])
-            for i, a in enumerate(self.accepted_per_pos):
-                per.add_metric([str(i)], a)
-            yield per
+            rows.append(("spec_decode_num_accepted_tokens_per_pos_total", "counter",
+                         "Accepted tokens per draft position",
+                         [(f'position="{i}"', a) for i, a in enumerate(self.accepted_per_pos)]))
+        return rows

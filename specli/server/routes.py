@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from specli import __version__, child
+from specli.batching import SharedContext
 from specli.config import (
     DRAFTING,
 )
@@ -202,8 +203,11 @@ async def metrics(st: AppState) -> Response:
         return (sum(len(s.engine.target.tokens) for s in slots),
                 sum(s.engine.target.n_ctx for s in slots))
 
+    target = next((c for c in pool.contexts if isinstance(c, SharedContext)), None) \
+        if pool else None  # (the first: the target's)
     body = st.metrics.render(len(pool.slots) - pool.idle if pool else 0,
-                             len(pool.slots) if pool else 0, pool.waiting if pool else 0, kv)
+                             len(pool.slots) if pool else 0, pool.waiting if pool else 0, kv,
+                             (target.n_decodes, target.n_seq_decodes) if target else (0, 0))
     return Response(body, media_type=CONTENT_TYPE,
                     headers={"Process-Start-Time-Unix": str(st.created)})
 
