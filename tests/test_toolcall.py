@@ -499,12 +499,27 @@ TAGGED_GRAMMAR = {
 }
 
 
+def _walk(tok, gbnf: str, text: str, special: bool = False):
+    """The grammar after `text` was written into it token by token (its tokens by `tok`),
+    or None where it refuses one."""
+    import numpy as np
+
+    from specli.backend import Grammar
+
+    g = Grammar(tok, gbnf)
+    for t in tok.tokenize(text, add_special=False, parse_special=special):
+        if not g.allowed(np.array([t], dtype=np.int32))[0]:
+            return None
+        g.accept(t)
+    return g
+
+
 def _taker(q4_1):
     """takes(tools, fam, text, parallel): whether a required call's grammar lets the model
     write `text` token by token and end there; close() when done."""
     import numpy as np
 
-    from specli.backend import Grammar, Tokenizer, schemas_grammar
+    from specli.backend import Tokenizer, schemas_grammar
     from specli.ggufmeta import read_header
 
     tok = Tokenizer(q4_1)
@@ -512,12 +527,8 @@ def _taker(q4_1):
 
     def takes(tools, fam, text: str, parallel: bool = False) -> bool:
         schemas, root, _ = toolcall.grammar_parts(fam, tools, True, parallel)
-        g = Grammar(tok, schemas_grammar(schemas, root))
-        for t in tok.tokenize(text, add_special=False, parse_special=False):
-            if not g.allowed(np.array([t], dtype=np.int32))[0]:
-                return False
-            g.accept(t)
-        return bool(g.allowed(np.array([eos], dtype=np.int32))[0])
+        g = _walk(tok, schemas_grammar(schemas, root), text)
+        return g is not None and bool(g.allowed(np.array([eos], dtype=np.int32))[0])
 
     return takes, tok.close
 
@@ -569,7 +580,6 @@ def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
     grammar holds (llama.cpp's lazy grammar, triggered by the opener's token: an opener that
     is one token, as <tool_call> is for the models that write it; SmolLM2's <|im_start|>
     stands in for it here)."""
-    import numpy as np
 
     from specli.backend import Grammar, Tokenizer, schemas_grammar
 
@@ -582,12 +592,7 @@ def test_tool_choice_auto_is_a_lazy_grammar_from_the_opener(q4_1):
     tok = Tokenizer(q4_1)
 
     def walk(text: str) -> bool:
-        g = Grammar(tok, gbnf)
-        for t in tok.tokenize(text, add_special=False, parse_special=True):
-            if not g.allowed(np.array([t], dtype=np.int32))[0]:
-                return False
-            g.accept(t)
-        return True
+        return _walk(tok, gbnf, text, special=True) is not None
 
     call = GRAMMAR_TEXT["hermes"].replace("<tool_call>", opener)
     try:
@@ -919,9 +924,8 @@ def test_a_json_strings_grammar_refuses_raw_control_characters(q4_1):
     constrained answer could be no JSON (found by the walk above: 12 families' calls came
     back as text). llama.cpp's own converter refuses control characters; so does specli's
     grammar now, for response_format and tool calls alike."""
-    import numpy as np
 
-    from specli.backend import Grammar, Tokenizer, schema_grammar
+    from specli.backend import Tokenizer, schema_grammar
 
     tok = Tokenizer(q4_1)
     try:
@@ -929,12 +933,7 @@ def test_a_json_strings_grammar_refuses_raw_control_characters(q4_1):
                                "required": ["a"]})
 
         def takes(text: str) -> bool:
-            g = Grammar(tok, gbnf)
-            for t in tok.tokenize(text, add_special=False, parse_special=False):
-                if not g.allowed(np.array([t], dtype=np.int32))[0]:
-                    return False
-                g.accept(t)
-            return True
+            return _walk(tok, gbnf, text) is not None
 
         assert takes('{"a": "x\\ny \\u00e9 é"}')  # escapes and any other character
         assert not takes('{"a": "x\ny"}') and not takes('{"a": "x\ty"}')
