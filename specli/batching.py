@@ -22,6 +22,25 @@ from specli.config import ModelParams
 from specli.errors import BackendError
 
 
+def movable(dst: Sequence[object], src: Sequence[object]) -> bool:
+    """Whether move(dst, src) can copy each of src's models' sequences into dst's (a slot's
+    target and draft: sequences of the same contexts, without tree branches; a draft head's
+    cache cannot move)."""
+    return len(dst) == len(src) and all(
+        isinstance(d, Model) and d.shares(s) for d, s in zip(dst, src, strict=True))
+
+
+def move(dst: Sequence[Model], src: Sequence[Model]) -> bool:
+    """Each of dst's sequences becomes a copy of src's (a server slot taking over another's
+    cached prompt, on the loop between decodes); False, and nothing copied, where they
+    cannot (movable)."""
+    if not movable(dst, src):
+        return False
+    for d, s in zip(dst, src, strict=True):
+        d.adopt(s)
+    return True
+
+
 class Scheduler(Executor):
     """The server's one loop (llama-server's update_slots), on one thread: every slot's
     generation is a task (a greenlet) on it, and every decode runs on it. An iteration

@@ -371,6 +371,22 @@ def test_a_prompt_goes_to_the_slot_that_holds_its_prefix(server):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "id_slot"
 
 
+def test_a_cached_prompt_moves_to_the_slot_that_keeps_the_sequences_together(server):
+    """A prompt cached in slot 1 serves a request that runs in slot 0 (the lowest idle id,
+    which keeps the busy sequences consecutive): slot 1's cache, target's and draft's, is
+    copied into slot 0 first, so the prompt is not evaluated again, and the text is the
+    same."""
+    body = {"prompt": PROMPT + " Then the seasons.", "n_predict": 8, "cache_prompt": True}
+    with server.http() as h:
+        h.post("/completion", json={"prompt": "Hello", "n_predict": 1, "id_slot": 0})
+        first = h.post("/completion", json={**body, "id_slot": 1}).json()
+        assert first["id_slot"] == 1
+        moved = h.post("/completion", json=body).json()
+    assert moved["id_slot"] == 0
+    assert moved["timings"]["cache_n"] == moved["tokens_evaluated"] - 1
+    assert moved["content"] == first["content"]
+
+
 class _SlowToFinish:
     """An executor whose threads linger after each generation's work, as a thread does that
     waits for the GIL while the loop answers its client."""

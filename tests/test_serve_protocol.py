@@ -200,29 +200,57 @@ def test_several_aliases_name_the_model():
                              ).json()["data"][0]["tags"] == []
 
 
-def _slot(i: int, tokens: list[int], last_used: float):
+def _slot(i: int, tokens: list[int], last_used: float = 0.0, busy: bool = False):
     from types import SimpleNamespace
 
     from specli.server.slots import Slot
 
-    return Slot(i, SimpleNamespace(target=SimpleNamespace(tokens=tokens)),
-                last_used=last_used)
+    return Slot(i, SimpleNamespace(target=SimpleNamespace(tokens=tokens), draft_model=None),
+                busy=busy, last_used=last_used)
 
 
-def test_slot_choice_is_llama_servers_prompt_similarity_then_least_recently_used():
+def test_slot_choice_keeps_the_busy_sequences_together():
+    """With a cache stream a sequence llama.cpp decodes only consecutive sequences in one
+    graph run: the idle slot chosen is the one that leaves the fewest runs of busy ids."""
+    from specli.server.slots import SlotPool
+
+    slots = [_slot(i, [], busy=i in (0, 1, 3)) for i in range(6)]
+    pool = SlotPool(slots)
+    idle = [s for s in slots if not s.busy]
+    assert pool.choose(idle, [7, 8]).id == 2  # fills the gap: 0-3 one run
+    for s in slots:
+        s.busy = s.id == 5
+    assert pool.choose([s for s in slots if not s.busy], [7, 8]).id == 4  # beside it, not 0
+    for s in slots:
+        s.busy = False
+    assert pool.choose(slots[::-1], []).id == 0  # all idle: the lowest id
+    pool.executor.shutdown()
+
+
+def test_slot_choice_reuses_the_most_similar_cache_as_llama_server_does(monkeypatch):
+    """llama-server's prompt similarity decides whose cache serves: the idle slot holding
+    the largest fraction of the prompt, above the threshold. Where caches can move, the
+    request runs in the slot that keeps the sequences together, on a copy of that cache
+    (Slot.source); where they cannot, that slot itself serves."""
+    from specli import batching
     from specli.server.slots import SlotPool
 
     prompt = list(range(20))
-    half, tenth = _slot(0, prompt[:10] + [99], 2.0), _slot(1, prompt[:2], 1.0)
-    empty = _slot(2, [], 3.0)
-    pool = SlotPool([half, tenth, empty])
-    assert pool.choose([half, tenth, empty], prompt) is half  # 50% shared
-    assert pool.choose([tenth, empty], prompt) is tenth  # least recently used (10% is not >)
-    assert pool.choose([empty, half], [7, 8]) is half  # nothing shared: least recently used
+    empty, tenth, half = _slot(0, []), _slot(1, prompt[:2]), _slot(2, prompt[:10] + [99])
+    pool = SlotPool([empty, tenth, half])
+    assert pool.choose([empty, tenth, half], prompt) is half  # 50% shared, caches fixed
+    assert pool.choose([empty, tenth], prompt) is empty  # 10% is not above 0.1
+    monkeypatch.setattr(batching, "movable", lambda dst, src: True)
+    got = pool.choose([empty, tenth, half], prompt)
+    assert got is empty and got.source is half  # half's cache, copied into slot 0
+    assert pool.choose([tenth, half], prompt) is tenth and tenth.source is half
+    half.engine.target.tokens = prompt[:2]  # no more than the chosen slot holds: no copy
+    assert pool.choose([tenth, half], prompt) is tenth and tenth.source is None
     pool.similarity = 0.6
-    assert pool.choose([half, tenth, empty], prompt) is tenth  # 50% is under the threshold
-    pool.similarity = 0.0  # off: least recently used whatever is cached
-    assert pool.choose([half, empty], prompt) is half
+    half.engine.target.tokens = prompt[:10]
+    assert pool.choose([empty, half], prompt) is empty and empty.source is None  # 50% < 60%
+    pool.similarity = 0.0  # off: the cache plays no part
+    assert pool.choose([empty, half], prompt) is empty and empty.source is None
     pool.executor.shutdown()
 
 

@@ -130,3 +130,32 @@ def test_a_context_closes_once_and_refuses_decodes_after(q4_1):
     ctx.close()
     with pytest.raises(BackendError):
         view.decode([1, 2])
+
+
+def test_a_sequence_adopted_holds_the_others_cache_before_either_writes(f32):
+    """Model.adopt (a server slot taking over another's cached prompt): the copy holds the
+    source's cells as they were, even when the source rewinds and decodes something else in
+    the very decode that first reads the copy; its next row is the source's own."""
+    ctx = SharedContext(ModelParams(f32, n_ctx=64, n_threads=1), n_seq=3)
+    a, b = ctx.view(0), ctx.view(2)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    try:
+        # the row that follows the prompt, from a lone decode of it (slot 0 is empty)
+        want = np.array(ctx.sched.submit(lambda: b.decode(prompt)).result())
+        ctx.sched.submit(lambda: b.rewind(len(prompt) - 1)).result()
+        assert ctx.sched.submit(lambda: a.adopt(b)).result()
+        assert a.tokens == prompt[:-1] and not a.adopt(a)
+
+        def source(m: Model):
+            m.rewind(2)
+            return np.array(m.decode([50, 51, 52]))
+
+        def taker(m: Model):
+            return np.array(m.decode(prompt[-1:]))
+
+        _, got = as_tasks(ctx.sched, lambda i: [source, taker][i]([b, a][i]), 2, 120)
+    finally:
+        ctx.close()
+    # (a combined decode of another shape: F32's drift, far below a wrong cache's)
+    assert int(got[-1].argmax()) == int(want[-1].argmax())
+    assert abs(got[-1] - want[-1]).max() < 0.02

@@ -453,6 +453,27 @@ class Model:
                     ll.llama_memory_seq_rm(self._mem, base + s, -1, -1)
             self.tokens[:] = tokens
 
+    def shares(self, other: object) -> bool:
+        """Whether adopt(other) can copy other's sequence into this one."""
+        return (isinstance(other, Model) and other._mem is self._mem and other is not self
+                and self.n_branch == 1 and other.n_branch == 1)
+
+    def adopt(self, other: Model) -> bool:
+        """This sequence becomes a copy of other's, a sequence of the same context: its
+        cells and its tokens (a server moving a cached prompt to another slot). With a cache
+        stream a sequence llama.cpp copies the stream's buffers at its next decode, before
+        that decode writes anything. False, and nothing changed, where the two do not share
+        a context, or either holds draft-tree branches."""
+        if not self.shares(other):
+            return False
+        with self._runner.editing() as live:
+            if not live:
+                return False
+            ll.llama_memory_seq_rm(self._mem, self.seq, -1, -1)
+            ll.llama_memory_seq_cp(self._mem, other.seq, self.seq, -1, -1)
+            self.tokens[:] = other.tokens
+        return True
+
     def seq_pos_range(self, seq: int) -> tuple[int, int]:
         """The lowest and highest position branch `seq` holds ((-1, -1) when empty)."""
         with self._runner.editing():

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
+from specli import batching
 from specli.batching import SharedContext
 from specli.config import SamplingParams, SpecRequest
 from specli.engine import Engine
@@ -114,6 +115,9 @@ class Slot:
     n_requests: int = 0
     last_used: float = 0.0  # monotonic time of its last release (least recently used first)
     job: Job | None = None  # the last request it served (GET /slots' params)
+    # an idle slot whose cached prompt it takes over before its next generation
+    # (SlotPool.choose), as long as that cache still shares more of the prompt than its own
+    source: Slot | None = None
 
 
 class StopMatcher:
@@ -207,8 +211,13 @@ class Generation:
             self._push(self._pool.unavailable())
             return
         try:
+            src, self.slot.source = self.slot.source, None
             if not job.cache_prompt:
                 engine.forget()
+            elif src is not None and (_common(src.engine.target.tokens, job.prompt)
+                                      > _common(engine.target.tokens, job.prompt)):
+                # (on the loop, between decodes: the source's cache is as its tokens say)
+                batching.move(_models(engine), _models(src.engine))
             for index in range(job.n):  # each choice in turn; the next reuses the prompt
                 sp = job.sampling
                 if index and sp.seed is not None:  # each choice its own seed
@@ -336,15 +345,29 @@ class SlotPool:
             await asyncio.sleep(0.02)  # the slot asked for is busy: look again soon
 
     def choose(self, idle: Sequence[Slot], prompt: Sequence[int]) -> Slot | None:
-        """llama-server's choice among idle slots: the largest fraction of the prompt already
-        cached, if above the similarity threshold (0 turns it off); else the least recently
-        used."""
+        """The idle slot that keeps the busy slots' sequences together: the fewest runs of
+        consecutive ids, the lowest id among equals. With a cache stream a sequence
+        llama.cpp decodes only consecutive sequences in one graph run, so slots 0, 2 and 5
+        cost three runs a step where 0, 1 and 2 cost one (every step, for the whole
+        generation). llama-server's prompt similarity still decides whose cache is used:
+        the idle slot that holds the largest fraction of the prompt, if above the threshold
+        (0 turns it off) and more than the chosen slot holds, lends it its cache (copied at
+        the generation's start, Slot.source); where a cache cannot move (a draft head's,
+        a tree's branches) that slot itself serves, as in llama-server."""
+        if not idle:
+            return None
+        busy = {s.id for s in self.slots if s.busy}
+        tight = min(idle, key=lambda s: (_runs(busy | {s.id}), s.id))
+        tight.source = None
         if self.similarity > 0 and prompt:
-            shares = [(_common(s.engine.target.tokens, prompt) / len(prompt), s) for s in idle]
-            share, best = max(shares, key=lambda x: x[0], default=(0.0, None))
-            if best is not None and share > self.similarity:
-                return best
-        return min(idle, key=lambda s: s.last_used, default=None)
+            share, best = max(((_common(s.engine.target.tokens, prompt), s) for s in idle),
+                              key=lambda x: (x[0], x[1] is tight))
+            if (best is not tight and share / len(prompt) > self.similarity
+                    and share > _common(tight.engine.target.tokens, prompt)):
+                if not batching.movable(_models(tight.engine), _models(best.engine)):
+                    return best
+                tight.source = best
+        return tight
 
     def release(self, slot: Slot) -> None:
         slot.busy = False
@@ -378,6 +401,16 @@ class SlotPool:
             c.close()
         if self.on_close:
             self.on_close()
+
+
+def _runs(ids: set[int]) -> int:
+    """How many runs of consecutive numbers the ids make ({0, 1, 2, 5}: two)."""
+    return sum(1 for i in ids if i - 1 not in ids)
+
+
+def _models(engine: Engine) -> list:
+    """The models whose caches make up a slot's: the target's, and its draft's."""
+    return [engine.target] + ([engine.draft_model] if engine.draft_model is not None else [])
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:
