@@ -74,6 +74,11 @@ class Engine:
         # what follows the first n_keep tokens (-1: the whole prompt) and goes on
         self.context_shift = False
         self.n_keep = 0
+        # a server slot's: the first token is the target's alone, as llama-server samples it
+        # from the prompt's decode (the time to first token pays no draft catching up on the
+        # prompt, no drafting, no longer verification); `run` drafts from the first step, as
+        # llama-speculative-simple does
+        self.first_plain = False
 
     @property
     def draft_model(self) -> Backend | None:
@@ -184,7 +189,7 @@ class Engine:
                     k = min(n_left - 1, tgt.n_ctx - len(context) - self.context_shift,
                             tgt.n_batch - 1,
                             tgt.n_ctx if policy.limit is None else policy.limit
-                            ) if draft else 0
+                            ) if draft and (stats.n_first or not self.first_plain) else 0
                     tokens, n_drafted, eog = self._step(draft, policy, context, k, sp, rng,
                                                         stats, rules, probs, reads, dsp)
                     if not stats.n_first:  # llama-server's rates start after the first

@@ -386,14 +386,14 @@ def open_slots(n: int, target: ModelParams, draft: ModelParams | None,
             if head is not None:
                 shared.append(head)
             views = [shared[0].view(i) for i in range(n)]
-            engines = [engine(plan, v, HeadContext(v, head, decoder=sched), batch)
+            engines = [engine(plan, v, HeadContext(v, head, decoder=sched), batch, slot=True)
                        for v in views]
             return engines, shared
         if draft is not None:
             shared.append(SharedContext(draft, n, sched, first=True, width=width,
                                         tree_cells=cells))
-        engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None, batch)
-                   for i in range(n)]
+        engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None, batch,
+                          slot=True) for i in range(n)]
     except BaseException:
         for c in shared:
             c.close()
@@ -402,12 +402,14 @@ def open_slots(n: int, target: ModelParams, draft: ModelParams | None,
 
 
 def engine(plan: SpecPlan, target: Backend, draft: Backend | None,
-           batch: Batch | None = None) -> Engine:
+           batch: Batch | None = None, slot: bool = False) -> Engine:
     """An engine over target (and draft) that drafts as the plan says, its sources per slot
     (a real model, a slot's view, or a test's fake); batch: the slots it shares decodes with
-    (--draft auto chooses its k for them)."""
+    (--draft auto chooses its k for them); slot: a server's (its first token the target's
+    alone, Engine.first_plain)."""
     drafts = Drafts(plan, target, draft, batch)
     e = Engine(target, drafts(), plan.policy, drafts=drafts)
+    e.first_plain = slot
     params = getattr(target, "params", None)  # a test's fake has no ModelParams
     if isinstance(params, ModelParams):
         e.context_shift, e.n_keep = params.context_shift, params.n_keep

@@ -342,6 +342,7 @@ def test_server_slots_each_keep_their_own_head(heads, case):
     head drafts what a lone engine's drafts, and the text is the target's."""
     spec, target, head = CASES[case]
     alone = engine(heads, case)
+    alone.first_plain = True  # as a server's slot: its first token the target's alone
     try:
         ids = [alone.tokenize(t) for t in PROMPTS[:2]]
         want = [run_steps(alone, p, 24) for p in ids]
