@@ -456,14 +456,19 @@ def test_concurrent_greedy_requests_match_their_lone_answers(f32, q4_1):
     the target's own text. (A request's speculative.n_max caps auto's k as it caps a fixed
     one: the same k reaches Adaptive.best_k, test_adaptive.) An F32 target: on F16, "Name 5
     animals" is a near tie that a batch's shape decides (`run --no-spec`, `--draft 8` and
-    `--draft auto` give three texts there; on F32 one)."""
+    `--draft auto` give three texts there). F32 is not exact either: a batched decode's
+    logits differ from single-token decodes' by up to 0.03 here, so "Name 5 animals" (top-two
+    margin 0.0012 at its 20th token) took either word as batches fell in CI. The prompts are
+    ones whose greedy 32 tokens alone never come within 0.08 of a tie (measured on this F32)."""
     s = Server("-m", f32, "-md", q4_1, "-np", "8", "-c", "4096", "--api-key", KEY,
                "-a", "smollm2-f16", "--temp", "0")
     try:
         with s.http() as h:
             spec = h.get("/props").json()["speculative"]
             assert spec["auto"] is True and spec["n_max"] == 64  # no --draft: up to 64
-        prompts = [f"Name {n} animals that live in the sea." for n in range(2, 10)]
+        prompts = [*(f"Name {n} animals that live in the sea." for n in (7, 8, 15)),
+                   "Name 4 fruits.", "Name 6 fruits.",
+                   *(f"List {n} colors." for n in (6, 7, 8))]
 
         def answer(i: int) -> str:
             return chat(s.client(), prompts[i], max_tokens=32).choices[0].message.content
