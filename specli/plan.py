@@ -391,7 +391,8 @@ def open_slots(n: int, target: ModelParams, draft: ModelParams | None,
             return engines, shared
         if draft is not None:
             shared.append(SharedContext(draft, n, sched, first=True, width=width,
-                                        tree_cells=cells))
+                                        tree_cells=cells,
+                                        timed=batch.draft.add if batch else None))
         engines = [engine(plan, shared[0].view(i), shared[1].view(i) if draft else None, batch,
                           slot=True) for i in range(n)]
     except BaseException:

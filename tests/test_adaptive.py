@@ -269,3 +269,108 @@ def test_a_slot_beside_others_does_not_explore_a_draft_that_cannot_pay():
 
     assert first_k(0) == 1
     assert first_k(7) == 0
+
+
+class Behind(Slow):
+    """Slow, whose draft is `n` tokens short of the context until it drafts (a server
+    slot's lazy draft after plain steps); its catch-up costs p seconds a token."""
+
+    def __init__(self, now: list[float], c: float, n: int, p: float):
+        super().__init__(now, c)
+        self.n, self.p = n, p
+
+    def behind(self, context):
+        return self.n
+
+    def catch_up(self, context):
+        self.now[0] += self.p * self.n
+        self.n = 0
+        return True
+
+
+def test_a_draft_far_behind_does_not_switch_to_drafting_for_a_step():
+    """The same batch that drafts when its drafts are caught up stays plain when every
+    slot's draft would first decode hundreds of missed tokens (8 clients after plain steps:
+    one such switch cost 1.5-2.5 s); a catch-up that pays for itself within the horizon
+    (a short prompt not yet fed) is made."""
+    S = np.tile(0.9 ** np.arange(1, 9), (4, 1))
+    args = (0.02, 0.1, 0.001)
+    assert min(plan_batch(S, *args)) >= 2
+    assert min(plan_batch(S, *args, np.full(4, 300.0), 0.002)) == 0
+    assert min(plan_batch(S, *args, np.full(4, 20.0), 0.002)) >= 2
+
+
+def test_catch_ups_of_one_iteration_are_one_decode():
+    """Each slot's clock saw the one combined decode: an iteration's catch-ups count once,
+    with all their tokens, when the next plan is made; before any, a drafted token's cost
+    at the prior slope."""
+    batch = Batch()
+    assert batch.catch_up.rate(0.01) == pytest.approx(0.01 * 0.15)
+    for _ in range(4):
+        batch.catch_up.add(100, 0.4)  # four slots, 100 tokens each, one 0.4 s decode
+    batch.choose("me", 0.9 ** np.arange(1, 9), 0.001)
+    assert batch.catch_up.rate(0.01) == pytest.approx(0.4 / 400)
+
+
+def test_the_catch_up_is_timed_and_counted_in_the_plan():
+    """Alone, with a draft 1,000 tokens behind that costs 2 ms a token to catch up (2 s),
+    the plan decodes plainly (it learnt the rate); 10 tokens behind, it drafts."""
+    def ks(n_behind: int) -> list[int]:
+        now, batch = [0.0], Batch()
+        for _ in range(20):
+            batch.cost.add(1, 0.01)
+            batch.cost.add(9, 0.02)
+        batch.catch_up.add(100, 0.2)  # measured before: 2 ms a token
+        ad = Adaptive(Behind(now, 0.001, n_behind, 0.002), seed=0, clock=lambda: now[0],
+                      batch=batch, who="me")
+        ad._first = False  # (not a generation's first step, which explores)
+        out = []
+        for _ in range(5):
+            p = ad.propose([1, 2, 3], 8, SP, np.random.default_rng(0))
+            ad.accept(accepted(len(p.tokens)))
+            out.append(ad.k)
+        return out
+
+    assert ks(1000) == [0] * 5
+    assert min(ks(10)) >= 1
+
+
+def test_a_slot_beside_others_never_explores_a_draft_the_plan_skips():
+    """Beside other slots, k = 0 means no draft at all: one slot's exploring draft would
+    make a decode of unequal lengths for everyone (8 clients: 8% of the throughput);
+    alone, a share of the steps still drafts so that the estimates stay alive."""
+    def drafted(others: int) -> int:
+        now, batch = [0.0], Batch()
+        b = others + 1
+        for _ in range(20):  # compute-bound: a token adds 0.9 of a decode of one
+            batch.cost.add(b, 0.01 * (1 + 0.9 * (b - 1)))
+            batch.cost.add(2 * b, 0.01 * (1 + 0.9 * (2 * b - 1)))
+        for i in range(others):
+            batch.choose(("other", i), 0.5 ** np.arange(1, 9), 0.005)
+        ad = Adaptive(Slow(now, 0.005), seed=3, clock=lambda: now[0], batch=batch,
+                      who="me", prior=0.5)
+        n = 0
+        for _ in range(400):
+            p = ad.propose([1], 8, SP, np.random.default_rng(0))
+            ad.accept(accepted(0))
+            n += bool(p.tokens)
+        return n
+
+    assert drafted(0) > 0
+    assert drafted(7) == 0
+
+
+def test_a_slot_left_alone_prices_its_draft_at_one_slot_not_at_the_batch_it_drafted_in():
+    """A server slot last drafted beside seven others, whose one combined position took
+    60 ms (8 slots' tokens cost the Q4_1 draft about what they cost the target): alone, its
+    shared draft model costs what the draft context's line says for one slot (5 ms), so it
+    drafts; priced at what its own clock saw last, it would never draft again."""
+    batch = Batch()
+    for _ in range(20):
+        batch.cost.add(1, 0.02)
+        batch.cost.add(9, 0.035)
+        batch.draft.add(1, 0.005)
+        batch.draft.add(8, 0.060)
+    good = 0.9 ** np.arange(1, 9)
+    assert batch.choose("me", good, 0.060, shared=True) >= 2
+    assert batch.choose("me", good, 0.060, shared=False) == 0

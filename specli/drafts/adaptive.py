@@ -32,12 +32,16 @@ DECAY = 0.95  # weight of the past per observation: about the last 20 steps coun
 # (about 0.1 for SmolLM2 F32 on 2 CPU cores, 0.2-0.4 for larger models); measured thereafter
 PRIOR_SLOPE = 0.15
 PRIOR_WEIGHT = 4.0
-EXPLORE = 0.1  # share of steps that try k +- 1, so the cost of other lengths stays known
+EXPLORE = 0.1  # share of the plans that try k +- 1 (every slot), so other lengths stay known
 # where no draft pays (k = 0), the share of steps that still draft, so that acceptance and
 # cost stay known (each first decodes what the draft missed: a batch as long as the rest);
 # where even a draft always right would not pay (one as slow as its target), only the first
 # step of a generation does, its cache fresh from the prompt
 EXPLORE_REST = 0.04
+# a draft that missed plain steps decodes what it missed before it drafts again (its
+# catch-up): the plan counts that time spread over the steps its estimates look ahead to,
+# about the last 1 / (1 - DECAY) = 20 (a switch to drafting must pay for itself within them)
+HORIZON = 1.0 / (1.0 - DECAY)
 COLD_K = 2  # the longest draft before the draft's time a token is measured
 PRIOR_STEPS = 2.0  # the weight, in steps, of the acceptance assumed before any is measured
 
@@ -61,6 +65,15 @@ class VerifyCost:
             self._sxx += x * x
             self._sxy += x * seconds
 
+    def known(self) -> bool:
+        with self._lock:
+            return self._w > 0
+
+    def at(self, n: int) -> float:
+        """The fitted seconds for a decode of n tokens."""
+        a, slope = self.fit()
+        return a * (1 + slope * (n - 1))
+
     def fit(self) -> tuple[float, float]:
         """(a, slope), the slope shrunk towards the prior when the batch sizes barely vary."""
         with self._lock:
@@ -77,6 +90,31 @@ class VerifyCost:
         return a, max(b / a, 0.0)
 
 
+class CatchUp:
+    """Seconds a token of a draft's catch-up (the tokens it missed, decoded in one batch),
+    decayed; the catch-ups of one iteration are one decode (a server's slots, combined)."""
+
+    def __init__(self) -> None:
+        self._s = self._n = 0.0
+        self._now: list[tuple[int, float]] = []  # this iteration's: (tokens, seconds)
+
+    def add(self, n: int, seconds: float) -> None:
+        self._now.append((n, seconds))
+
+    def fold(self) -> None:
+        """(at an iteration's end) the iteration's catch-ups as one decode: every slot's
+        clock saw the one combined decode, of all their tokens."""
+        if self._now:
+            self._s = DECAY * self._s + max(s for _, s in self._now)
+            self._n = DECAY * self._n + sum(n for n, _ in self._now)
+            self._now = []
+
+    def rate(self, c: float) -> float:
+        """Seconds a token; before any is measured, a drafted token's c at the prior
+        batch slope (a token in a batch costs about that share of a decode of one)."""
+        return self._s / self._n if self._n else c * PRIOR_SLOPE
+
+
 class Batch:
     """The slots whose verifications share one target decode (a server's, batching.py; `run`
     is a batch of one): the target's time for a decode of n tokens in all (cost: fed where
@@ -86,23 +124,40 @@ class Batch:
     free only because the others draft too, and every slot drafting was the plan none of
     them would choose."""
 
-    def __init__(self, cost: VerifyCost | None = None) -> None:
+    def __init__(self, cost: VerifyCost | None = None, seed: int = 0) -> None:
         self.cost = cost or VerifyCost()
-        self._curves: dict[object, tuple[np.ndarray, float]] = {}
+        self._rng = np.random.default_rng(seed)  # exploration only: never the output
+        self.catch_up = CatchUp()
+        # a server's draft model: its decode of one position of n slots side by side, timed
+        # by its shared context (a slot's own clock saw the decode of the slots drafting at
+        # its last proposal, which under load were many: 8 slots' one token costs about
+        # what the target's does, and a slot left alone would read that as its own)
+        self.draft = VerifyCost()
+        self._curves: dict[object, tuple[np.ndarray, float, int, bool]] = {}
         self._lock = threading.Lock()
         self._plan_k: dict[object, int] = {}  # the plan made this iteration
         self._asked: set[object] = set()  # the slots that have taken their k from it
 
-    def choose(self, who: object, s: np.ndarray, c: float) -> int:
-        """who's k in the batch's best plan, its S(j) for j = 1..its cap being s and its
-        draft c seconds a token. The plan is made once an iteration (when a slot asks
-        again, or one it does not know): the slots step one after another, each with the
-        others' curves as of their last step."""
+    def choose(self, who: object, s: np.ndarray, c: float, behind: int = 0,
+               shared: bool = False) -> int:
+        """who's k in the batch's best plan, its S(j) for j = 1..its cap being s, its
+        draft c seconds a token as it last measured (shared: a draft model of the batch's
+        shared context, whose time for the slots side by side is `draft`'s line, once
+        measured) and `behind` tokens short of its context (its catch-up).
+        The plan is made once an iteration (when a slot asks again, or one it does not
+        know): the slots step one after another, each with the others' curves as of their
+        last step."""
         with self._lock:
-            self._curves[who] = (s, c)
+            self._curves[who] = (s, c, behind, shared)
             if who in self._asked or who not in self._plan_k:
+                self.catch_up.fold()
                 whos = list(self._curves)
-                self._plan_k = dict(zip(whos, self._ks(), strict=True))
+                ks = self._ks()
+                if ks.max() > 0 and self._rng.random() < EXPLORE:  # the lengths around
+                    # the plan's stay measured: every slot one longer or shorter at once
+                    # (one slot alone a length apart would make a decode of unequal lengths)
+                    ks = np.where(ks > 0, np.maximum(ks + self._rng.choice((-1, 1)), 1), 0)
+                self._plan_k = dict(zip(whos, ks.tolist(), strict=True))
                 self._asked = set()
             self._asked.add(who)
             return self._plan_k[who]
@@ -122,11 +177,15 @@ class Batch:
         right."""
         curves = list(self._curves.values())
         t1, slope = self.cost.fit()
-        S = np.zeros((len(curves), max(len(cs) for cs, _ in curves)))
-        for i, (cs, _) in enumerate(curves):
+        S = np.zeros((len(curves), max(len(cs) for cs, *_ in curves)))
+        for i, (cs, *_) in enumerate(curves):
             S[i, :len(cs)] = 1.0 if i == right else cs
-        c = max(ci for _, ci in curves)  # the slots draft side by side: the slowest
-        return plan_batch(S, t1 or 1.0, slope, c)
+        # the slots draft side by side: the slowest, the shared draft model's time for all
+        # of them where measured
+        line = self.draft.at(len(curves)) if self.draft.known() else None
+        c = max(line if shared and line is not None else ci for _, ci, _, shared in curves)
+        behind = np.array([b for _, _, b, _ in curves], dtype=float)
+        return plan_batch(S, t1 or 1.0, slope, c, behind, self.catch_up.rate(c))
 
     def drop(self, who: object) -> None:
         with self._lock:
@@ -138,13 +197,17 @@ class Batch:
             return len(self._curves)
 
 
-def plan_batch(S: np.ndarray, t1: float, slope: float, c: float) -> np.ndarray:
+def plan_batch(S: np.ndarray, t1: float, slope: float, c: float,
+               behind: np.ndarray | None = None, p: float = 0.0) -> np.ndarray:
     """Each slot's draft length for the most tokens a second of the whole batch (SmartSpec's
     goodput), 0 included: one length k for every slot (a slot's cap, where lower). S[i, j - 1]:
     the chance that slot i's first j drafted tokens are accepted (non-increasing in j; 0 past
     its cap). A step drafts k positions (the slots side by side, c seconds each), then
     verifies every slot's k_i + 1 tokens in one decode of t1 * (1 + slope * (n - 1)) seconds,
-    and yields the sum of 1 + S_i(1) + ... + S_i(k_i) tokens.
+    and yields the sum of 1 + S_i(1) + ... + S_i(k_i) tokens. A slot whose draft is
+    behind[i] tokens short of its context first catches up, p seconds a token, a cost
+    spread over the HORIZON steps the plan looks ahead to (after plain steps under load,
+    hundreds of tokens: measured at 8 clients, a switch to drafting cost 1.5-2.5 s).
 
     One length, not one a slot: with a cache stream a sequence (a server's slots), llama.cpp
     splits a batch whose sequences hold unequal numbers of tokens into several graph runs
@@ -159,7 +222,10 @@ def plan_batch(S: np.ndarray, t1: float, slope: float, c: float) -> np.ndarray:
     ks = np.minimum(np.arange(K + 1)[:, None], caps[None, :])  # (k, slot): each slot's k
     tokens = B + cum[np.arange(B)[None, :], ks].sum(axis=1)
     n = B + ks.sum(axis=1)
-    goodput = tokens / (t1 * (1 + slope * (n - 1)) + np.arange(K + 1) * c)
+    seconds = t1 * (1 + slope * (n - 1)) + np.arange(K + 1) * c
+    if behind is not None and p > 0.0:
+        seconds = seconds + p * ((ks > 0) * behind[None, :]).sum(axis=1) / HORIZON
+    goodput = tokens / seconds
     return ks[int(np.argmax(goodput))]
 
 
@@ -175,7 +241,7 @@ class Adaptive(DraftSource):
         # are made (a slot's own clock would count the others' tokens as its own); `run`'s
         # draft is a batch of one that times its own verifications
         self._timed_here = batch is None
-        self.batch = batch if batch is not None else Batch(cost)
+        self.batch = batch if batch is not None else Batch(cost, seed)
         self.who = who if who is not None else self
         self.n_min = n_min  # --draft-min: a shorter draft is discarded, and nothing is learnt
         self.prior = prior  # per-token acceptance assumed before any is measured
@@ -225,10 +291,10 @@ class Adaptive(DraftSource):
             rates[j - 1] = prior
         return np.cumprod(rates)
 
-    def best_k(self, k_max: int) -> int:
-        """The length with the most tokens per second, 0 where none beats the target alone;
-        a share of steps (EXPLORE) one longer or shorter, so that the lengths around it stay
-        measured (at 0, EXPLORE_REST of them the shortest draft --draft-min allows)."""
+    def best_k(self, k_max: int, behind: int = 0) -> int:
+        """The length with the most tokens per second in the batch's plan (a share of its
+        steps one longer or shorter, Batch.choose), 0 where none beats the target alone
+        (alone, EXPLORE_REST of such steps the shortest draft --draft-min allows)."""
         k_max = min(k_max, DRAFT_AUTO_MAX)
         if k_max < 1:
             self.batch.choose(self.who, np.zeros(0), self.t_token)  # in the plan: its token
@@ -236,20 +302,19 @@ class Adaptive(DraftSource):
         if not self._n_draft:  # a draft of unknown cost: a short one first (one as slow as
             k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
             # then its cost is known)
-        k = self.batch.choose(self.who, self.survival(k_max), self.t_token)
-        if k == 0:  # no length beats the target alone (in this batch): explore now and
-            # then, EXPLORE_REST of the batch's steps (one slot's exploring draft holds up
-            # every slot's verification, which waits for the drafts); a draft that would
-            # not pay even if always right, only at a generation's first step, and only
-            # alone: beside other slots that step would cost them all a catch-up of the
-            # whole prompt and a decode of unequal lengths, for a cost already known
-            members = max(self.batch.members(), 1)
-            lucky = self._rng.random() < EXPLORE_REST / members
-            if lucky or self._first:
-                k = int(lucky if self.batch.could(self.who)
-                        else self._first and members == 1)
-        elif self._rng.random() < EXPLORE:
-            k += int(self._rng.choice((-1, 1)))
+        k = self.batch.choose(self.who, self.survival(k_max), self.t_token, behind,
+                              shared=not self._timed_here and self.model is not None)
+        if k == 0:  # no length beats the target alone:
+            # explore now and then (EXPLORE_REST of the steps); a draft that would not pay
+            # even if always right, only at a generation's first step. Only alone: beside
+            # other slots one slot's exploring draft would cost every one of them a decode
+            # of unequal lengths (a graph run more) and itself a catch-up of what it missed
+            # (at 8 clients, one exploring slot a 25th of the steps cost 8% of the
+            # throughput); there the plan decides on the estimates it has, and a slot
+            # left alone explores again
+            lucky = self._rng.random() < EXPLORE_REST
+            if self.batch.members() == 1 and (lucky or self._first):
+                k = int(lucky if self.batch.could(self.who) else self._first)
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
     def names(self) -> tuple[str, ...]:
@@ -263,13 +328,17 @@ class Adaptive(DraftSource):
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
                 rules: Rules | None = None) -> Tree:
-        self.k = self.best_k(k)
+        behind = self.source.behind(context) if k > 0 else 0
+        self.k = self.best_k(k, behind)
         self._first = False
         if self.k == 0:  # the target alone this step: the draft catches up when it drafts
             self._rested = True
             return Tree()
         # what it missed (a rest, a lazy prompt) is decoded first: not its drafting
+        t0 = self._clock()
         caught_up = self.source.catch_up(context)
+        if behind:
+            self.batch.catch_up.add(behind, self._clock() - t0)
         t0 = self._clock()
         p = self.source.propose(context, self.k, sp, rng, policy, rules)
         t1 = self._clock()

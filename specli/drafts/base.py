@@ -128,6 +128,11 @@ class DraftSource:
         that has nothing to decode, or decodes it inside its proposal."""
         return False
 
+    def behind(self, context: Sequence[int]) -> int:
+        """How many of the context's tokens catch_up would decode now (a draft model's
+        cache that missed plain steps, or a server slot's prompt not yet fed)."""
+        return 0
+
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
                 rules: Rules | None = None) -> Tree:

@@ -60,10 +60,13 @@ class ModelDraft(DraftSource):
     def catch_up(self, context: Sequence[int]) -> bool:
         """Decode what the cache lacks of the context but its last token (the proposal's
         first decode), so that a proposal's time is its drafting's."""
-        m = self.model
-        if len(m.tokens) < len(context) - 1 and len(context) < m.n_ctx:
-            m.decode(context[len(m.tokens):-1], logits="none")
+        if self.behind(context):
+            self.model.decode(context[len(self.model.tokens):-1], logits="none")
         return True
+
+    def behind(self, context: Sequence[int]) -> int:
+        m = self.model
+        return max(0, len(context) - 1 - len(m.tokens)) if len(context) < m.n_ctx else 0
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
                 rng: np.random.Generator, policy: DraftPolicy | None = None,
