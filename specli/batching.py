@@ -369,7 +369,7 @@ class SharedContext:
                     else:
                         dt, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.seconds += dt
-                    if self.timed and r.n_out and not r.prompt and r.take <= m.n_batch:
+                    if self.timed and r.n_out == r.take and not r.prompt:
                         self.timed(r.take, dt)
                     n_now = r.n_now
                     if n_now or r.done_n + r.take == len(r.tokens):  # (its last piece)
@@ -394,12 +394,14 @@ class SharedContext:
                 r.error = e
             return
         if (self.timed and len({r.take for r in batch}) == 1 and not batch[0].prompt
-                and all(r.n_out for r in batch)
+                and all(r.n_out == r.take for r in batch)
                 and batch[-1].seq - batch[0].seq == len(batch) - 1):  # steps of equal
             # lengths of sequences that follow each other only: a prompt's hundreds of
             # tokens would decide the fit, and unequal lengths or a gap between sequence
             # ids cost llama.cpp a graph run more (4 slots of ids 0, 1, 4, 6: three);
-            # a draft's catch-up (no rows wanted) is timed by the plan apart
+            # steps only, every row wanted (a plain step, a verification): a short prompt
+            # (one row) alone once made the line's slope negative, and a draft's catch-up
+            # (no rows) is timed by the plan apart
             self.timed(sum(r.take for r in batch), dt)
         n_now = [r.n_now for r in batch]
         rows = m.rows(sum(n_now))

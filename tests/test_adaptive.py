@@ -374,3 +374,15 @@ def test_a_slot_left_alone_prices_its_draft_at_one_slot_not_at_the_batch_it_draf
     good = 0.9 ** np.arange(1, 9)
     assert batch.choose("me", good, 0.060, shared=True) >= 2
     assert batch.choose("me", good, 0.060, shared=False) == 0
+
+
+def test_a_noisy_fit_never_says_a_longer_decode_costs_less():
+    """Points that say more tokens cost less (a slow small decode beside fast large ones)
+    give slope 0 and the mean time, not a line whose a is far above every point (it once
+    read 143 ms for decodes of 60, so that verifying more tokens looked free)."""
+    c = VerifyCost()
+    for _ in range(10):
+        c.add(2, 0.140)
+        c.add(40, 0.060)
+    a, slope = c.fit()
+    assert slope == 0.0 and 0.06 <= a <= 0.14

@@ -163,14 +163,16 @@ def test_a_sequence_adopted_holds_the_others_cache_before_either_writes(f32):
 
 def test_the_plan_is_told_the_steps_a_context_decodes_but_not_catch_ups(q4_1):
     """`timed` (--draft auto's cost lines) gets each decode of equal steps of consecutive
-    slots: its tokens in all and its seconds; a draft's catch-up (tokens decoded for the
-    cache, no rows wanted) is timed by the plan apart, and is not a point of the line."""
+    slots, every row wanted (a plain step, a verification, a drafting position): its
+    tokens in all and its seconds; a short prompt (its last row) is no step, and a draft's
+    catch-up (no rows) is timed by the plan apart: neither is a point of the line."""
     told: list[tuple[int, float]] = []
     ctx = SharedContext(ModelParams(q4_1, n_ctx=128, n_threads=1), n_seq=2,
                         timed=lambda n, s: told.append((n, s)))
     try:
         def work(m: Model) -> None:
             m.decode([1, 2, 3, 4, 5], logits="none")  # a catch-up of 5 tokens
+            m.decode([9, 10, 11], logits="last")  # a short prompt: its last row
             m.decode([6], logits="last")  # a drafting position
             m.decode([7, 8], logits="all")  # a verification of 2
 

@@ -86,8 +86,9 @@ class VerifyCost:
         # least squares for the slope b in y = a + b x, shrunk towards the prior's slope
         a_prior = my / (1 + PRIOR_SLOPE * mx)
         b = (cov * w + PRIOR_WEIGHT * PRIOR_SLOPE * a_prior) / (var * w + PRIOR_WEIGHT)
+        b = max(b, 0.0)  # a longer decode never costs less (noise can say so: not a = 3 t)
         a = max(my - b * mx, 1e-9)
-        return a, max(b / a, 0.0)
+        return a, b / a
 
 
 class CatchUp:
@@ -186,6 +187,15 @@ class Batch:
         c = max(line if shared and line is not None else ci for _, ci, _, shared in curves)
         behind = np.array([b for _, _, b, _ in curves], dtype=float)
         return plan_batch(S, t1 or 1.0, slope, c, behind, self.catch_up.rate(c))
+
+    def join(self, who: object, c: float, shared: bool = False) -> None:
+        """who's generation starts: a member of the batch's decodes from its first step,
+        which drafts nothing (a server slot's first token is the target's alone), so that
+        no slot beside it plans as if alone (4 requests starting together: the first to ask
+        drafted 13 tokens beside three plain steps, a decode of unequal lengths)."""
+        with self._lock:
+            self._curves[who] = (np.zeros(0), c, 0, shared)
+            self._plan_k, self._asked = {}, set()
 
     def drop(self, who: object) -> None:
         with self._lock:
@@ -303,7 +313,7 @@ class Adaptive(DraftSource):
             k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
             # then its cost is known)
         k = self.batch.choose(self.who, self.survival(k_max), self.t_token, behind,
-                              shared=not self._timed_here and self.model is not None)
+                              self._shared())
         if k == 0:  # no length beats the target alone:
             # explore now and then (EXPLORE_REST of the steps); a draft that would not pay
             # even if always right, only at a generation's first step. Only alone: beside
@@ -317,12 +327,16 @@ class Adaptive(DraftSource):
                 k = int(lucky if self.batch.could(self.who) else self._first)
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
+    def _shared(self) -> bool:
+        """A server slot's draft model (its batch's draft context times it)."""
+        return not self._timed_here and self.model is not None
+
     def names(self) -> tuple[str, ...]:
         return self.source.names()
 
     def begin(self, prompt: Sequence[int]) -> Reads | None:
         self._pending, self._first = None, True
-        self.batch.drop(self.who)
+        self.batch.join(self.who, self.t_token, self._shared())
         return self.source.begin(prompt)
 
     def propose(self, context: Sequence[int], k: int, sp: SamplingParams,
