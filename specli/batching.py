@@ -369,7 +369,8 @@ class SharedContext:
                     else:
                         dt, _ = m.decode_chunked(r.tokens, r.pos0, r.seq, r.n_out)
                     r.seconds += dt
-                    if self.timed and r.n_out == r.take and not r.prompt:
+                    if (self.timed and r.n_out == r.take and not r.prompt
+                            and r.take <= m.n_batch):  # (not a step in chunks)
                         self.timed(r.take, dt)
                     n_now = r.n_now
                     if n_now or r.done_n + r.take == len(r.tokens):  # (its last piece)
