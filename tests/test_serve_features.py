@@ -6,7 +6,10 @@ greedy by default; what the model's text does not decide, in process on fake eng
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
+import urllib.parse
 from contextlib import nullcontext
 
 import openai
@@ -446,3 +449,112 @@ def test_llama_servers_prompt_forms(server):
         usage = h.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 1}).json()["usage"]
         assert n == usage["prompt_tokens"]
+
+
+# -- resumable streams (issue 60 point 4; llama-server's test_stream) --------------------------
+
+CONV = "conv-stream-test::ggml-org/tinygemma3-GGUF:Q8_0"  # test_stream's id: a slashed model
+QS = "conv_id=" + urllib.parse.quote(CONV, safe="")
+
+
+def test_a_named_stream_replays_from_any_offset_and_stops(fake):
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 12,
+            "stream": True}
+    with fake.http() as h:
+        with h.stream("POST", "/v1/chat/completions", json=body,
+                      headers={"X-Conversation-Id": CONV}) as r:
+            live = b"".join(r.iter_bytes())
+        assert live.endswith(b"data: [DONE]\n\n") and live.count(b"data: ") > 3
+        whole = h.get(f"/v1/stream?{QS}&from=0")
+        assert whole.status_code == 200 and whole.content == live
+        assert whole.headers["content-type"].startswith("text/event-stream")
+        assert h.get(f"/v1/stream?{QS}&from=10").content == live[10:]
+        assert h.get(f"/v1/stream?{QS}").content == live  # from 0 by default
+        [info] = h.post("/v1/streams/lookup", json={"conversation_ids": [CONV.split("::")[0]]}
+                        ).json()  # an id matches its `ID::model` streams too
+        assert info["conversation_id"] == CONV and info["is_done"] is True
+        assert info["total_bytes"] == len(live) and info["completed_at"] >= info["started_at"]
+        assert h.post("/v1/streams/lookup", json={"conversation_ids": ["other"]}).json() == []
+        assert h.post("/v1/streams/lookup", json={}).json() == []  # nothing is listed unasked
+        for bad, param in (("?from=0", "conv_id"), (f"?{QS}&from=-1", "from"),
+                           (f"?{QS}&from=x", "from")):
+            r = h.get(f"/v1/stream{bad}")
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, bad
+        assert h.delete(f"/v1/stream?{QS}").status_code == 204
+        gone = h.get(f"/v1/stream?{QS}&from=0")
+        assert gone.status_code == 404 and "not found" in gone.json()["error"]["message"]
+        assert h.delete(f"/v1/stream?{QS}").status_code == 204  # idempotent, as llama-server
+        # without the header a stream is not kept; a whole answer never is
+        h.post("/v1/chat/completions", json=body)
+        h.post("/v1/chat/completions", json={**body, "stream": False},
+               headers={"X-Conversation-Id": "whole"})
+        assert h.get("/v1/stream?conv_id=whole").status_code == 404
+        # Messages and Responses streams are kept the same way
+        for path, req in (("/v1/messages", {**body, "max_tokens": 8}),
+                          ("/v1/responses", {"input": "hello", "max_output_tokens": 8,
+                                             "stream": True})):
+            with h.stream("POST", path, json=req, headers={"X-Conversation-Id": path}) as r:
+                live = b"".join(r.iter_bytes())
+            assert r.status_code == 200 and b"event: " in live
+            assert h.get(f"/v1/stream?conv_id={path}").content == live, path
+
+
+def test_a_named_stream_outlives_its_client_and_stop_cancels_it(server):
+    """The client goes away after the first bytes: the generation runs on, and a replay
+    from 0 is the whole answer, the text of the same request answered whole. Stop (DELETE)
+    ends a live stream: its generation is cancelled and its client's stream ends."""
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 48,
+            "temperature": 0}
+    with server.http() as h:
+        whole = h.post("/v1/chat/completions", json=body).json()
+    raw = json.dumps({**body, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                 b"Authorization: Bearer " + KEY.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nX-Conversation-Id: " + CONV.encode()
+                 + b"\r\nContent-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    assert b"200 OK" in sock.recv(4096)  # the status line, then away
+    sock.close()
+    with server.http() as h:
+        deadline = time.monotonic() + 60
+        while b"[DONE]" not in (replay := h.get(f"/v1/stream?{QS}&from=0").content):
+            assert time.monotonic() < deadline, replay[-300:]
+            time.sleep(0.2)
+    events = [json.loads(line[6:]) for line in replay.decode().split("\n\n")
+              if line.startswith("data: {")]
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events
+                   if e["choices"])
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+    got: list[bytes] = []
+
+    def follow() -> None:
+        with server.http() as h2, h2.stream(
+                "POST", "/v1/chat/completions", headers={"X-Conversation-Id": CONV},
+                json={**body, "max_tokens": 400, "stream": True,
+                      "ignore_eos": True}) as r:
+            got.extend(r.iter_bytes())
+
+    with server.http() as h:
+        before = h.get("/slots").json()
+    t = threading.Thread(target=follow)
+    t.start()
+    with server.http() as h:
+        while not got:
+            time.sleep(0.05)
+        assert h.delete(f"/v1/stream?{QS}").status_code == 204
+        t.join(60)
+        assert not t.is_alive(), "Stop ends the live client's stream"
+        assert h.get(f"/v1/stream?{QS}&from=0").status_code == 404
+        cut = b"".join(got)
+        assert b'"finish_reason":"length"' not in cut and b"[DONE]" not in cut, \
+            "the generation was cancelled before its 400 tokens"
+        deadline = time.monotonic() + 30  # the slot is freed at its next token
+        while any(s["is_processing"] for s in h.get("/slots").json()):
+            assert time.monotonic() < deadline, "the cancelled generation holds its slot"
+            time.sleep(0.05)
+        [served] = [s for s, b in zip(h.get("/slots").json(), before, strict=True)
+                    if s["n_requests"] > b["n_requests"]]
+        assert served["n_cached"] < whole["usage"]["prompt_tokens"] + 200, \
+            "Stop cancelled the generation, not only its stream"

@@ -56,6 +56,7 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
         if task is not None:
             with suppress(BaseException):
                 await task
+        st.streams.close()  # a reader following a live stream ends
         if st.pool is not None:
             await asyncio.to_thread(st.pool.close)
 

@@ -18,7 +18,16 @@ from pydantic import ValidationError
 from specli.config import SAMPLING
 from specli.server import formats as f
 from specli.server.errors import APIError
-from specli.server.routes import AppState, Pool, _auth, chat_job, chat_tokens, collect, start
+from specli.server.routes import (
+    AppState,
+    Pool,
+    _auth,
+    chat_job,
+    chat_tokens,
+    collect,
+    resumable,
+    start,
+)
 from specli.server.schemas import (
     ChatRequest,
     FunctionCallItem,
@@ -214,7 +223,7 @@ async def messages(raw: MessagesRequest, request: Request, st: AppState, pool: P
         return f.sse(_anthropic_events(gen, cp, head, len(ids)), gen, False,
                      lambda kind, msg, _: _event("error", {"error": {  # Anthropic's name
                          "type": "api_error" if kind == "server_error" else kind,
-                         "message": msg}}))
+                         "message": msg}}), resumable(request))
     d = (await collect(gen, request))[0]
     p = cp.read(d.text, d.finish_reason == "length")
     content: list[dict] = []
@@ -437,7 +446,8 @@ async def responses(raw: ResponsesRequest, request: Request, st: AppState, pool:
     if body.stream:
         return f.sse(_responses_events(gen, cp, head, *ids), gen, False,
                      lambda kind, msg, code: _event("error", {"code": code or kind,
-                                                              "message": msg, "param": None}))
+                                                              "message": msg, "param": None}),
+                     resumable(request))
     d = (await collect(gen, request))[0]
     cut = d.finish_reason == "length"
     return JSONResponse(_response(head, "incomplete" if cut else "completed",

@@ -14,6 +14,7 @@ from specli.errors import BackendError, SpecliError
 from specli.server.errors import APIError
 from specli.server.schemas import ABSENT
 from specli.server.slots import Done, Generation, Piece, Progress
+from specli.server.streams import Session, tee
 from specli.server.tools import Read
 from specli.stats import Stats
 from specli.verify import TokenProbs
@@ -167,9 +168,12 @@ def data(obj) -> str:
 
 
 def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
-        on_error: Callable[[str, str, str | None], str] | None = None) -> Response:
+        on_error: Callable[[str, str, str | None], str] | None = None,
+        session: Session | None = None) -> Response:
     """A stream of events; an error once the status line is sent is said in the stream:
-    OpenAI's error chunk, or on_error(type, message, code) for another API's own event."""
+    OpenAI's error chunk, or on_error(type, message, code) for another API's own event. With
+    a session (a request's X-Conversation-Id, server/streams.py) the stream is kept there and
+    runs to its end whether or not the client stays."""
     async def body() -> AsyncIterator[str]:
         try:
             async for line in events:
@@ -188,7 +192,8 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
         finally:
             gen.cancel()  # a client that went away frees its slot at the next token
 
-    return StreamingResponse(body(), media_type="text/event-stream",
+    return StreamingResponse(body() if session is None else tee(body(), session),
+                             media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 

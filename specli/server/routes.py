@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from specli import __version__, child
 from specli.batching import SharedContext
@@ -39,6 +39,7 @@ from specli.server.schemas import (
 )
 from specli.server.slots import Busy, Done, Generation, Job, SlotPool
 from specli.server.state import State
+from specli.server.streams import HEADER, Session
 from specli.server.tools import ChatPlan, reading
 
 
@@ -212,6 +213,59 @@ async def metrics(st: AppState) -> Response:
                     headers={"Process-Start-Time-Unix": str(st.created)})
 
 
+# -- resumable streams (streams.py) ---------------------------------------------------------
+
+def resumable(request: Request) -> Session | None:
+    """The stream session of a request that names its conversation (X-Conversation-Id)."""
+    conv_id = request.headers.get(HEADER, "")
+    return _state(request).streams.open(conv_id) if conv_id else None
+
+
+def _conv_id(request: Request) -> str:
+    conv_id = request.query_params.get("conv_id", "")
+    if not conv_id:
+        raise APIError(400, "Missing conversation id: give conv_id in the query string",
+                       param="conv_id")
+    return conv_id
+
+
+@llama.get("/v1/stream")
+async def stream_replay(request: Request, st: AppState) -> Response:
+    """A kept stream's bytes from offset `from` (0 by default), then live to its end."""
+    s = st.streams.get(_conv_id(request))
+    if s is None:
+        raise APIError(404, "Stream not found or expired", "not_found_error")
+    raw = request.query_params.get("from", "0")
+    if not raw.isdigit():
+        raise APIError(400, f"Invalid 'from' offset {raw!r}: a byte offset, 0 or more",
+                       param="from")
+    if int(raw) < s.dropped:
+        raise APIError(400, f"Stream offset lost, please restart: the stream keeps its bytes "
+                       f"from {s.dropped} on", param="from")
+    return StreamingResponse(s.read(int(raw)), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@llama.delete("/v1/stream", status_code=204)
+async def stream_stop(request: Request, st: AppState) -> Response:
+    """The user's Stop: the generation is cancelled and its stream forgotten (204 even if
+    it was gone already)."""
+    st.streams.stop(_conv_id(request))
+    return Response(status_code=204)
+
+
+@llama.post("/v1/streams/lookup")
+async def streams_lookup(request: Request, st: AppState) -> Response:
+    """The kept streams of the ids the caller names (only those: ids are not listed)."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as e:
+        raise APIError(400, f"invalid body: {e}") from None
+    ids = body.get("conversation_ids") if isinstance(body, dict) else None
+    ids = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+    return JSONResponse(st.streams.lookup(ids))
+
+
 # -- generation -----------------------------------------------------------------------------
 
 async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
@@ -222,7 +276,7 @@ async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
     Done per choice)."""
     gen = await start(pool, job)
     if stream:
-        return f.sse(events(gen), gen, done_marker)
+        return f.sse(events(gen), gen, done_marker, session=resumable(request))
     return JSONResponse(final(await collect(gen, request), gen))
 
 

@@ -22,6 +22,7 @@ from specli.plan import SpecPlan, check_files, open_slots
 from specli.prompt import jinja_source, template_caps
 from specli.server.metrics import Metrics
 from specli.server.slots import Slot, SlotPool
+from specli.server.streams import Streams
 from specli.stats import Stats
 
 MAX_BODY = 8 << 20  # bytes: far more than any context holds as text
@@ -74,6 +75,7 @@ class State:
         if config.target.rpc:
             rpc.on_lost(self.worker_lost)
         self.metrics = Metrics()
+        self.streams = Streams()  # resumable streams by X-Conversation-Id (streams.py)
         self.created = int(time.time())
         # a client's grammars and JSON schemas run in processes of their own: one checks
         # each before it takes a slot, one per slot holds those being generated with

@@ -1,0 +1,145 @@
+"""Resumable streams, as llama-server keeps them (tools/server/server-stream.cpp): a streamed
+answer whose request carries `X-Conversation-Id` is written to a buffer kept under that id, and
+the generation runs to its end even if the client goes away. `GET /v1/stream?conv_id=ID&from=N`
+replays the stream's bytes from offset N and follows it live; `DELETE /v1/stream?conv_id=ID`
+stops it and forgets it; `POST /v1/streams/lookup` tells of the ids a caller names.
+
+One conversation has at most one live stream (a new one cancels the old); a buffer keeps its
+last 4 MiB (an offset before that is lost: a 400); a finished stream is kept 300 s. Everything
+runs on the event loop: no locks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+MAX_BYTES = 4 * 1024 * 1024   # llama-server's STREAM_SESSION_MAX_BYTES
+TTL = 300.0                   # seconds a finished stream stays replayable
+MAX_SESSIONS = 256            # beyond: the oldest finished streams go first
+HEADER = "x-conversation-id"
+
+
+class Session:
+    """One stream's bytes: its producer appends, any number of readers follow."""
+
+    def __init__(self, conv_id: str):
+        self.conv_id = conv_id
+        self.started = int(time.time())
+        self.completed = 0          # unix seconds once finished
+        self.buffer = bytearray()
+        self.dropped = 0            # bytes cut from the front (the cap)
+        self.done = False
+        self.cancelled = False
+        self.producer: asyncio.Task | None = None
+        self._changed = asyncio.Event()
+
+    @property
+    def total(self) -> int:
+        return self.dropped + len(self.buffer)
+
+    def append(self, data: bytes) -> None:
+        if self.done or not data:
+            return
+        self.buffer += data
+        if len(self.buffer) > MAX_BYTES:
+            cut = len(self.buffer) - MAX_BYTES
+            del self.buffer[:cut]
+            self.dropped += cut
+        self._wake()
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done, self.completed = True, int(time.time())
+            self._wake()
+
+    def cancel(self) -> None:
+        """Stop the producer (its generation is cancelled) and end every reader."""
+        self.cancelled = True
+        if self.producer is not None and not self.producer.done():
+            self.producer.cancel()
+        self.finish()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def read(self, offset: int) -> AsyncIterator[bytes]:
+        """The bytes from offset on, then each new piece until the stream ends."""
+        while True:
+            if offset < self.dropped:
+                return  # overtaken by the cap while following: nothing more to say
+            if offset < self.total:
+                chunk = bytes(self.buffer[offset - self.dropped:])
+                offset += len(chunk)
+                yield chunk
+                continue
+            if self.done:
+                return
+            await self._changed.wait()
+
+
+class Streams:
+    """The live and recently finished streams, by conversation id."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+
+    def _prune(self) -> None:
+        now = time.time()
+        for cid, s in list(self.sessions.items()):
+            if s.done and s.completed + TTL <= now:
+                del self.sessions[cid]
+        finished = sorted((s.completed, cid) for cid, s in self.sessions.items() if s.done)
+        for _, cid in finished[:max(0, len(self.sessions) - MAX_SESSIONS + 1)]:
+            del self.sessions[cid]
+
+    def open(self, conv_id: str) -> Session:
+        """A new stream for conv_id, cancelling the one it replaces."""
+        self._prune()
+        old = self.sessions.pop(conv_id, None)
+        if old is not None:
+            old.cancel()
+        s = self.sessions[conv_id] = Session(conv_id)
+        return s
+
+    def get(self, conv_id: str) -> Session | None:
+        self._prune()
+        return self.sessions.get(conv_id)
+
+    def stop(self, conv_id: str) -> None:
+        s = self.sessions.pop(conv_id, None)
+        if s is not None:
+            s.cancel()
+
+    def lookup(self, ids: list[str]) -> list[dict]:
+        """The streams of the ids asked for (each id also matches `ID::model`), never others."""
+        self._prune()
+        out = []
+        for rid in ids:
+            for s in self.sessions.values():
+                if s.conv_id == rid or s.conv_id.startswith(rid + "::"):
+                    out.append({"conversation_id": s.conv_id, "is_done": s.done,
+                                "total_bytes": s.total, "started_at": s.started,
+                                "completed_at": s.completed})
+        return out
+
+    def close(self) -> None:
+        for s in self.sessions.values():
+            s.finish()
+        self.sessions.clear()
+
+
+def tee(body: AsyncIterator[str], session: Session) -> AsyncIterator[bytes]:
+    """Run body into session from a task of its own (it outlives the client), and follow the
+    session for this client."""
+    async def produce() -> None:
+        try:
+            async for piece in body:
+                session.append(piece.encode("utf-8", "replace"))
+        finally:
+            await body.aclose()  # type: ignore[attr-defined] - its finally frees the slot
+            session.finish()
+
+    session.producer = asyncio.get_running_loop().create_task(produce())
+    return session.read(0)
