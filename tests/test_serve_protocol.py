@@ -165,7 +165,8 @@ def test_without_jinja_a_template_llama_cpp_does_not_know_is_chatml():
 
 @pytest.mark.parametrize("method,path", [("POST", "/infill"), ("POST", "/v1/embeddings"),
                                          ("POST", "/embedding"), ("GET", "/"),
-                                         ("POST", "/v1/rerank"), ("POST", "/slots/0")])
+                                         ("POST", "/v1/rerank"), ("POST", "/slots/0"),
+                                         ("GET", "/cors-proxy")])
 def test_llama_server_routes_specli_does_not_serve_say_so(method, path):
     r = cors_client().request(method, path, json={})
     assert r.status_code == 501
