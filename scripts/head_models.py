@@ -396,6 +396,9 @@ def dflash_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
              "max_position_embeddings": kv["dflash.context_length"],
              "rms_norm_eps": float(kv["dflash.attention.layer_norm_rms_epsilon"]),
              "rope_theta": float(kv["dflash.rope.freq_base"]), "vocab_size": _n_vocab(src),
+             # Qwen3 configs give it (without it transformers' Qwen3Config, and so llama.cpp's
+             # converter, takes 128)
+             "head_dim": kv["dflash.embedding_length"] // kv["dflash.attention.head_count"],
              "hidden_act": "silu", "model_type": "qwen3"}
     mask, block = int(kv["tokenizer.ggml.mask_token_id"]), int(kv["dflash.block_size"])
     config: dict = {"architectures": [spec["arch"]]}

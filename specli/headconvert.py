@@ -160,14 +160,23 @@ class _Dims:
     n_layer: int
     n_vocab: int
     n_draft: int
+    head_dim_known: bool  # the converter writes the key and value widths (AUTO_HEAD_DIM)
 
 
-def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
-    """Also: a head width that rope can rotate (even)."""
+# llama.cpp's converter reads a config.json through transformers' AutoConfig where its
+# model_type is one transformers knows, and as it is where not (a speculators config): a
+# llama config then has a head_dim (hidden_size / heads), a qwen3 one 128 unless it says
+AUTO_HEAD_DIM = {"llama": None, "qwen3": 128}
+
+
+def _dims(cfg: dict, what: str, tgt: _Target, model_type: object = None) -> _Dims:
+    """Also: a head width that rope can rotate (even). model_type: the config.json's own."""
     E = cfg_int(cfg, "hidden_size", what)
     n_head = cfg_int(cfg, "num_attention_heads", what)
     n_kv = cfg_int(cfg, "num_key_value_heads", what, n_head)
-    hd = cfg_int(cfg, "head_dim", what, E // n_head if E % n_head == 0 else 0)
+    known = isinstance(model_type, str) and model_type in AUTO_HEAD_DIM
+    auto = AUTO_HEAD_DIM[model_type] if known else None
+    hd = cfg_int(cfg, "head_dim", what, auto or (E // n_head if E % n_head == 0 else 0))
     ff = cfg_int(cfg, "intermediate_size", what)
     n_layer = cfg_int(cfg, "num_hidden_layers", what, 1, hi=256)
     n_vocab = cfg_int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
@@ -182,7 +191,8 @@ def _dims(cfg: dict, what: str, tgt: _Target) -> _Dims:
     if n_vocab != tgt.n_vocab:
         raise mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
                         f"{tgt.n_vocab:,}", OTHER)
-    return _Dims(E, n_head, n_kv, hd, ff, n_layer, n_vocab, n_draft)
+    return _Dims(E, n_head, n_kv, hd, ff, n_layer, n_vocab, n_draft,
+                 "head_dim" in cfg or known)
 
 
 def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray | None]:
@@ -203,7 +213,7 @@ def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray
     kv += [(f"{a}.{k}", v, t) for k, v, t in rope[0]]
     kv.append((f"{a}.attention.layer_norm_rms_epsilon",
                cfg_float(cfg, "rms_norm_eps", what, 1e-6), T.FLOAT32))
-    if "head_dim" in cfg:
+    if d.head_dim_known:
         kv += [(f"{a}.attention.key_length", d.hd, T.UINT32),
                (f"{a}.attention.value_length", d.hd, T.UINT32)]
     return [(k, v, t, None) for k, v, t in kv], rope[1]
@@ -216,7 +226,7 @@ def _eagle3(ck: Checkpoint, src: dict[str, Source], tgt: _Target) -> _Plan:
     cfg, raw, what = ck.config, ck.raw, f"{ck.architecture} head"
     if cfg_int(cfg, "num_hidden_layers", what, 1, hi=256) != 1:
         raise fail(f"{what}: {cfg['num_hidden_layers']} layers; an EAGLE-3 head has one")
-    d = _dims(cfg, what, tgt)
+    d = _dims(cfg, what, tgt, ck.raw.get("model_type"))
     E, n_head, n_kv, hd, ff, n_vocab, n_draft = (d.E, d.n_head, d.n_kv, d.hd, d.ff, d.n_vocab,
                                                  d.n_draft)
     width = raw.get("target_hidden_size")
@@ -312,7 +322,7 @@ def _dflash(ck: Checkpoint, src: dict[str, Source], tgt: _Target) -> _Plan:
         if (ck.root / pickle).exists():
             raise fail(f"{what}: {pickle} is a PyTorch pickle, which specli does not unpickle",
                         "llama.cpp's convert_hf_to_gguf.py converts it")
-    d = _dims(cfg, what, tgt)
+    d = _dims(cfg, what, tgt, ck.raw.get("model_type"))
     ids = dcfg.get("target_layer_ids", cfg.get("target_layer_ids", []))
     if not isinstance(ids, list) or not ids or not all(
             isinstance(i, int) and not isinstance(i, bool) for i in ids):
@@ -549,6 +559,9 @@ def _qtype(name: str, ndim: int, ftype: str):
 
 
 def _load(s: Source) -> np.ndarray:
+    # ml_dtypes registers bfloat16 with numpy, which safetensors' numpy API needs to read a
+    # bf16 tensor ("data type 'bfloat16' not understood" without it)
+    import ml_dtypes  # noqa: F401
     from safetensors import SafetensorError, safe_open
 
     try:

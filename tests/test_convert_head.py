@@ -28,7 +28,9 @@ from head_models import DFLASH_LAYOUTS, EAGLE3_LAYOUTS  # noqa: E402
 # writes them too: general.*, the vocabulary size, the rope width, the variant flags)
 CONVERTER_KEYS = {"general.type", "general.file_type", "general.quantization_version",
                   "eagle3.vocab_size", "eagle3.rope.dimension_count",
-                  "eagle3.norm_before_residual", "eagle3.norm_before_fc"}
+                  "eagle3.norm_before_residual", "eagle3.norm_before_fc",
+                  # a llama config's head width, which transformers' LlamaConfig derives
+                  "eagle3.attention.key_length", "eagle3.attention.value_length"}
 
 
 def _direct(tmp: Path, q4_1: str, layout: str) -> str:
@@ -363,7 +365,8 @@ def test_info_and_check_pair_read_a_checkpoint(made, heads, gemma):
 # --- DFlash and DSpark ----------------------------------------------------------------------
 
 DFLASH_KEYS = {"general.type", "general.file_type", "general.quantization_version",
-               "dflash.sample_from_anchor", "dflash.has_confidence_head"}
+               "dflash.sample_from_anchor", "dflash.has_confidence_head",
+               "dflash.attention.key_length", "dflash.attention.value_length"}
 
 
 @pytest.fixture(scope="module")
@@ -424,6 +427,8 @@ def test_a_converted_dflash_head_drafts_as_the_direct_one(tmp_path, dflash_made,
     ({"final_logit_softcapping": "abc"}, ("final_logit_softcapping",)),
     ({"use_sliding_window": True, "sliding_window": 64, "layer_types": 5}, ("layer_types",)),
     ({"architectures": ["Gemma4DSparkModel"]}, ("Gemma4DSparkModel", "not convert")),
+    # a qwen3 config without head_dim: transformers' (and llama.cpp's converter's) 128
+    ({"head_dim": None}, ("attn_q.weight is [64, 64]", "expects [512, 64]")),
 ])
 def test_a_dflash_checkpoint_that_does_not_fit_is_one_line(tmp_path, dflash_made, heads,
                                                            change, needles):
@@ -482,3 +487,46 @@ def test_a_head_preset_fetches_the_target_and_converts_the_head(made, heads, tmp
                 "AngelSlim/Qwen3-4B_eagle3 (draft-eagle3 head)") in listed
     finally:
         h.close()
+
+
+# --- against llama.cpp's own converter (scripts/record_heads.py) ------------------------------
+
+NATIVE = json.loads((Path(__file__).parent / "data/native_heads.json").read_text())
+# where the two may differ, and why: the tokenizer's keys are the target GGUF's as they are
+# (specli reads them there); llama.cpp's converter read them from a Hugging Face tokenizer
+# rebuilt from the same GGUF, and this converter writes add_eos_token False where the
+# tokenizer's post-processor is ByteLevel, which the SmolLM2 file (an older converter's) has
+# no key for: false either way (llama.cpp's default for a BPE vocabulary)
+ABSENT_IN_TARGET = {"tokenizer.ggml.add_eos_token"}
+
+
+@pytest.mark.parametrize("layout", sorted(NATIVE["layouts"]))
+def test_each_layout_converts_as_llama_cpps_converter_does(tmp_path, made, dflash_made, heads,
+                                                           layout):
+    """Every tensor's bytes, type and shape, and every key, as convert_hf_to_gguf.py
+    --target-model-dir wrote them from the same checkpoint (recorded with torch)."""
+    from record_heads import fingerprint
+
+    _, ckpt = (made if layout in EAGLE3_LAYOUTS else dflash_made)(layout)
+    out = tmp_path / "head.gguf"
+    r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    mine, native = fingerprint(out), NATIVE["layouts"][layout]
+    assert mine["tensors"] == native["tensors"]
+    target = fingerprint(heads["llama"])["keys"]
+    assert set(native["keys"]) - set(mine["keys"]) == ABSENT_IN_TARGET - set(target)
+    for k, v in mine["keys"].items():
+        want = native["keys"].get(k)
+        assert want == pytest.approx(v) if isinstance(v, float) else want == v, k
+
+
+def test_a_bf16_checkpoint_converts_in_a_process_of_its_own(tmp_path, made, heads):
+    """bfloat16 is a numpy dtype only once ml_dtypes is imported (this module imports it):
+    a `specli convert-head` process of its own must read a bf16 checkpoint too."""
+    from conftest import specli
+
+    _, ckpt = made("draftmodel")
+    out = tmp_path / "head.gguf"
+    r = specli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert {k for k, _ in _fields(str(out))[1].values()} >= {"BF16"}
