@@ -558,3 +558,27 @@ def test_a_named_stream_outlives_its_client_and_stop_cancels_it(server):
                     if s["n_requests"] > b["n_requests"]]
         assert served["n_cached"] < whole["usage"]["prompt_tokens"] + 200, \
             "Stop cancelled the generation, not only its stream"
+
+
+def test_kept_streams_are_bounded_in_number_bytes_and_time(monkeypatch):
+    """Finished streams go oldest first past MAX_SESSIONS or MAX_KEPT bytes, and after TTL;
+    a live stream is never dropped; a new stream of a conversation cancels its old one."""
+    from specli.server import streams as s
+
+    monkeypatch.setattr(s, "MAX_SESSIONS", 3)
+    monkeypatch.setattr(s, "MAX_KEPT", 100)
+    now = [1000.0]
+    monkeypatch.setattr(s.time, "time", lambda: now[0])
+    kept = s.Streams()
+    live = kept.open("live")
+    for i in range(3):
+        kept.open(f"done{i}").append(b"x" * 40)
+        kept.sessions[f"done{i}"].finish()
+        now[0] += 1
+    # three finished of 40 bytes: over MAX_KEPT and, with the live one, MAX_SESSIONS
+    assert kept.get("done0") is None and kept.get("live") is live
+    assert sorted(kept.sessions) == ["done1", "done2", "live"]
+    now[0] += s.TTL
+    assert kept.get("done2") is None and kept.get("live") is live  # a live one stays
+    again = kept.open("live")
+    assert live.cancelled and live.done and kept.get("live") is again

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 MAX_BYTES = 4 * 1024 * 1024   # llama-server's STREAM_SESSION_MAX_BYTES
 TTL = 300.0                   # seconds a finished stream stays replayable
 MAX_SESSIONS = 256            # beyond: the oldest finished streams go first
+MAX_KEPT = 256 * 1024 * 1024  # bytes of finished streams kept in all (likewise)
 HEADER = "x-conversation-id"
 
 
@@ -85,18 +86,23 @@ class Streams:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
 
-    def _prune(self) -> None:
+    def _prune(self, room: int = 0) -> None:
+        """Drop what is past TTL, then the oldest finished streams while more than
+        MAX_SESSIONS (room: ones about to open) or MAX_KEPT bytes are kept."""
         now = time.time()
         for cid, s in list(self.sessions.items()):
             if s.done and s.completed + TTL <= now:
                 del self.sessions[cid]
         finished = sorted((s.completed, cid) for cid, s in self.sessions.items() if s.done)
-        for _, cid in finished[:max(0, len(self.sessions) - MAX_SESSIONS + 1)]:
-            del self.sessions[cid]
+        kept = sum(len(self.sessions[cid].buffer) for _, cid in finished)
+        for _, cid in finished:
+            if len(self.sessions) + room <= MAX_SESSIONS and kept <= MAX_KEPT:
+                break
+            kept -= len(self.sessions.pop(cid).buffer)
 
     def open(self, conv_id: str) -> Session:
         """A new stream for conv_id, cancelling the one it replaces."""
-        self._prune()
+        self._prune(room=1)
         old = self.sessions.pop(conv_id, None)
         if old is not None:
             old.cancel()
