@@ -176,7 +176,9 @@ def _dims(cfg: dict, what: str, tgt: _Target, model_type: object = None) -> _Dim
     n_kv = cfg_int(cfg, "num_key_value_heads", what, n_head)
     known = isinstance(model_type, str) and model_type in AUTO_HEAD_DIM
     auto = AUTO_HEAD_DIM[model_type] if known else None
-    hd = cfg_int(cfg, "head_dim", what, auto or (E // n_head if E % n_head == 0 else 0))
+    given = cfg.get("head_dim") is not None  # (some configs say null: as absent)
+    hd = cfg_int(cfg, "head_dim", what) if given else \
+        auto or (E // n_head if E % n_head == 0 else 0)
     ff = cfg_int(cfg, "intermediate_size", what)
     n_layer = cfg_int(cfg, "num_hidden_layers", what, 1, hi=256)
     n_vocab = cfg_int(cfg, "vocab_size", what, tgt.n_vocab, hi=1 << 24)
@@ -192,7 +194,7 @@ def _dims(cfg: dict, what: str, tgt: _Target, model_type: object = None) -> _Dim
         raise mismatch(f"{what} has a vocabulary of {n_vocab:,} tokens; {tgt.path} has "
                         f"{tgt.n_vocab:,}", OTHER)
     return _Dims(E, n_head, n_kv, hd, ff, n_layer, n_vocab, n_draft,
-                 "head_dim" in cfg or known)
+                 given or known)
 
 
 def _base_keys(a: str, cfg: dict, d: _Dims, what: str) -> tuple[list, np.ndarray | None]:

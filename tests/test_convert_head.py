@@ -530,3 +530,28 @@ def test_a_bf16_checkpoint_converts_in_a_process_of_its_own(tmp_path, made, head
     r = specli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out))
     assert r.returncode == 0, r.stderr
     assert {k for k, _ in _fields(str(out))[1].values()} >= {"BF16"}
+
+
+@pytest.mark.parametrize("layout", ["specforge", "dflash"])
+def test_a_head_dim_of_null_is_as_absent(tmp_path, checkpoint, dflash_made, heads, layout):
+    """Some published configs say "head_dim": null: llama.cpp's converter reads it as not
+    given (a llama config's width is then hidden_size / heads, written all the same)."""
+    from record_heads import fingerprint
+
+    if layout in EAGLE3_LAYOUTS:
+        _, ckpt = checkpoint(layout)
+    else:
+        ckpt = Path(shutil.copytree(dflash_made(layout)[1], tmp_path / "ckpt"))
+    cfg = json.loads((ckpt / "config.json").read_text())
+    if layout == "dflash":  # qwen3: null is transformers' 128, which these tensors are not
+        cfg["head_dim"] = None
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+        _refused(tmp_path, ckpt, heads["llama"], "expects [512, 64]")
+        return
+    cfg["head_dim"] = None
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "head.gguf"
+    r = cli("convert-head", str(ckpt), "-m", heads["llama"], "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert fingerprint(out)["tensors"] == NATIVE["layouts"][layout]["tensors"]
+    assert fingerprint(out)["keys"]["eagle3.attention.key_length"] == 16

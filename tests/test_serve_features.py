@@ -582,3 +582,53 @@ def test_kept_streams_are_bounded_in_number_bytes_and_time(monkeypatch):
     assert kept.get("done2") is None and kept.get("live") is live  # a live one stays
     again = kept.open("live")
     assert live.cancelled and live.done and kept.get("live") is again
+
+
+def test_a_stream_stopped_before_its_task_ran_still_frees_its_generation():
+    """Stop (a DELETE, or a new stream of the conversation) in the same turn of the event
+    loop as the stream's start: the producer task never ran, and the generation is
+    cancelled all the same."""
+    import asyncio
+
+    from specli.server import streams as s
+
+    stopped = []
+
+    async def never():
+        await asyncio.Event().wait()
+        yield ""
+
+    async def main() -> None:
+        kept = s.Streams()
+        session = kept.open("c")
+        reader = s.tee(never(), session, lambda: stopped.append(1))
+        kept.stop("c")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert [x async for x in reader] == [] and session.done
+
+    asyncio.run(main())
+    assert stopped == [1]
+
+
+def test_stream_routes_refuse_bad_input_with_a_400(fake):
+    body = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4,
+            "stream": True}
+    conv = "naïve::model"  # sent as UTF-8, read back from the query string
+    with fake.http() as h:
+        with h.stream("POST", "/v1/chat/completions", json=body,
+                      headers={"X-Conversation-Id": conv.encode()}) as r:
+            live = b"".join(r.iter_bytes())
+        q = urllib.parse.quote(conv, safe="")
+        assert h.get(f"/v1/stream?conv_id={q}&from=").content == live  # empty: from 0
+        for bad in ("²", "1" * 5000, "0x10"):
+            r = h.get(f"/v1/stream?conv_id={q}&from={urllib.parse.quote(bad)}")
+            assert r.status_code == 400 and r.json()["error"]["param"] == "from", bad
+        deep = h.post("/v1/streams/lookup", content="[" * 100000,
+                      headers={"Content-Type": "application/json"})
+        assert deep.status_code == 400
+        many = h.post("/v1/streams/lookup", json={"conversation_ids": [
+            str(i) for i in range(1001)]})
+        assert many.status_code == 400 and "1001" in many.json()["error"]["message"]
+        same = h.post("/v1/streams/lookup", json={"conversation_ids": ["naïve"] * 50}).json()
+        assert [x["conversation_id"] for x in same] == [conv]  # asked 50 times, said once

@@ -48,7 +48,9 @@ def create_app(config: ServerConfig, on_fatal: Callable[[BaseException], None] |
                 if on_ready:
                     on_ready(len(st.pool.slots))
             task = asyncio.create_task(load())
+        gc = asyncio.create_task(st.streams.collect())
         yield
+        gc.cancel()
         if st.down:  # a decode (or the load) is stuck in llama.cpp for good: nothing to wait for
             sys.stderr.write(f"specli serve: error: stopped while {st.down}\n")
             sys.stderr.flush()

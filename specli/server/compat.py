@@ -25,6 +25,7 @@ from specli.server.routes import (
     chat_job,
     chat_tokens,
     collect,
+    named,
     resumable,
     start,
 )
@@ -218,12 +219,13 @@ async def messages(raw: MessagesRequest, request: Request, st: AppState, pool: P
     cp, ids, job = await chat_job(st, body)
     head = {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
             "model": st.config.model_id}
+    conv_id = named(request)
     gen = await start(pool, job)
     if body.stream:
         return f.sse(_anthropic_events(gen, cp, head, len(ids)), gen, False,
                      lambda kind, msg, _: _event("error", {"error": {  # Anthropic's name
                          "type": "api_error" if kind == "server_error" else kind,
-                         "message": msg}}), resumable(request))
+                         "message": msg}}), resumable(request, conv_id))
     d = (await collect(gen, request))[0]
     p = cp.read(d.text, d.finish_reason == "length")
     content: list[dict] = []
@@ -442,12 +444,13 @@ async def responses(raw: ResponsesRequest, request: Request, st: AppState, pool:
             "tools": [t.model_dump(exclude_none=True) for t in raw.tools or ()],
             "metadata": raw.metadata or {}, "text": {"format": {"type": "text"}}}
     ids = (f"msg_{uuid.uuid4().hex}", f"rs_{uuid.uuid4().hex}")
+    conv_id = named(request)
     gen = await start(pool, job)
     if body.stream:
         return f.sse(_responses_events(gen, cp, head, *ids), gen, False,
                      lambda kind, msg, code: _event("error", {"code": code or kind,
                                                               "message": msg, "param": None}),
-                     resumable(request))
+                     resumable(request, conv_id))
     d = (await collect(gen, request))[0]
     cut = d.finish_reason == "length"
     return JSONResponse(_response(head, "incomplete" if cut else "completed",

@@ -192,7 +192,7 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
         finally:
             gen.cancel()  # a client that went away frees its slot at the next token
 
-    return StreamingResponse(body() if session is None else tee(body(), session),
+    return StreamingResponse(body() if session is None else tee(body(), session, gen.cancel),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

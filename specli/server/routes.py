@@ -39,7 +39,7 @@ from specli.server.schemas import (
 )
 from specli.server.slots import Busy, Done, Generation, Job, SlotPool
 from specli.server.state import State
-from specli.server.streams import HEADER, Session
+from specli.server.streams import HEADER, LOOKUP_MAX, Session
 from specli.server.tools import ChatPlan, reading
 
 
@@ -215,9 +215,19 @@ async def metrics(st: AppState) -> Response:
 
 # -- resumable streams (streams.py) ---------------------------------------------------------
 
-def resumable(request: Request) -> Session | None:
-    """The stream session of a request that names its conversation (X-Conversation-Id)."""
-    conv_id = request.headers.get(HEADER, "")
+def named(request: Request) -> str:
+    """The conversation a request names (X-Conversation-Id, '' if none), its earlier stream
+    stopped: a new request replaces it from its start, as llama-server's does (its
+    generation, client or none, no longer holds a slot the new one waits for)."""
+    # (Starlette reads a header as latin-1: the client's UTF-8, as the query string has it)
+    conv_id = request.headers.get(HEADER, "").encode("latin-1").decode("utf-8", "replace")
+    if conv_id:
+        _state(request).streams.stop(conv_id)
+    return conv_id
+
+
+def resumable(request: Request, conv_id: str) -> Session | None:
+    """The stream session of a streamed answer to a request that named its conversation."""
     return _state(request).streams.open(conv_id) if conv_id else None
 
 
@@ -235,9 +245,9 @@ async def stream_replay(request: Request, st: AppState) -> Response:
     s = st.streams.get(_conv_id(request))
     if s is None:
         raise APIError(404, "Stream not found or expired", "not_found_error")
-    raw = request.query_params.get("from", "0")
-    if not raw.isdigit():
-        raise APIError(400, f"Invalid 'from' offset {raw!r}: a byte offset, 0 or more",
+    raw = request.query_params.get("from") or "0"
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise APIError(400, f"Invalid 'from' offset {raw[:40]!r}: a byte offset, 0 or more",
                        param="from")
     if int(raw) < s.dropped:
         raise APIError(400, f"Stream offset lost, please restart: the stream keeps its bytes "
@@ -259,10 +269,14 @@ async def streams_lookup(request: Request, st: AppState) -> Response:
     """The kept streams of the ids the caller names (only those: ids are not listed)."""
     try:
         body = json.loads(await request.body() or b"{}")
-    except ValueError as e:
-        raise APIError(400, f"invalid body: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise APIError(400, f"invalid body: {str(e)[:200]}") from None
     ids = body.get("conversation_ids") if isinstance(body, dict) else None
-    ids = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []
+    ids = list(dict.fromkeys(i for i in ids if isinstance(i, str) and i)) \
+        if isinstance(ids, list) else []
+    if len(ids) > LOOKUP_MAX:
+        raise APIError(400, f"{len(ids)} conversation_ids: at most {LOOKUP_MAX} a lookup",
+                       param="conversation_ids")
     return JSONResponse(st.streams.lookup(ids))
 
 
@@ -274,9 +288,10 @@ async def _answer(request: Request, pool: Pool, job: Job, stream: bool,
                   done_marker: bool = True) -> Response:
     """The one shape of a generation route: a slot, then a stream or the whole answer (a
     Done per choice)."""
+    conv_id = named(request)
     gen = await start(pool, job)
     if stream:
-        return f.sse(events(gen), gen, done_marker, session=resumable(request))
+        return f.sse(events(gen), gen, done_marker, session=resumable(request, conv_id))
     return JSONResponse(final(await collect(gen, request), gen))
 
 

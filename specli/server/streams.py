@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 MAX_BYTES = 4 * 1024 * 1024   # llama-server's STREAM_SESSION_MAX_BYTES
 TTL = 300.0                   # seconds a finished stream stays replayable
+GC_EVERY = 60.0               # seconds between the collector's looks (llama-server's)
 MAX_SESSIONS = 256            # beyond: the oldest finished streams go first
 MAX_KEPT = 256 * 1024 * 1024  # bytes of finished streams kept in all (likewise)
 HEADER = "x-conversation-id"
+LOOKUP_MAX = 1000             # ids a lookup may name
 
 
 class Session:
@@ -66,10 +68,14 @@ class Session:
         self._changed = asyncio.Event()
 
     async def read(self, offset: int) -> AsyncIterator[bytes]:
-        """The bytes from offset on, then each new piece until the stream ends."""
+        """The bytes from offset on, then each new piece until the stream ends (a reader
+        the cap overtakes is told so, in the stream)."""
         while True:
             if offset < self.dropped:
-                return  # overtaken by the cap while following: nothing more to say
+                yield (f'data: {{"error":{{"message":"stream offset lost: the stream keeps '
+                       f'its last {MAX_BYTES} bytes; replay from {self.dropped}",'
+                       f'"type":"invalid_request_error"}}}}\n\n').encode()
+                return
             if offset < self.total:
                 chunk = bytes(self.buffer[offset - self.dropped:])
                 offset += len(chunk)
@@ -130,22 +136,35 @@ class Streams:
                                 "completed_at": s.completed})
         return out
 
+    async def collect(self, every: float = GC_EVERY) -> None:
+        """(the server's lifespan) Drop expired streams now and then, as llama-server's GC
+        thread does: an idle server keeps nothing past TTL."""
+        while True:
+            await asyncio.sleep(every)
+            self._prune()
+
     def close(self) -> None:
         for s in self.sessions.values():
             s.finish()
         self.sessions.clear()
 
 
-def tee(body: AsyncIterator[str], session: Session) -> AsyncIterator[bytes]:
+def tee(body: AsyncIterator[str], session: Session, stop: Callable[[], None]
+        ) -> AsyncIterator[bytes]:
     """Run body into session from a task of its own (it outlives the client), and follow the
-    session for this client."""
+    session for this client. stop (the generation's cancel) runs when the task ends, however
+    it ends: a task cancelled before its first step runs no finally of body's."""
     async def produce() -> None:
         try:
             async for piece in body:
                 session.append(piece.encode("utf-8", "replace"))
         finally:
             await body.aclose()  # type: ignore[attr-defined] - its finally frees the slot
-            session.finish()
+
+    def ended(_: asyncio.Task) -> None:
+        stop()
+        session.finish()
 
     session.producer = asyncio.get_running_loop().create_task(produce())
+    session.producer.add_done_callback(ended)
     return session.read(0)
