@@ -632,3 +632,14 @@ def test_stream_routes_refuse_bad_input_with_a_400(fake):
         assert many.status_code == 400 and "1001" in many.json()["error"]["message"]
         same = h.post("/v1/streams/lookup", json={"conversation_ids": ["naïve"] * 50}).json()
         assert [x["conversation_id"] for x in same] == [conv]  # asked 50 times, said once
+
+
+def test_a_continued_answer_in_parts_is_joined_as_llama_cpp_joins_it(fake):
+    """llama-server's test_chat_template_assistant_prefill: the final assistant message's
+    text parts continue with a blank line between them (render_content)."""
+    msgs = [{"role": "user", "content": "What is the best book"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Wh"},
+                                              {"type": "text", "text": "ill"}]}]
+    with fake.http() as h:
+        prompt = h.post("/apply-template", json={"messages": msgs}).json()["prompt"]
+    assert prompt.endswith("Wh\n\nill")

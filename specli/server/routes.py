@@ -579,7 +579,16 @@ def _messages(body: ChatRequest) -> list[dict]:
                 raise APIError(400, f"{MEDIA[part.type]} input is not supported: specli "
                                f"serves text-only models ({a} {part.type} part)",
                                param=f"messages[{i}].content[{j}]")
-    return [_message(m) for m in body.messages]
+    out = [_message(m) for m in body.messages]
+    last = body.messages[-1] if body.messages else None
+    if last is not None and isinstance(last.content, list) and _prefill(body):
+        # a continued answer's parts are joined as llama.cpp renders a message's content
+        # into the prompt it continues (common_chat_msg::render_content: a blank line)
+        text = ""
+        for p in last.content:
+            text += ("\n\n" if text else "") + p.text
+        out[-1]["content"] = text
+    return out
 
 
 def _message(m) -> dict:
