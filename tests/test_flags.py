@@ -67,6 +67,8 @@ def test_run_refuses_a_glued_spelling_before_anything_runs(args, says):
     (["run", "--spec-synth-rates", "0,0"], "specli tune-draft"),
     (["tune-draft", "--spec-synth-len", "2"], "always the target's"),
     (["run", "--tools", "all"], "a client runs its tools itself"),
+    (["serve", "--mcp-servers-json", "{}"], "MCP servers"),
+    (["serve", "--sleep-idle-seconds", "5"], "does not unload"),
 ])
 def test_llama_cpp_flags_left_out_on_purpose_say_why(args, says):
     """Issue 60: llama.cpp's synthetic acceptance and llama-server's built-in tools are

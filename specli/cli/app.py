@@ -234,10 +234,15 @@ def _from_environment(e: Exception, param) -> str | None:
 _SYNTH = ("llama.cpp's synthetic acceptance accepts drafts by a given rate whatever the "
           "target says (benchmarking only: its text 'is not valid'); specli's output is "
           "always the target's: measure a real pair with `specli tune-draft`")
+_TOOLS = ("llama-server's built-in tools and MCP servers act on this machine (files, shell, "
+          "programs) for any caller; specli serves no tools of its own: a client runs its "
+          "tools itself")
 NOT_OFFERED = {
     "--spec-synth-rates": _SYNTH, "--spec-synth-len": _SYNTH,
-    "--tools": "llama-server's built-in tools act on this machine (files, shell) for any "
-    "caller; specli serves no tools of its own: a client runs its tools itself",
+    "--tools": _TOOLS, "--tools-runtime": _TOOLS, "--mcp-servers-config": _TOOLS,
+    "--mcp-servers-json": _TOOLS, "--ui-mcp-proxy": _TOOLS,
+    "--sleep-idle-seconds": "specli does not unload its models when idle: a server keeps "
+    "the pair it loaded (stop it to free the memory)",
 }
 
 
