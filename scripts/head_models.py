@@ -370,6 +370,25 @@ _DF_BLOCK = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj",
              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
 
 
+def layout_head(path: Path, src: str, layout: str) -> str:
+    """The head a layout of EAGLE3_LAYOUTS or DFLASH_LAYOUTS is written from, as GGUF."""
+    if layout in EAGLE3_LAYOUTS:
+        spec = EAGLE3_LAYOUTS[layout]
+        return eagle3_head(path, src, norm_before_residual=spec.get("norm_before_residual",
+                                                                    False),
+                           norm_before_fc=spec.get("norm_before_fc", False),
+                           own_embd=spec.get("own_embd", False))
+    spec = DFLASH_LAYOUTS[layout]
+    return dflash_head(path, src, markov=spec["markov"],
+                       sample_from_anchor=spec.get("sample_from_anchor"))
+
+
+def layout_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
+    """That head as a checkpoint in its layout."""
+    return (eagle3_checkpoint if layout in EAGLE3_LAYOUTS else dflash_checkpoint)(
+        out, head, layout, src)
+
+
 def dflash_checkpoint(out: Path, head: str, layout: str, src: str) -> Path:
     """The DFlash/DSpark head file `head` (dflash_head's) as a Hugging Face checkpoint in one
     of DFLASH_LAYOUTS (Qwen3's q/k rows need no reordering)."""

@@ -72,17 +72,10 @@ def fingerprint(path: str | Path) -> dict:
 def checkpoints(where: Path, src: str) -> dict[str, Path]:
     """layout -> its checkpoint (as the tests write it), and "target" -> the heads' target."""
     out = {"target": Path(head_models.llama_target(where / "tiny-llama.gguf", src))}
-    for layout, spec in EAGLE3_LAYOUTS.items():
-        direct = head_models.eagle3_head(
-            where / f"direct-{layout}.gguf", src,
-            norm_before_residual=spec.get("norm_before_residual", False),
-            norm_before_fc=spec.get("norm_before_fc", False), own_embd=spec.get("own_embd", False))
-        out[layout] = head_models.eagle3_checkpoint(where / f"ckpt-{layout}", direct, layout, src)
-    for layout, spec in DFLASH_LAYOUTS.items():
-        direct = head_models.dflash_head(where / f"direct-{layout}.gguf", src,
-                                         markov=spec["markov"],
-                                         sample_from_anchor=spec.get("sample_from_anchor"))
-        out[layout] = head_models.dflash_checkpoint(where / f"ckpt-{layout}", direct, layout, src)
+    for layout in (*EAGLE3_LAYOUTS, *DFLASH_LAYOUTS):
+        direct = head_models.layout_head(where / f"direct-{layout}.gguf", src, layout)
+        out[layout] = head_models.layout_checkpoint(where / f"ckpt-{layout}", direct, layout,
+                                                    src)
     return out
 
 

@@ -34,11 +34,7 @@ CONVERTER_KEYS = {"general.type", "general.file_type", "general.quantization_ver
 
 
 def _direct(tmp: Path, q4_1: str, layout: str) -> str:
-    spec = EAGLE3_LAYOUTS[layout]
-    return head_models.eagle3_head(
-        tmp / f"direct-{layout}.gguf", q4_1,
-        norm_before_residual=spec.get("norm_before_residual", False),
-        norm_before_fc=spec.get("norm_before_fc", False), own_embd=spec.get("own_embd", False))
+    return head_models.layout_head(tmp / f"direct-{layout}.gguf", q4_1, layout)
 
 
 @pytest.fixture(scope="module")
@@ -375,10 +371,7 @@ def dflash_made(tmp_path_factory, q4_1):
 
     def make(layout: str) -> tuple[str, Path]:
         if layout not in done:
-            spec = DFLASH_LAYOUTS[layout]
-            direct = head_models.dflash_head(where / f"direct-{layout}.gguf", q4_1,
-                                             markov=spec["markov"],
-                                             sample_from_anchor=spec.get("sample_from_anchor"))
+            direct = _direct(where, q4_1, layout)
             done[layout] = direct, head_models.dflash_checkpoint(
                 where / f"ckpt-{layout}", direct, layout, q4_1)
         return done[layout]

@@ -18,7 +18,7 @@ from specli import prompt
 from specli.chat import template_context
 from specli.config import ModelParams
 from specli.errors import UsageError
-from specli.server.routes import _messages
+from specli.server.routes import _conversation
 from specli.server.schemas import ChatRequest
 from specli.server.tools import plan
 
@@ -59,7 +59,7 @@ def render(name: str, body: dict, specials: tuple[str, str]) -> str:
     target = Target(source, *specials)
     _, renders, _ = prompt.template_caps(source)
     cp = plan(req, source, renders)
-    return prompt.render_messages(target, _messages(req), False, cp.opts)
+    return prompt.render_messages(target, _conversation(req)[0], False, cp.opts)
 
 
 # the forms of the date the templates print: the context's two and every strftime_now format

@@ -163,6 +163,9 @@ def legacy_logprobs(model, probs: list[TokenProbs], offset: int = 0) -> dict:
             "text_offset": offsets, "content": probs_json(model, probs)}
 
 
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering
+
+
 def data(obj) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
@@ -194,7 +197,7 @@ def sse(events: AsyncIterator[str], gen: Generation, done_marker: bool = True,
 
     return StreamingResponse(body() if session is None else tee(body(), session, gen.cancel),
                              media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers=SSE_HEADERS)
 
 
 # choice(read, finish_reason, logprobs) -> one choice of a chunk: chat's delta or completion's

@@ -253,7 +253,7 @@ async def stream_replay(request: Request, st: AppState) -> Response:
         raise APIError(400, f"Stream offset lost, please restart: the stream keeps its bytes "
                        f"from {s.dropped} on", param="from")
     return StreamingResponse(s.read(int(raw)), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers=f.SSE_HEADERS)
 
 
 @llama.delete("/v1/stream", status_code=204)
@@ -330,7 +330,7 @@ async def chat_job(st: State, body: ChatRequest) -> tuple[ChatPlan, list[int], J
     routes, server/compat.py)."""
     def prompt() -> tuple[ChatPlan, str, list[int], list[int] | None]:
         cp = _chat_plan(st, body)
-        return cp, *st.engine.chat_prompt(_messages(body), _prefill(body), cp.opts)
+        return cp, *st.engine.chat_prompt(*_conversation(body), cp.opts)
 
     # planning, rendering and tokenizing run off the event loop, within their bounds
     cp, text, ids, draft_ids = await _off_loop("messages", prompt, st=st)
@@ -375,7 +375,7 @@ async def chat_input_tokens(body: ChatRequest, st: AppState, pool: Pool) -> dict
 
 async def chat_tokens(st: State, body: ChatRequest) -> int:
     ids = await _off_loop("messages", lambda: st.engine.tokenize_messages(
-        _messages(body), _prefill(body), _chat_plan(st, body).opts), st=st)
+        *_conversation(body), _chat_plan(st, body).opts), st=st)
     return len(ids)
 
 
@@ -560,7 +560,7 @@ def _prefill(body: ChatRequest) -> bool:
 async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     """The prompt a chat request would be given (llama-server's /apply-template)."""
     text = await _off_loop("messages", lambda: st.engine.render_messages(
-        _messages(body), _prefill(body), _chat_plan(st, body).opts), st=st)
+        *_conversation(body), _chat_plan(st, body).opts), st=st)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # a template may spell a lone surrogate ("\ud800")
@@ -569,9 +569,10 @@ async def apply_template(body: ChatRequest, st: AppState, pool: Pool) -> dict:
     return {"prompt": text}
 
 
-def _messages(body: ChatRequest) -> list[dict]:
-    """The messages as the template takes them; a media part is a 400 that says what it is
-    (specli serves text models: no projector, as llama-server without --mmproj)."""
+def _conversation(body: ChatRequest) -> tuple[list[dict], bool]:
+    """The messages as the template takes them, and whether the last is continued
+    (_prefill); a media part is a 400 that says what it is (specli serves text models: no
+    projector, as llama-server without --mmproj)."""
     for i, m in enumerate(body.messages):
         for j, part in enumerate(m.content if isinstance(m.content, list) else ()):
             if part.type in MEDIA:
@@ -579,16 +580,16 @@ def _messages(body: ChatRequest) -> list[dict]:
                 raise APIError(400, f"{MEDIA[part.type]} input is not supported: specli "
                                f"serves text-only models ({a} {part.type} part)",
                                param=f"messages[{i}].content[{j}]")
-    out = [_message(m) for m in body.messages]
+    out, prefill = [_message(m) for m in body.messages], _prefill(body)
     last = body.messages[-1] if body.messages else None
-    if last is not None and isinstance(last.content, list) and _prefill(body):
+    if last is not None and isinstance(last.content, list) and prefill:
         # a continued answer's parts are joined as llama.cpp renders a message's content
         # into the prompt it continues (common_chat_msg::render_content: a blank line)
         text = ""
         for p in last.content:
             text += ("\n\n" if text else "") + p.text
         out[-1]["content"] = text
-    return out
+    return out, prefill
 
 
 def _message(m) -> dict:
