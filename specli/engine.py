@@ -251,9 +251,11 @@ class Engine:
         previous one on an exception (a failed decode, a closed stream). dsp: the draft's
         sampling settings (sp's unless policy.exact makes a tree's greedy)."""
         tree, path, token = _EMPTY, [], None
+        timed, t0 = draft.timer() if draft else None, 0.0
         try:
             # 1. propose (empty: the target decodes its next token alone)
             tree = self._propose(draft, policy, context, k, dsp or sp, rng, rules)
+            t0 = time.perf_counter()
             # 2. verify: one target decode of [last token, *nodes], a logits row each
             rows = self._verify_batch(context, tree, draft, reads)
             row = _rows(rows, sp, context, tree, rules)
@@ -270,6 +272,9 @@ class Engine:
         finally:
             # 4. rewind both caches to the committed tokens; the draft learns how it went
             self._rewind(draft, context, tree, path, token)
+            if timed is not None and token is not None:  # the verification's time, from
+                # the proposal to the rewound caches (a plain step's too: --draft auto)
+                timed(len(tree) + 1, time.perf_counter() - t0)
         if len(tree):
             stats.record_step(len(tree), len(path), tree.source, depth=tree.max_depth,
                               branches=tree.n_branches)

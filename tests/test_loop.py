@@ -147,6 +147,19 @@ def test_adaptive_k_keeps_the_output_and_stays_within_its_cap():
     assert len(out.stats.drafted_per_pos) <= 64
 
 
+def test_the_engine_times_every_step_for_draft_auto_plain_ones_too():
+    """`run --draft auto` prices a plain step as timed (a decode of one token is not the
+    verifications' line read at n = 1): the engine times each step into the draft's cost,
+    but a generation's first (cold: a draft of 2 tokens, its cost unknown)."""
+    e = engine(64, adaptive=True, noise=0.3)
+    timed, add = [], e.draft.cost.add
+    e.draft.cost.add = lambda n, s: (timed.append(n), add(n, s))
+    out = e.complete(e.tokenize(PROMPTS[0]), 100, GREEDY)
+    assert len(timed) == out.stats.n_steps + out.stats.n_plain - 1
+    assert timed.count(1) == out.stats.n_plain > 0 and e.draft.cost.one() is not None
+    assert sum(timed) - len(timed) == out.stats.n_drafted - 2
+
+
 def test_a_requests_policy_overlays_the_engines():
     e = engine(8, noise=0.0)
     ids = e.tokenize(PROMPTS[0])

@@ -13,8 +13,10 @@ estimates alive.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,11 +34,16 @@ DECAY = 0.95  # weight of the past per observation: about the last 20 steps coun
 # (about 0.1 for SmolLM2 F32 on 2 CPU cores, 0.2-0.4 for larger models); measured thereafter
 PRIOR_SLOPE = 0.15
 PRIOR_WEIGHT = 4.0
+# a decode of one token costs the median of the last ONES timed (not a decayed mean: while
+# drafting they are rare, and one timed while the machine was busy, 1.8x too dear, priced the
+# next hundred steps of `run --draft auto`)
+ONES = 5
 EXPLORE = 0.1  # share of the plans that try k +- 1 (every slot), so other lengths stay known
-# where no draft pays (k = 0), the share of steps that still draft, so that acceptance and
-# cost stay known (each first decodes what the draft missed: a batch as long as the rest);
-# where even a draft always right would not pay (one as slow as its target), only the first
-# step of a generation does, its cache fresh from the prompt
+# where no draft pays (k = 0), the share of the target's time alone that exploring steps
+# may cost, so that acceptance and cost stay known: a step drafts again once the plain steps
+# since the last draft have earned its cost (its catch-up of what the draft missed, its draft
+# and the longer verification). Where even a draft always right would not pay (one as slow
+# as its target), only the first step of a generation drafts, its cache fresh from the prompt
 EXPLORE_REST = 0.04
 # a draft that missed plain steps decodes what it missed before it drafts again (its
 # catch-up): the plan counts that time spread over the steps its estimates look ahead to,
@@ -44,19 +51,38 @@ EXPLORE_REST = 0.04
 HORIZON = 1.0 / (1.0 - DECAY)
 COLD_K = 2  # the longest draft before the draft's time a token is measured
 PRIOR_STEPS = 2.0  # the weight, in steps, of the acceptance assumed before any is measured
+# plain steps a source alone takes, its second step on, until PROBES decodes of one token are
+# timed (the engine's timer times each; where no engine times, a test's fake, no more); then
+# again once EXPLORE_REST of the verifications' time since the last has earned one
+PROBES = 3
 
 
 class VerifyCost:
     """t(n) = a * (1 + s * (n - 1)) seconds to verify a batch of n tokens, fitted online: the
-    verification half of the CostModel (cost.py) that --draft auto decides with."""
+    verification half of the CostModel (cost.py) that --draft auto decides with.
+
+    A decode of one token is kept apart (`one`, a median of the last few): llama.cpp decodes
+    a single token with matrix-vector kernels and a batch with matrix products, so the cost
+    jumps from n = 1 to n = 2. Measured on the F16 SmolLM2 (2 threads), a line through
+    verifications of 8-10 tokens read t(1) 1.4-1.6x too dear, and drafting looked to win
+    where it lost (one thread: a verification of 3 tokens costs 3x a plain step)."""
 
     def __init__(self) -> None:
         self._w = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._ones: deque[float] = deque(maxlen=ONES)
+        self._since = 0.0  # the seconds of longer decodes since the last decode of one
+        self.version = 0  # the line's: how many longer decodes it is fitted through
         self._lock = threading.Lock()  # (a server's slots and decodes share one loop's thread)
 
     def add(self, n: int, seconds: float) -> None:
-        x = n - 1
         with self._lock:
+            if n <= 1:
+                self._ones.append(seconds)
+                self._since = 0.0
+                return
+            self._since += seconds
+            self.version += 1
+            x = n - 1
             for name in ("_w", "_sx", "_sy", "_sxx", "_sxy"):
                 setattr(self, name, getattr(self, name) * DECAY)
             self._w += 1
@@ -67,19 +93,40 @@ class VerifyCost:
 
     def known(self) -> bool:
         with self._lock:
-            return self._w > 0
+            return self._w > 0 or bool(self._ones)
+
+    def one(self) -> float | None:
+        """The measured seconds for a decode of one token (None: none measured yet)."""
+        with self._lock:
+            return statistics.median_low(self._ones) if self._ones else None
+
+    def n_one(self) -> int:
+        """How many decodes of one token the median is of."""
+        with self._lock:
+            return len(self._ones)
+
+    def since_one(self) -> float:
+        """The seconds of longer decodes since a decode of one token was last timed."""
+        with self._lock:
+            return self._since
 
     def at(self, n: int) -> float:
-        """The fitted seconds for a decode of n tokens."""
+        """The fitted seconds for a decode of n tokens (one token's as measured; a longer
+        decode never cheaper than that)."""
         a, slope = self.fit()
-        return a * (1 + slope * (n - 1))
+        one = self.one()
+        line = a * (1 + slope * (n - 1))
+        return line if one is None else one if n <= 1 else max(line, one)
 
     def fit(self) -> tuple[float, float]:
-        """(a, slope), the slope shrunk towards the prior when the batch sizes barely vary."""
+        """(a, slope) of the line through the decodes of more than one token, the slope
+        shrunk towards the prior when the batch sizes barely vary; before any such decode,
+        one token's time at the prior slope."""
         with self._lock:
             w, sx, sy, sxx, sxy = self._w, self._sx, self._sy, self._sxx, self._sxy
+            one = statistics.median_low(self._ones) if self._ones else 0.0
         if w == 0:
-            return 0.0, PRIOR_SLOPE
+            return one, PRIOR_SLOPE
         mx, my = sx / w, sy / w
         var = sxx / w - mx * mx
         cov = sxy / w - mx * my
@@ -109,6 +156,9 @@ class CatchUp:
             self._s = DECAY * self._s + max(s for _, s in self._now)
             self._n = DECAY * self._n + sum(n for n, _ in self._now)
             self._now = []
+
+    def known(self) -> bool:
+        return self._n > 0
 
     def rate(self, c: float) -> float:
         """Seconds a token; before any is measured, a drafted token's c at the prior
@@ -186,7 +236,8 @@ class Batch:
         line = self.draft.at(len(curves)) if self.draft.known() else None
         c = max(line if shared and line is not None else ci for _, ci, _, shared in curves)
         behind = np.array([b for _, _, b, _ in curves], dtype=float)
-        return plan_batch(S, t1 or 1.0, slope, c, behind, self.catch_up.rate(c))
+        return plan_batch(S, t1 or 1.0, slope, c, behind, self.catch_up.rate(c),
+                          self.cost.one())
 
     def join(self, who: object, c: float, shared: bool = False) -> None:
         """who's generation starts: a member of the batch's decodes from its first step,
@@ -208,7 +259,8 @@ class Batch:
 
 
 def plan_batch(S: np.ndarray, t1: float, slope: float, c: float,
-               behind: np.ndarray | None = None, p: float = 0.0) -> np.ndarray:
+               behind: np.ndarray | None = None, p: float = 0.0,
+               one: float | None = None) -> np.ndarray:
     """Each slot's draft length for the most tokens a second of the whole batch (SmartSpec's
     goodput), 0 included: one length k for every slot (a slot's cap, where lower). S[i, j - 1]:
     the chance that slot i's first j drafted tokens are accepted (non-increasing in j; 0 past
@@ -217,7 +269,9 @@ def plan_batch(S: np.ndarray, t1: float, slope: float, c: float,
     and yields the sum of 1 + S_i(1) + ... + S_i(k_i) tokens. A slot whose draft is
     behind[i] tokens short of its context first catches up, p seconds a token, a cost
     spread over the HORIZON steps the plan looks ahead to (after plain steps under load,
-    hundreds of tokens: measured at 8 clients, a switch to drafting cost 1.5-2.5 s).
+    hundreds of tokens: measured at 8 clients, a switch to drafting cost 1.5-2.5 s). one:
+    the measured seconds of a decode of one token, where known (VerifyCost.one): a plain
+    step alone costs that, and no longer decode less.
 
     One length, not one a slot: with a cache stream a sequence (a server's slots), llama.cpp
     splits a batch whose sequences hold unequal numbers of tokens into several graph runs
@@ -232,7 +286,10 @@ def plan_batch(S: np.ndarray, t1: float, slope: float, c: float,
     ks = np.minimum(np.arange(K + 1)[:, None], caps[None, :])  # (k, slot): each slot's k
     tokens = B + cum[np.arange(B)[None, :], ks].sum(axis=1)
     n = B + ks.sum(axis=1)
-    seconds = t1 * (1 + slope * (n - 1)) + np.arange(K + 1) * c
+    seconds = t1 * (1 + slope * (n - 1))
+    if one is not None:
+        seconds = np.where(n <= 1, one, np.maximum(seconds, one))
+    seconds = seconds + np.arange(K + 1) * c
     if behind is not None and p > 0.0:
         seconds = seconds + p * ((ks > 0) * behind[None, :]).sum(axis=1) / HORIZON
     goodput = tokens / seconds
@@ -249,7 +306,7 @@ class Adaptive(DraftSource):
         self.source = source
         # a server's slot: its k is chosen for the batch, whose decodes are timed where they
         # are made (a slot's own clock would count the others' tokens as its own); `run`'s
-        # draft is a batch of one that times its own verifications
+        # draft is a batch of one whose steps the engine times (timer), plain ones included
         self._timed_here = batch is None
         self.batch = batch if batch is not None else Batch(cost, seed)
         self.who = who if who is not None else self
@@ -266,11 +323,15 @@ class Adaptive(DraftSource):
         # a token (a mean from 0 would say a draft is free until it has drafted for a while:
         # four proposals of 30 tokens read a fifth of the real cost)
         self._t_draft = self._n_draft = 0.0
-        self._pending: tuple[int, float] | None = None  # (drafted, when the proposal returned)
-        self._rng = np.random.default_rng(seed)  # exploration only: never touches the output
+        self._pending: int | None = None  # the tokens of the proposal being verified
+        self._earned = 0.0  # the target's seconds alone since the draft last drafted
         self.k = 0  # the last length chosen
         self._rested = False  # the last step drafted nothing (0 chosen)
         self._first = True  # no step of this generation yet
+        self._probes = 0  # plain steps taken to time one (PROBES at most: an engine times it)
+        self._verified = 0  # proposals verified (what the plan knows of the draft changed)
+        self._rest: tuple[int, int, int] | None = None  # a plan alone of k = 0, as of
+        self._rest_one = 0.0  # (the cost of one token it was made with)
 
     @property
     def cost(self) -> VerifyCost:
@@ -309,22 +370,57 @@ class Adaptive(DraftSource):
         if k_max < 1:
             self.batch.choose(self.who, np.zeros(0), self.t_token)  # in the plan: its token
             return 0
-        if not self._n_draft:  # a draft of unknown cost: a short one first (one as slow as
-            k_max = min(k_max, max(COLD_K, self.n_min))  # its target costs little, and
-            # then its cost is known)
-        k = self.batch.choose(self.who, self.survival(k_max), self.t_token, behind,
-                              self._shared())
-        if k == 0:  # no length beats the target alone:
-            # explore now and then (EXPLORE_REST of the steps); a draft that would not pay
-            # even if always right, only at a generation's first step. Only alone: beside
-            # other slots one slot's exploring draft would cost every one of them a decode
-            # of unequal lengths (a graph run more) and itself a catch-up of what it missed
-            # (at 8 clients, one exploring slot a 25th of the steps cost 8% of the
-            # throughput); there the plan decides on the estimates it has, and a slot
-            # left alone explores again
-            lucky = self._rng.random() < EXPLORE_REST
-            if self.batch.members() == 1 and (lucky or self._first):
-                k = int(lucky if self.batch.could(self.who) else self._first)
+        one, alone = self.cost.one(), self.batch.members() == 1
+        rest = (self.cost.version, self._verified, k_max)  # what a plan alone depends on,
+        # but one and the catch-up (a catch-up only grows in a rest: drafting pays no more)
+        if alone and rest == self._rest and one is not None and one <= self._rest_one:
+            k = 0  # the plan alone of the last step, whose k was 0: not made again (250-370
+            # us a step on the F16 SmolLM2, whose plain step takes 10 ms: 3% of its speed)
+        else:
+            k = self.batch.choose(self.who, self.survival(k_max), self.t_token, behind,
+                                  self._shared())
+            self._rest = rest if alone and k == 0 else None
+            self._rest_one = one if one is not None else 0.0
+        if not self._n_draft:  # a draft of unknown cost, planned as if free: a short one
+            # first (one as slow as its target costs little, and then its cost is known).
+            # Planned at its full length, not the short one's: on the F16 SmolLM2 a
+            # verification of 3 tokens costs 3x a plain step, so an n-gram source planned at
+            # 2 tokens never drafted, and never learnt that its drafts are free and long
+            k = min(k, max(COLD_K, self.n_min))
+        n_one = self.cost.n_one()
+        if (k > 0 and not self._first and alone
+                and (n_one < PROBES and self._probes < PROBES
+                     or one is not None and EXPLORE_REST * self.cost.since_one() >= one)):
+            # alone, and a plain step never timed (or not for a while): one (every source
+            # of a chain at the same step: their cost is one), so that the plan compares
+            # drafting with what the target alone costs, not with the verifications' line
+            # read at one token (a plain step is no loss: the target's token at a plain
+            # step's price). Again now and then: one timed once, 1.8x too dear (the machine
+            # busy for a moment), kept `run --draft auto` drafting where it lost, and a
+            # draft that always drafts never times another
+            self._probes += n_one < PROBES
+            return 0
+        if k == 0 and alone:  # no length beats the target alone:
+            # explore once the plain steps since the last draft have earned it (EXPLORE_REST
+            # of their time: a draft far behind costs more than its rest earned, and stays
+            # off; drawn at random 4% of the steps, catch-ups of up to 91 tokens, 280 ms
+            # each, cost `run --draft auto` a quarter of its speed on the F16 SmolLM2); a
+            # draft that would not pay even if always right, only at a generation's first
+            # step. Only alone: beside other slots one slot's exploring draft would cost
+            # every one of them a decode of unequal lengths (a graph run more) and itself a
+            # catch-up of what it missed (at 8 clients, one exploring slot a 25th of the
+            # steps cost 8% of the throughput); there the plan decides on the estimates it
+            # has, and a slot left alone explores again
+            one = self.cost.at(1)
+            n = max(self.n_min, 1)
+            # (a catch-up not yet timed is not priced: the exploration times it, and a
+            # prior's guess could keep a draft that a cold first step misjudged off for good)
+            catch_up = self.batch.catch_up
+            price = ((behind * catch_up.rate(self.t_token) if catch_up.known() else 0.0)
+                     + n * self.t_token + max(self.cost.at(1 + n) - one, 0.0))
+            if self._first or EXPLORE_REST * self._earned >= price:
+                k = int(not self._first if self.batch.could(self.who) else self._first)
+            self._earned += one
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
     def _shared(self) -> bool:
@@ -344,10 +440,11 @@ class Adaptive(DraftSource):
                 rules: Rules | None = None) -> Tree:
         behind = self.source.behind(context) if k > 0 else 0
         self.k = self.best_k(k, behind)
-        self._first = False
+        cold, self._first = self._first, False
         if self.k == 0:  # the target alone this step: the draft catches up when it drafts
             self._rested = True
             return Tree()
+        self._earned = 0.0
         # what it missed (a rest, a lazy prompt) is decoded first: not its drafting
         t0 = self._clock()
         caught_up = self.source.catch_up(context)
@@ -357,11 +454,13 @@ class Adaptive(DraftSource):
         p = self.source.propose(context, self.k, sp, rng, policy, rules)
         t1 = self._clock()
         if p.tokens:
-            if not (self._rested and self._n_draft and not caught_up):  # (a source that
-                # catches up inside its proposal: a known cost is not overwritten by that)
+            # not a generation's first (cold) proposal, nor one that caught up inside it
+            # (a known cost is not overwritten by that)
+            if not (cold and self.model is not None
+                    or self._rested and self._n_draft and not caught_up):
                 self._t_draft = DECAY * self._t_draft + (t1 - t0)
                 self._n_draft = DECAY * self._n_draft + len(p.tokens)
-            self._pending = (len(p.tokens), t1)
+            self._pending = len(p.tokens)
         self._rested = False
         return p
 
@@ -372,10 +471,8 @@ class Adaptive(DraftSource):
         """A verified proposal: its cost and how far it was accepted."""
         n_accepted = outcome.n_accepted
         if outcome.tree is not None and self._pending is not None:
-            drafted, t1 = self._pending
-            self._pending = None
-            if self._timed_here:
-                self.cost.add(drafted + 1, self._clock() - t1)
+            drafted, self._pending = self._pending, None
+            self._verified += 1
             self._tried *= DECAY
             self._hit *= DECAY
             reached = min(n_accepted + 1, drafted, DRAFT_AUTO_MAX)  # the first rejected too
@@ -386,3 +483,9 @@ class Adaptive(DraftSource):
     def end(self) -> None:
         self.batch.drop(self.who)
         self.source.end()
+
+    def timer(self) -> Callable[[int, float], None] | None:
+        # not a generation's first step: after its prompt each model's first decode runs
+        # cold (measured in `run` on the F32 SmolLM2: its verification and its draft 1.2-1.6x
+        # their later cost, and read so, 1 run in 8 kept a draft that pays off for good)
+        return self.cost.add if self._timed_here and not self._first else None

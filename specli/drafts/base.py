@@ -3,7 +3,7 @@ process / accept / end), its no-op hooks in one place, and what flows through it
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -152,6 +152,12 @@ class DraftSource:
 
     def end(self) -> None:
         """The generation is over (finished, failed or abandoned): flush what was learnt."""
+
+    def timer(self) -> Callable[[int, float], None] | None:
+        """What the engine tells each step's verification of n tokens and its seconds, plain
+        steps included (--draft auto's cost model, when no shared context times the target's
+        decodes: `run`); None: nothing."""
+        return None
 
 
 class Sources(Protocol):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -60,3 +60,6 @@ class Chain(DraftSource):
     def end(self) -> None:
         for s in self.sources:
             s.end()
+
+    def timer(self) -> Callable[[int, float], None] | None:
+        return next((t for s in self.sources if (t := s.timer()) is not None), None)
