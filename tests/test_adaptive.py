@@ -545,3 +545,16 @@ def test_a_plan_alone_of_no_draft_is_not_made_again_until_something_it_knew_chan
     for _ in range(3):
         c.add(1, 0.5)  # dearer: planned again, and now drafting pays
     assert ad.best_k(64) > 0 and len(made) == 2
+
+
+def test_a_batch_whose_target_is_not_yet_timed_does_not_draft_blind():
+    """Before any decode of the target is timed the plan priced one at 1 s, so that a draft
+    of 7 ms a token was free: a server's first requests drafted up to 64 tokens a step
+    (0.8 s for two slots' first). Now it is priced at the draft's time a token until timed."""
+    batch = Batch()
+    good = 0.95 ** np.arange(1, 65)
+    assert batch.choose("a", good, 0.007) == 0 and batch.choose("b", good, 0.007) == 0
+    for _ in range(3):
+        batch.cost.add(2, 0.030)  # two slots' plain step, timed: a decode costs 15x a token
+    batch.choose("a", good, 0.001)
+    assert batch.choose("b", good, 0.001) > 0

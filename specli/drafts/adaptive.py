@@ -236,8 +236,11 @@ class Batch:
         line = self.draft.at(len(curves)) if self.draft.known() else None
         c = max(line if shared and line is not None else ci for _, ci, _, shared in curves)
         behind = np.array([b for _, _, b, _ in curves], dtype=float)
-        return plan_batch(S, t1 or 1.0, slope, c, behind, self.catch_up.rate(c),
-                          self.cost.one())
+        # before the target's decode is timed, it is priced at the draft's time a token (as
+        # slow as its target: the batch decodes plainly, and times it); at 1 s, the first
+        # requests of a server drafted up to 64 tokens a step blind (0.8 s for two slots')
+        t1 = t1 or c or 1.0
+        return plan_batch(S, t1, slope, c, behind, self.catch_up.rate(c), self.cost.one())
 
     def join(self, who: object, c: float, shared: bool = False) -> None:
         """who's generation starts: a member of the batch's decodes from its first step,
