@@ -67,14 +67,17 @@ class Slow(Echo):
 
 def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,
              all_or_nothing: bool = False, c: float = 0.0, cost=None,
-             measured: VerifyCost | None = None, mute: int = 0) -> list[int]:
+             measured: VerifyCost | None = None, mute: int = 0,
+             catch_up: float | None = None) -> list[int]:
     """Drive Adaptive with a geometric acceptance and a known verification cost (a fake
     clock that advances by the cost of each verification batch, cost(n) seconds for n
     tokens where given, and by c a drafted token); `measured`: the cost as already measured
-    (by another source of a chain), `mute`: the first steps the source proposes nothing."""
+    (by another source of a chain), `mute`: the first steps the source proposes nothing,
+    `catch_up`: the source misses the plain steps (a draft model) and catches up on them
+    at that many seconds a token."""
     rng = np.random.default_rng(1)
     now = [0.0]
-    src = Slow(now, c)
+    src = Slow(now, c) if catch_up is None else Behind(now, c, 0, catch_up)
     src.mute = mute
     ad = Adaptive(src, measured or VerifyCost(), seed=0, clock=lambda: now[0])
     ks = []
@@ -89,6 +92,8 @@ def simulate(acceptance: float, steps: int = 200, slope: float = 0.3,
         now[0] += dt
         ad.accept(accepted(n_acc))
         ad.timer()(len(p.tokens) + 1, dt)  # as the engine times each step, plain ones too
+        if catch_up is not None:
+            src.n += ad.k == 0
         ks.append(ad.k)
     return ks
 
@@ -116,9 +121,10 @@ def test_k_never_exceeds_what_the_engine_allows():
         assert src.asked[-1] <= cap
 
 
-def test_observe_is_forwarded_and_the_engine_times_the_verification():
-    """Alone (`run`), the engine times each step's verification into the source's cost
-    (timer); a server slot's decodes are timed by the shared context that makes them."""
+def test_observe_is_forwarded_and_the_timer_feeds_the_cost():
+    """Alone (`run`), each step's verification is timed into the source's cost through its
+    timer (the engine's calls: test_loop); a server slot's decodes are timed by the shared
+    context that makes them, and it has none."""
     src = Echo()
     ad = Adaptive(src, VerifyCost())
     ad.propose([1], 4, SP, np.random.default_rng(0))
@@ -208,44 +214,14 @@ def test_k_respects_draft_min_so_learning_never_stops():
     assert src.asked and min(src.asked) >= 5 and len(src.asked) < 100
 
 
-class Missing(Slow):
-    """Slow, whose cache misses the plain steps: it catches up on them before it drafts, p
-    seconds a token (a draft model)."""
-
-    def __init__(self, now: list[float], c: float, p: float):
-        super().__init__(now, c)
-        self.p, self.missed = p, 0
-
-    def behind(self, context):
-        return self.missed
-
-    def catch_up(self, context):
-        self.now[0] += self.p * self.missed
-        self.missed = 0
-        return True
-
-
-def explored(p: float, steps: int = 300) -> int:
+def explored(p: float) -> int:
     """Steps drafted after the first ten by a cheap draft right 30% of the time (it loses:
-    k = 0 is the plan) on the F16 SmolLM2's costs, its catch-up p seconds a token."""
+    k = 0 is the plan) on the F16 SmolLM2's costs, missing the plain steps and catching up
+    on them at p seconds a token."""
     def f16(n: int) -> float:
         return 0.011 if n == 1 else 0.028 * (1 + 0.1 * (n - 1))
 
-    rng = np.random.default_rng(1)
-    now = [0.0]
-    src = Missing(now, 0.002, p)
-    ad = Adaptive(src, VerifyCost(), seed=0, clock=lambda: now[0])
-    ks = []
-    for _ in range(steps):
-        p_ = ad.propose([1, 2, 3], 64, SP, rng)
-        n_acc = 0
-        while n_acc < len(p_.tokens) and rng.random() < 0.3:
-            n_acc += 1
-        now[0] += f16(len(p_.tokens) + 1)
-        ad.accept(accepted(n_acc))
-        ad.timer()(len(p_.tokens) + 1, f16(len(p_.tokens) + 1))
-        src.missed += ad.k == 0
-        ks.append(ad.k)
+    ks = simulate(0.3, steps=300, c=0.002, cost=f16, catch_up=p)
     return sum(k > 0 for k in ks[10:])
 
 

@@ -332,8 +332,7 @@ class Adaptive(DraftSource):
         self._rested = False  # the last step drafted nothing (0 chosen)
         self._first = True  # no step of this generation yet
         self._probes = 0  # plain steps taken to time one (PROBES at most: an engine times it)
-        self._verified = 0  # proposals verified (what the plan knows of the draft changed)
-        self._rest: tuple[int, int, int] | None = None  # a plan alone of k = 0, as of
+        self._rest: tuple[int, float, float, int] | None = None  # a plan alone of k = 0, as of
         self._rest_one = 0.0  # (the cost of one token it was made with)
 
     @property
@@ -374,8 +373,9 @@ class Adaptive(DraftSource):
             self.batch.choose(self.who, np.zeros(0), self.t_token)  # in the plan: its token
             return 0
         one, alone = self.cost.one(), self.batch.members() == 1
-        rest = (self.cost.version, self._verified, k_max)  # what a plan alone depends on,
-        # but one and the catch-up (a catch-up only grows in a rest: drafting pays no more)
+        # what a plan alone depends on but one and the catch-up (which only grows in a rest:
+        # drafting pays no more): the line, the draft's cost and its acceptance
+        rest = (self.cost.version, self._n_draft, float(self._tried[1]), k_max)
         if alone and rest == self._rest and one is not None and one <= self._rest_one:
             k = 0  # the plan alone of the last step, whose k was 0: not made again (250-370
             # us a step on the F16 SmolLM2, whose plain step takes 10 ms: 3% of its speed)
@@ -414,16 +414,16 @@ class Adaptive(DraftSource):
             # catch-up of what it missed (at 8 clients, one exploring slot a 25th of the
             # steps cost 8% of the throughput); there the plan decides on the estimates it
             # has, and a slot left alone explores again
-            one = self.cost.at(1)
+            plain = self.cost.at(1)
             n = max(self.n_min, 1)
             # (a catch-up not yet timed is not priced: the exploration times it, and a
             # prior's guess could keep a draft that a cold first step misjudged off for good)
             catch_up = self.batch.catch_up
             price = ((behind * catch_up.rate(self.t_token) if catch_up.known() else 0.0)
-                     + n * self.t_token + max(self.cost.at(1 + n) - one, 0.0))
+                     + n * self.t_token + max(self.cost.at(1 + n) - plain, 0.0))
             if self._first or EXPLORE_REST * self._earned >= price:
                 k = int(not self._first if self.batch.could(self.who) else self._first)
-            self._earned += one
+            self._earned += plain
         return 0 if k <= 0 else min(max(k, self.n_min, 1), k_max)
 
     def _shared(self) -> bool:
@@ -475,7 +475,6 @@ class Adaptive(DraftSource):
         n_accepted = outcome.n_accepted
         if outcome.tree is not None and self._pending is not None:
             drafted, self._pending = self._pending, None
-            self._verified += 1
             self._tried *= DECAY
             self._hit *= DECAY
             reached = min(n_accepted + 1, drafted, DRAFT_AUTO_MAX)  # the first rejected too
